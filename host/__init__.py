@@ -1,0 +1,1 @@
+"""mighty: run handlers compiled to WebAssembly components under hard budgets."""

@@ -1,0 +1,322 @@
+"""Budgets: every call into a guest runs with fuel, a memory ceiling, a deadline and a cancel scope.
+
+Mechanisms, one per budget:
+- fuel: set on the store before each call; what is left afterwards gives the fuel used, and a
+  trap with no fuel left is ``OutOfFuel`` (fuel is deterministic, so this is exact);
+- memory: the store's :class:`~mighty.engine.MemoryAccount`, enforced by mighty's own memory
+  creator; a refused grow is ``OutOfMemory``;
+- deadline and cancellation: the engine's epoch advances every ``EPOCH_TICK``; each store has an
+  epoch-deadline callback that, once a tick, checks the call's deadline and its cancel scope and
+  either extends the deadline by one tick or stops the guest. Cancellation from another thread is
+  therefore noticed within about one tick, whatever the guest is doing.
+
+The cancel scope follows trio: ``cancel(reason)`` may be called any time, from any thread;
+``cancel_called`` says it was requested, ``cancelled_caught`` that it actually interrupted a
+call. Rejected: ``Engine.increment_epoch`` from the cancelling thread with a deadline of one tick
+(that interrupts every store of the engine, not just the cancelled one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+from mighty._errors import (
+    Cancelled,
+    DeadlineExceeded,
+    GuestError,
+    GuestExit,
+    GuestTrap,
+    OutOfFuel,
+    OutOfMemory,
+)
+from mighty.engine import MemoryAccount, get_engine
+
+__all__ = [
+    "DEFAULT_FUEL",
+    "DEFAULT_MEMORY",
+    "DEFAULT_TIMEOUT",
+    "Budget",
+    "CancelScope",
+    "Meter",
+    "Usage",
+    "split_wasmtime_error",
+    "trap_code_of",
+]
+
+DEFAULT_FUEL = 10_000_000_000
+"""About a second of CPython-in-wasm work; a componentize-py instantiation takes a few million."""
+DEFAULT_MEMORY = 256 * 1024 * 1024
+DEFAULT_TIMEOUT = 10.0
+_MAX_FUEL = (1 << 63) - 1
+_MAX_MEMORY = 1 << 32  # the whole wasm32 address space, per memory
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What one call into a guest may use. Frozen; ``replace`` returns a changed copy.
+
+    ``fuel``: wasm fuel units (roughly instructions). ``memory``: ceiling in bytes on the total
+    linear memory of the instance. ``timeout``: wall-clock seconds, re-armed for every call.
+    """
+
+    fuel: int = DEFAULT_FUEL
+    memory: int = DEFAULT_MEMORY
+    timeout: float = DEFAULT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fuel, bool) or not isinstance(self.fuel, int):
+            raise TypeError(f"Budget.fuel must be an int, got {type(self.fuel).__name__}")
+        if not 0 < self.fuel <= _MAX_FUEL:
+            raise ValueError(f"Budget.fuel must be in 1..{_MAX_FUEL}, got {self.fuel}")
+        if isinstance(self.memory, bool) or not isinstance(self.memory, int):
+            raise TypeError(f"Budget.memory must be an int, got {type(self.memory).__name__}")
+        if not 0 < self.memory:
+            raise ValueError(f"Budget.memory must be positive, got {self.memory}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float):
+            raise TypeError(f"Budget.timeout must be a number, got {type(self.timeout).__name__}")
+        if not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise ValueError(f"Budget.timeout must be a positive number of seconds, got {self.timeout}")
+
+    def replace(self, **changes: Any) -> Budget:
+        """A copy with the given fields changed (validated like the original)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a finished (or failed) call used."""
+
+    fuel: int
+    memory_peak: int
+    wall_time: float
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "fuel": self.fuel,
+            "memory_peak": self.memory_peak,
+            "wall_ms": round(self.wall_time * 1000, 3),
+        }
+
+
+class CancelScope:
+    """A handle to stop a call from any thread: ``scope.cancel("reason")``."""
+
+    __slots__ = ("_event", "_reason", "cancelled_caught")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._reason: str | None = None
+        self.cancelled_caught = False
+        """True once a cancel actually interrupted a call (not merely requested)."""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Request cancellation; the first reason given is kept. Safe from any thread."""
+        if self._reason is None:
+            self._reason = reason
+        self._event.set()
+
+    @property
+    def cancel_called(self) -> bool:
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+
+@dataclass(eq=False, slots=True)
+class _CallState:
+    deadline: float
+    cancel: CancelScope | None
+    stopped: str | None = None  # "deadline" | "cancel", set by the epoch callback
+
+
+_EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
+    ctypes.c_size_t,
+    ctypes.POINTER(ffi.wasmtime_context_t),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ctypes.c_uint8),
+)
+_UPDATE_DEADLINE_CONTINUE = 0
+_ACTIVE: dict[int, _CallState] = {}
+_NEXT_KEY = itertools.count(1)
+_now = time.monotonic
+
+
+def _stop(message: str) -> int:
+    ptr = ffi.wasmtime_error_new(message.encode())
+    return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
+
+
+@_EPOCH_CALLBACK_T
+def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
+    state = _ACTIVE.get(key or 0)
+    if state is not None:
+        if state.cancel is not None and state.cancel.cancel_called:
+            state.stopped = "cancel"
+            return _stop("mighty: call cancelled")
+        if _now() >= state.deadline:
+            state.stopped = "deadline"
+            return _stop("mighty: deadline exceeded")
+    delta[0] = 1
+    kind[0] = _UPDATE_DEADLINE_CONTINUE
+    return 0
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _forget(key: int | None) -> None:
+    _ACTIVE.pop(key or 0, None)
+
+
+class Meter:
+    """Owns one wasmtime Store and runs work in it under budgets.
+
+    One Meter (so one Store) must only be used by one thread at a time; the runtime guarantees
+    that, and :meth:`run` checks it.
+    """
+
+    def __init__(self, budget: Budget) -> None:
+        self.store = wasmtime.Store(get_engine())
+        self.account = MemoryAccount(limit=budget.memory)
+        self._key = next(_NEXT_KEY)
+        self._busy = threading.Lock()
+        ffi.wasmtime_store_epoch_deadline_callback(self.store.ptr(), _on_epoch, self._key, _forget)
+
+    def run(
+        self,
+        work: Callable[[], _T],
+        budget: Budget,
+        cancel: CancelScope | None = None,
+        describe: Callable[[], str] | None = None,
+    ) -> tuple[_T, Usage]:
+        """Run ``work`` (which enters the guest) under ``budget``; translate how it stopped.
+
+        ``describe`` returns extra context for a trap message (for example the guest's stderr).
+        On failure the raised GuestError carries ``usage``.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("a mighty instance is being used by two threads at once")
+        try:
+            state = _CallState(deadline=_now() + budget.timeout, cancel=cancel)
+            if cancel is not None and cancel.cancel_called:
+                cancel.cancelled_caught = True
+                err = Cancelled(
+                    f"call cancelled before it started: {cancel.reason}",
+                    reason=cancel.reason or "",
+                )
+                err.usage = Usage(0, self.account.current, 0.0)
+                raise err
+            store = self.store
+            store.set_fuel(budget.fuel)
+            self.account.start_call(budget.memory)
+            store.set_epoch_deadline(1)
+            _ACTIVE[self._key] = state
+            started = _now()
+            try:
+                result = work()
+            except wasmtime.WasmtimeError as exc:
+                usage = self._usage(budget, started)
+                error = self._translate(exc, state, budget, usage, describe)
+                error.usage = usage
+                raise error from exc
+            finally:
+                _ACTIVE.pop(self._key, None)
+            return result, self._usage(budget, started)
+        finally:
+            self._busy.release()
+
+    def _usage(self, budget: Budget, started: float) -> Usage:
+        wall = _now() - started
+        try:
+            left = self.store.get_fuel()
+        except wasmtime.WasmtimeError:
+            left = 0
+        return Usage(fuel=budget.fuel - left, memory_peak=self.account.peak, wall_time=wall)
+
+    def _translate(
+        self,
+        exc: wasmtime.WasmtimeError,
+        state: _CallState,
+        budget: Budget,
+        usage: Usage,
+        describe: Callable[[], str] | None,
+    ) -> GuestError:
+        if isinstance(exc, wasmtime.ExitTrap):
+            return GuestExit(f"guest exited with status {exc.code}", code=exc.code)
+        if state.stopped == "cancel" and state.cancel is not None:
+            state.cancel.cancelled_caught = True
+            reason = state.cancel.reason or ""
+            return Cancelled(f"call cancelled: {reason}", reason=reason)
+        if state.stopped == "deadline":
+            return DeadlineExceeded(
+                f"call exceeded its {budget.timeout:g} s deadline", timeout=budget.timeout
+            )
+        if self.account.denied is not None:
+            requested, limit = self.account.denied
+            return OutOfMemory(
+                f"guest tried to grow its memory to {requested} bytes, over the {limit}-byte limit",
+                limit=limit,
+                requested=requested,
+            )
+        message, backtrace = split_wasmtime_error(str(exc))
+        if usage.fuel >= budget.fuel or "all fuel consumed" in message:
+            return OutOfFuel(f"call used all of its {budget.fuel} fuel", fuel_limit=budget.fuel)
+        extra = describe() if describe is not None else ""
+        text = f"guest trapped: {message}"
+        if extra:
+            text = f"{text}\n{extra}"
+        return GuestTrap(text, trap_code=trap_code_of(message), wasm_backtrace=backtrace)
+
+
+_TRAP_CODES = (
+    ("unreachable", "unreachable"),
+    ("call stack exhausted", "stack_overflow"),
+    ("out of bounds memory access", "memory_out_of_bounds"),
+    ("undefined element", "table_out_of_bounds"),
+    ("uninitialized element", "indirect_call_to_null"),
+    ("indirect call type mismatch", "bad_signature"),
+    ("integer overflow", "integer_overflow"),
+    ("integer divide by zero", "integer_division_by_zero"),
+    ("invalid conversion to integer", "bad_conversion_to_integer"),
+    ("cannot enter component instance", "cannot_enter_instance"),
+    ("all fuel consumed", "out_of_fuel"),
+    ("interrupt", "interrupt"),
+)
+_BACKTRACE_LINE = re.compile(r"^\s+\d+:|^\s+at ")
+
+
+def trap_code_of(message: str) -> str | None:
+    """A stable code for a wasmtime trap message, or None if the message is not a known trap."""
+    lowered = message.lower()
+    for needle, code in _TRAP_CODES:
+        if needle in lowered:
+            return code
+    return None
+
+
+def split_wasmtime_error(text: str) -> tuple[str, str]:
+    """Split a wasmtime error into (root cause line, wasm backtrace text)."""
+    lines = text.strip().splitlines()
+    backtrace = [line for line in lines if _BACKTRACE_LINE.match(line)]
+    if "Caused by:" in lines:
+        causes = [line.strip() for line in lines[lines.index("Caused by:") + 1 :] if line.strip()]
+        cause = causes[-1] if causes else lines[0]
+    else:
+        rest = [line.strip() for line in lines if line.strip() and not _BACKTRACE_LINE.match(line)]
+        cause = rest[-1] if rest else text.strip()
+    cause = re.sub(r"^\d+:\s*", "", cause)
+    return cause, "\n".join(backtrace)
+

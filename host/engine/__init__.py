@@ -1,0 +1,20 @@
+"""The engine layer: the process's wasmtime Engine, component loading, the compiled cache."""
+
+from mighty.engine._cache import CompiledCache
+from mighty.engine._component import Component, check_component_bytes
+from mighty.engine._engine import EPOCH_TICK, SETTINGS, EngineSettings, get_engine, wasmtime_version
+from mighty.engine._memory import MemoryAccount, instantiating_into, live_memories
+
+__all__ = [
+    "EPOCH_TICK",
+    "SETTINGS",
+    "CompiledCache",
+    "Component",
+    "EngineSettings",
+    "MemoryAccount",
+    "check_component_bytes",
+    "get_engine",
+    "instantiating_into",
+    "live_memories",
+    "wasmtime_version",
+]

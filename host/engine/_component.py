@@ -1,0 +1,116 @@
+"""Loading components: validate the bytes, compile once, cache the compiled form."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from wasmtime import WasmtimeError
+from wasmtime import component as wc
+
+from mighty._errors import CompileError, InvalidComponent
+from mighty.engine._cache import CompiledCache
+from mighty.engine._engine import get_engine
+
+__all__ = ["Component", "check_component_bytes"]
+
+_WASM_MAGIC = b"\x00asm"
+_CORE_VERSION = b"\x01\x00\x00\x00"
+_COMPONENT_VERSION_LAYER = b"\x01\x00"  # layer field of the component binary header
+
+
+def check_component_bytes(data: bytes | bytearray | memoryview, origin: str) -> None:
+    """Raise InvalidComponent with a precise reason unless ``data`` starts like a component."""
+    head = bytes(data[:8])
+    if len(head) < 8 or head[:4] != _WASM_MAGIC:
+        raise InvalidComponent(f"{origin} is not WebAssembly (it does not start with \\0asm)")
+    if head[4:8] == _CORE_VERSION:
+        raise InvalidComponent(
+            f"{origin} is a core WebAssembly module, not a component "
+            "(wrap it with `wasm-tools component new`, or build it with `mty build`)"
+        )
+    if head[6:8] != _COMPONENT_VERSION_LAYER:
+        raise InvalidComponent(
+            f"{origin} is WebAssembly of an unknown kind (version/layer {head[4:8].hex()})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Component:
+    """A compiled component, ready to instantiate any number of times.
+
+    ``sha256`` names its bytes (the compiled-cache key and, later, the trace's reference to it).
+    ``origin`` is the path or a description, used in messages.
+    """
+
+    wasm: wc.Component
+    sha256: str
+    origin: str
+    size: int
+    from_cache: bool
+
+    @classmethod
+    def load(
+        cls,
+        source: str | os.PathLike[str] | bytes | bytearray,
+        *,
+        cache: CompiledCache | None = None,
+        use_cache: bool = True,
+        progress: Callable[[str], None] | None = None,
+    ) -> Component:
+        """Load a component from a path or bytes, compiling it only if no cached form exists."""
+        if isinstance(source, bytes | bytearray):
+            data = bytes(source)
+            origin = "<bytes>"
+        else:
+            path = Path(source)
+            origin = str(path)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise InvalidComponent(f"{origin}: no such file") from None
+            except IsADirectoryError:
+                raise InvalidComponent(f"{origin} is a directory, not a .wasm file") from None
+            except OSError as exc:
+                raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
+        check_component_bytes(data, origin)
+        digest = hashlib.sha256(data).hexdigest()
+        cache = cache if cache is not None else (CompiledCache() if use_cache else None)
+        if cache is not None:
+            cached = cache.load(digest)
+            if cached is not None:
+                return cls(cached, digest, origin, len(data), from_cache=True)
+        if progress is not None:
+            progress(f"compiling {origin} ({len(data) / 1e6:.1f} MB); cached after this run")
+        try:
+            compiled = wc.Component(get_engine(), data)
+        except WasmtimeError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
+            if "failed to parse" in str(exc) or "invalid" in first.lower():
+                raise InvalidComponent(f"{origin} is not a valid component: {first}") from exc
+            raise CompileError(f"cannot compile {origin}: {first}") from exc
+        if cache is not None:
+            cache.store(digest, compiled)
+        return cls(compiled, digest, origin, len(data), from_cache=False)
+
+    def import_names(self) -> list[str]:
+        """Every import of the component, by its full name (``wasi:cli/stdout@0.2.9`` ...)."""
+        return list(self.wasm.type.imports(get_engine()).keys())
+
+    def export_functions(self) -> dict[str, wc.FuncType]:
+        """Every exported function, top level by name and nested ones as ``instance#name``."""
+        engine = get_engine()
+        found: dict[str, wc.FuncType] = {}
+        for name, extern in self.wasm.type.exports(engine).items():
+            item = extern.ty
+            if isinstance(item, wc.FuncType):
+                found[name] = item
+            elif isinstance(item, wc.ComponentInstanceType):
+                for inner, inner_extern in item.exports(engine).items():
+                    inner_item = inner_extern.ty
+                    if isinstance(inner_item, wc.FuncType):
+                        found[f"{name}#{inner}"] = inner_item
+        return found

@@ -1,0 +1,255 @@
+"""Exact linear-memory accounting: mighty allocates every guest linear memory itself.
+
+wasmtime's C API offers a store limiter with fixed numbers and no callback, so with the default
+allocator the host can neither see how large a guest's memories are nor tell that a guest hit the
+ceiling (``memory.grow`` just returns -1 and the guest does what it likes with that). Both are
+required: usage reports peak memory, and running out must be a typed ``OutOfMemory``.
+
+So the engine is configured with a host memory creator (``wasmtime_config_host_memory_creator_set``)
+implemented here: each linear memory is an anonymous mapping reserved PROT_NONE and made
+read-write as it grows. Every memory is charged to a :class:`MemoryAccount` (one per store); a
+grow that would take the account past its ceiling records the request and fails, which wasmtime
+turns into a trap that the budget layer reports as ``OutOfMemory``.
+
+Rejected:
+- the default allocator plus ``/proc/self/maps`` scanning: not attributable to a store, racy
+  across threads, and ~100 us a read;
+- the store limiter alone: silent ``-1`` to the guest, no usage figures.
+
+Cost: copy-on-write memory images need wasmtime's own allocator, so instantiation copies the data
+segments (~13 MB for a componentize-py guest). Transparent huge pages (``MADV_HUGEPAGE``) keep
+that near 2 ms; docs/architecture.md records the measurements.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import itertools
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from wasmtime import _ffi as ffi
+
+__all__ = ["MemoryAccount", "install_memory_creator", "instantiating_into", "live_memories"]
+
+_WASM32_MAX = 1 << 32
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.mprotect.restype = ctypes.c_int
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+_PROT_NONE = 0
+_PROT_READ_WRITE = 0x1 | 0x2
+_MAP_PRIVATE = 0x02
+_MAP_ANONYMOUS = 0x20
+_MAP_NORESERVE = 0x4000
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MADV_HUGEPAGE = 14
+
+
+@dataclass(eq=False)
+class MemoryAccount:
+    """The linear memory of one store: what it holds now, its peak, and its ceiling.
+
+    ``limit`` may be lowered or raised between calls; memories never shrink, so ``current`` is
+    also the peak since the store was created. ``peak`` is reset by the budget layer at the start
+    of each call. ``denied`` holds the first grow refused since the last reset, as
+    ``(requested_total_bytes, limit)``.
+    """
+
+    limit: int
+    current: int = 0
+    peak: int = 0
+    denied: tuple[int, int] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start_call(self, limit: int) -> None:
+        """Begin a call: apply its ceiling and start a new peak measurement."""
+        with self._lock:
+            self.limit = limit
+            self.peak = self.current
+            self.denied = None
+
+    def _charge(self, delta: int) -> bool:
+        with self._lock:
+            wanted = self.current + delta
+            if wanted > self.limit:
+                if self.denied is None:
+                    self.denied = (wanted, self.limit)
+                return False
+            self.current = wanted
+            self.peak = max(self.peak, wanted)
+            return True
+
+    def _release(self, amount: int) -> None:
+        with self._lock:
+            self.current -= amount
+
+
+@dataclass(eq=False)
+class _Memory:
+    base: int
+    size: int
+    reserved: int
+    mapped: int
+    maximum: int
+    account: MemoryAccount
+
+
+_MEMORIES: dict[int, _Memory] = {}
+_MEMORIES_LOCK = threading.Lock()
+_NEXT_ID = itertools.count(1)
+_LOCAL = threading.local()
+# Memories created while no account is installed (wasmtime-internal or foreign use of the engine)
+# are tracked but never limited beyond the wasm32 maximum.
+_UNBOUNDED = MemoryAccount(limit=1 << 62)
+
+
+class instantiating_into:  # noqa: N801 - used as a context manager, reads like a `with` clause
+    """Charge every memory created on this thread inside the block to ``account``."""
+
+    def __init__(self, account: MemoryAccount) -> None:
+        self._account = account
+        self._saved: MemoryAccount | None = None
+
+    def __enter__(self) -> MemoryAccount:
+        self._saved = getattr(_LOCAL, "account", None)
+        _LOCAL.account = self._account
+        return self._account
+
+    def __exit__(self, *exc: object) -> None:
+        _LOCAL.account = self._saved
+
+
+def _error(message: str) -> int:
+    # wasmtime takes ownership of the returned error and turns it into a trap or failed call.
+    ptr = ffi.wasmtime_error_new(message.encode())
+    value = ctypes.cast(ptr, ctypes.c_void_p).value
+    return int(value or 0)
+
+
+@ffi.wasmtime_memory_get_callback_t  # type: ignore[misc]
+def _get_memory(env: int | None, byte_size: Any, byte_max: Any) -> int:
+    memory = _MEMORIES[env or 0]
+    byte_size[0] = memory.size
+    byte_max[0] = memory.maximum
+    return memory.base
+
+
+@ffi.wasmtime_memory_grow_callback_t  # type: ignore[misc]
+def _grow_memory(env: int | None, new_size: int) -> int:
+    try:
+        memory = _MEMORIES[env or 0]
+        if new_size <= memory.size:
+            return 0
+        if new_size > memory.reserved:
+            return _error("mighty: linear memory grown past its reservation")
+        if not memory.account._charge(new_size - memory.size):
+            return _error("mighty: memory limit exceeded")
+        if _libc.mprotect(memory.base, new_size, _PROT_READ_WRITE) != 0:
+            memory.account._release(new_size - memory.size)
+            return _error(f"mighty: mprotect failed: {os.strerror(ctypes.get_errno())}")
+        memory.size = new_size
+        return 0
+    except Exception as exc:  # noqa: BLE001 - a ctypes callback must never raise
+        return _error(f"mighty: memory grow failed: {exc!r}")
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _free_memory(env: int | None) -> None:
+    with _MEMORIES_LOCK:
+        memory = _MEMORIES.pop(env or 0, None)
+    if memory is not None:
+        memory.account._release(memory.size)
+        _libc.munmap(memory.base, memory.mapped)
+
+
+@ffi.wasmtime_new_memory_callback_t  # type: ignore[misc]
+def _new_memory(
+    _env: int | None,
+    _memory_type: Any,
+    minimum: int,
+    maximum: int,
+    reserved: int,
+    guard: int,
+    out: Any,
+) -> int:
+    try:
+        account: MemoryAccount = getattr(_LOCAL, "account", None) or _UNBOUNDED
+        # A static reservation lets the memory grow in place: wasmtime never has to move it.
+        reservation = reserved or min(maximum, _WASM32_MAX)
+        reservation = max(reservation, minimum)
+        mapped = reservation + guard
+        base = _libc.mmap(
+            None, mapped, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
+        )
+        if base is None or base == _MAP_FAILED:
+            return _error(f"mighty: cannot reserve linear memory: {os.strerror(ctypes.get_errno())}")
+        if not account._charge(minimum):
+            _libc.munmap(base, mapped)
+            return _error("mighty: memory limit exceeded")
+        # Huge pages turn the ~3000 page faults of copying a CPython image into a handful.
+        _libc.madvise(base, mapped, _MADV_HUGEPAGE)
+        if minimum and _libc.mprotect(base, minimum, _PROT_READ_WRITE) != 0:
+            err = ctypes.get_errno() or errno.ENOMEM
+            account._release(minimum)
+            _libc.munmap(base, mapped)
+            return _error(f"mighty: mprotect failed: {os.strerror(err)}")
+        key = next(_NEXT_ID)
+        with _MEMORIES_LOCK:
+            _MEMORIES[key] = _Memory(
+                base=base,
+                size=minimum,
+                reserved=reservation,
+                mapped=mapped,
+                maximum=min(maximum, reservation),
+                account=account,
+            )
+        result = out[0]
+        result.env = key
+        result.get_memory = _get_memory
+        result.grow_memory = _grow_memory
+        result.finalizer = _free_memory
+        return 0
+    except Exception as exc:  # noqa: BLE001 - a ctypes callback must never raise
+        return _error(f"mighty: cannot create linear memory: {exc!r}")
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _creator_finalizer(_env: int | None) -> None:
+    return None
+
+
+_CREATOR = ffi.wasmtime_memory_creator_t()
+_CREATOR.env = None
+_CREATOR.new_memory = _new_memory
+_CREATOR.finalizer = _creator_finalizer
+
+
+def install_memory_creator(config_ptr: Any) -> None:
+    """Make every linear memory of engines built from this config go through this module."""
+    # Copy-on-write images only work with wasmtime's own mmap allocator (it panics otherwise).
+    ffi.wasmtime_config_memory_init_cow_set(config_ptr, False)
+    ffi.wasmtime_config_host_memory_creator_set(config_ptr, ctypes.byref(_CREATOR))
+
+
+def live_memories() -> int:
+    """How many guest linear memories exist right now (for leak tests)."""
+    with _MEMORIES_LOCK:
+        return len(_MEMORIES)

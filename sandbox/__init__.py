@@ -1,0 +1,3 @@
+"""mighty.sandbox: code mode (untrusted Python in a fresh wasm interpreter per run)."""
+
+__all__: list[str] = []
