@@ -1,1 +1,61 @@
-"""mighty: run handlers compiled to WebAssembly components under hard budgets."""
+"""mighty: run handlers compiled to WebAssembly components under hard budgets.
+
+The names below are the public API; everything else lives in private ``_modules`` and may change.
+"""
+
+from mighty._errors import (
+    ArgumentError,
+    BadInput,
+    BudgetExceeded,
+    BuildError,
+    Cancelled,
+    CompileError,
+    DeadlineExceeded,
+    ExportNotFound,
+    GuestError,
+    GuestExit,
+    GuestTrap,
+    HostError,
+    InvalidComponent,
+    MightyError,
+    MissingImports,
+    OutOfFuel,
+    OutOfMemory,
+)
+from mighty.abi import Err, Ok, Some, Variant
+from mighty.budget import Budget, CancelScope, Usage
+from mighty.engine import Component
+from mighty.instance import Instance, call_once
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError",
+    "BadInput",
+    "Budget",
+    "BudgetExceeded",
+    "BuildError",
+    "CancelScope",
+    "Cancelled",
+    "CompileError",
+    "Component",
+    "DeadlineExceeded",
+    "Err",
+    "ExportNotFound",
+    "GuestError",
+    "GuestExit",
+    "GuestTrap",
+    "HostError",
+    "Instance",
+    "InvalidComponent",
+    "MightyError",
+    "MissingImports",
+    "Ok",
+    "OutOfFuel",
+    "OutOfMemory",
+    "Some",
+    "Usage",
+    "Variant",
+    "__version__",
+    "call_once",
+]

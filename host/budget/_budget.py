@@ -4,7 +4,9 @@ Mechanisms, one per budget:
 - fuel: set on the store before each call; what is left afterwards gives the fuel used, and a
   trap with no fuel left is ``OutOfFuel`` (fuel is deterministic, so this is exact);
 - memory: the store's :class:`~mighty.engine.MemoryAccount`, enforced by mighty's own memory
-  creator; a refused grow is ``OutOfMemory``;
+  creator. A refused grow returns -1 to the guest (plain wasm semantics) and the call then ends
+  in ``OutOfMemory`` at the next epoch check or when it returns, whichever comes first: the
+  ceiling is a hard limit, and a guest that catches its ``MemoryError`` does not get around it;
 - deadline and cancellation: the engine's epoch advances every ``EPOCH_TICK``; each store has an
   epoch-deadline callback that, once a tick, checks the call's deadline and its cancel scope and
   either extends the deadline by one tick or stops the guest. Cancellation from another thread is
@@ -25,7 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import wasmtime
@@ -82,12 +84,14 @@ class Budget:
             raise ValueError(f"Budget.fuel must be in 1..{_MAX_FUEL}, got {self.fuel}")
         if isinstance(self.memory, bool) or not isinstance(self.memory, int):
             raise TypeError(f"Budget.memory must be an int, got {type(self.memory).__name__}")
-        if not 0 < self.memory:
+        if not self.memory > 0:
             raise ValueError(f"Budget.memory must be positive, got {self.memory}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float):
             raise TypeError(f"Budget.timeout must be a number, got {type(self.timeout).__name__}")
         if not (self.timeout > 0 and math.isfinite(self.timeout)):
-            raise ValueError(f"Budget.timeout must be a positive number of seconds, got {self.timeout}")
+            raise ValueError(
+                f"Budget.timeout must be a positive number of seconds, got {self.timeout}"
+            )
 
     def replace(self, **changes: Any) -> Budget:
         """A copy with the given fields changed (validated like the original)."""
@@ -140,7 +144,8 @@ class CancelScope:
 class _CallState:
     deadline: float
     cancel: CancelScope | None
-    stopped: str | None = None  # "deadline" | "cancel", set by the epoch callback
+    account: MemoryAccount
+    stopped: str | None = None  # "deadline" | "cancel" | "memory", set by the epoch callback
 
 
 _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
@@ -161,10 +166,13 @@ def _stop(message: str) -> int:
     return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
 
 
-@_EPOCH_CALLBACK_T
 def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
     state = _ACTIVE.get(key or 0)
     if state is not None:
+        if state.account.denied is not None:
+            # The guest saw its grow fail (-1) and carried on; the ceiling is a hard limit.
+            state.stopped = "memory"
+            return _stop("mighty: memory limit exceeded")
         if state.cancel is not None and state.cancel.cancel_called:
             state.stopped = "cancel"
             return _stop("mighty: call cancelled")
@@ -176,9 +184,13 @@ def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
     return 0
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _forget(key: int | None) -> None:
     _ACTIVE.pop(key or 0, None)
+
+
+# Kept for the life of the process: every store's epoch callback points at these.
+_C_ON_EPOCH = _EPOCH_CALLBACK_T(_on_epoch)
+_C_FORGET = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_forget)
 
 
 class Meter:
@@ -193,7 +205,11 @@ class Meter:
         self.account = MemoryAccount(limit=budget.memory)
         self._key = next(_NEXT_KEY)
         self._busy = threading.Lock()
-        ffi.wasmtime_store_epoch_deadline_callback(self.store.ptr(), _on_epoch, self._key, _forget)
+        self.entered = False
+        """Whether the latest :meth:`run` got as far as entering the guest."""
+        ffi.wasmtime_store_epoch_deadline_callback(
+            self.store.ptr(), _C_ON_EPOCH, self._key, _C_FORGET
+        )
 
     def run(
         self,
@@ -209,8 +225,11 @@ class Meter:
         """
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("a mighty instance is being used by two threads at once")
+        self.entered = False
         try:
-            state = _CallState(deadline=_now() + budget.timeout, cancel=cancel)
+            state = _CallState(
+                deadline=_now() + budget.timeout, cancel=cancel, account=self.account
+            )
             if cancel is not None and cancel.cancel_called:
                 cancel.cancelled_caught = True
                 err = Cancelled(
@@ -225,6 +244,7 @@ class Meter:
             store.set_epoch_deadline(1)
             _ACTIVE[self._key] = state
             started = _now()
+            self.entered = True
             try:
                 result = work()
             except wasmtime.WasmtimeError as exc:
@@ -234,9 +254,25 @@ class Meter:
                 raise error from exc
             finally:
                 _ACTIVE.pop(self._key, None)
-            return result, self._usage(budget, started)
+            usage = self._usage(budget, started)
+            if self.account.denied is not None:
+                # Returned before the next epoch check noticed: same outcome, the result of a
+                # call that broke its memory ceiling is not trusted.
+                error = self._out_of_memory()
+                error.usage = usage
+                raise error
+            return result, usage
         finally:
             self._busy.release()
+
+    def _out_of_memory(self) -> OutOfMemory:
+        assert self.account.denied is not None
+        requested, limit = self.account.denied
+        return OutOfMemory(
+            f"guest tried to grow its memory to {requested} bytes, over the {limit}-byte limit",
+            limit=limit,
+            requested=requested,
+        )
 
     def _usage(self, budget: Budget, started: float) -> Usage:
         wall = _now() - started
@@ -265,12 +301,7 @@ class Meter:
                 f"call exceeded its {budget.timeout:g} s deadline", timeout=budget.timeout
             )
         if self.account.denied is not None:
-            requested, limit = self.account.denied
-            return OutOfMemory(
-                f"guest tried to grow its memory to {requested} bytes, over the {limit}-byte limit",
-                limit=limit,
-                requested=requested,
-            )
+            return self._out_of_memory()
         message, backtrace = split_wasmtime_error(str(exc))
         if usage.fuel >= budget.fuel or "all fuel consumed" in message:
             return OutOfFuel(f"call used all of its {budget.fuel} fuel", fuel_limit=budget.fuel)
@@ -319,4 +350,3 @@ def split_wasmtime_error(text: str) -> tuple[str, str]:
         cause = rest[-1] if rest else text.strip()
     cause = re.sub(r"^\d+:\s*", "", cause)
     return cause, "\n".join(backtrace)
-

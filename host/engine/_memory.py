@@ -144,7 +144,6 @@ def _error(message: str) -> int:
     return int(value or 0)
 
 
-@ffi.wasmtime_memory_get_callback_t  # type: ignore[misc]
 def _get_memory(env: int | None, byte_size: Any, byte_max: Any) -> int:
     memory = _MEMORIES[env or 0]
     byte_size[0] = memory.size
@@ -152,7 +151,6 @@ def _get_memory(env: int | None, byte_size: Any, byte_max: Any) -> int:
     return memory.base
 
 
-@ffi.wasmtime_memory_grow_callback_t  # type: ignore[misc]
 def _grow_memory(env: int | None, new_size: int) -> int:
     try:
         memory = _MEMORIES[env or 0]
@@ -171,7 +169,6 @@ def _grow_memory(env: int | None, new_size: int) -> int:
         return _error(f"mighty: memory grow failed: {exc!r}")
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _free_memory(env: int | None) -> None:
     with _MEMORIES_LOCK:
         memory = _MEMORIES.pop(env or 0, None)
@@ -180,7 +177,6 @@ def _free_memory(env: int | None) -> None:
         _libc.munmap(memory.base, memory.mapped)
 
 
-@ffi.wasmtime_new_memory_callback_t  # type: ignore[misc]
 def _new_memory(
     _env: int | None,
     _memory_type: Any,
@@ -200,7 +196,9 @@ def _new_memory(
             None, mapped, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
         )
         if base is None or base == _MAP_FAILED:
-            return _error(f"mighty: cannot reserve linear memory: {os.strerror(ctypes.get_errno())}")
+            return _error(
+                f"mighty: cannot reserve linear memory: {os.strerror(ctypes.get_errno())}"
+            )
         if not account._charge(minimum):
             _libc.munmap(base, mapped)
             return _error("mighty: memory limit exceeded")
@@ -223,23 +221,29 @@ def _new_memory(
             )
         result = out[0]
         result.env = key
-        result.get_memory = _get_memory
-        result.grow_memory = _grow_memory
-        result.finalizer = _free_memory
+        result.get_memory = _C_GET_MEMORY
+        result.grow_memory = _C_GROW_MEMORY
+        result.finalizer = _C_FREE_MEMORY
         return 0
     except Exception as exc:  # noqa: BLE001 - a ctypes callback must never raise
         return _error(f"mighty: cannot create linear memory: {exc!r}")
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _creator_finalizer(_env: int | None) -> None:
     return None
 
 
-_CREATOR = ffi.wasmtime_memory_creator_t()
+# The C function pointers must live as long as the process: wasmtime keeps calling them.
+_FINALIZER_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_C_GET_MEMORY = ffi.wasmtime_memory_get_callback_t(_get_memory)
+_C_GROW_MEMORY = ffi.wasmtime_memory_grow_callback_t(_grow_memory)
+_C_FREE_MEMORY = _FINALIZER_T(_free_memory)
+_C_NEW_MEMORY = ffi.wasmtime_new_memory_callback_t(_new_memory)
+_C_CREATOR_FINALIZER = _FINALIZER_T(_creator_finalizer)
+_CREATOR: Any = ffi.wasmtime_memory_creator_t()
 _CREATOR.env = None
-_CREATOR.new_memory = _new_memory
-_CREATOR.finalizer = _creator_finalizer
+_CREATOR.new_memory = _C_NEW_MEMORY
+_CREATOR.finalizer = _C_CREATOR_FINALIZER
 
 
 def install_memory_creator(config_ptr: Any) -> None:

@@ -22,7 +22,7 @@ from wasmtime import component as wc
 from wasmtime.component._enter import maybe_raise_last_exn
 
 from mighty._errors import ExportNotFound, GuestTrap, MissingImports
-from mighty.abi import FuncCodec
+from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import Component, get_engine, instantiating_into
 
@@ -127,24 +127,19 @@ class _Export:
 class Instance:
     """One live instance of a component, with its own store, memory account and budget.
 
-    Create with :meth:`Instance.create` (or ``Component.instantiate``). Not thread-safe: use it
-    from one thread at a time. ``close()`` frees the store; use it as a context manager.
+    Not thread-safe: use it from one thread at a time. ``close()`` frees the store; use it as a
+    context manager.
     """
 
-    def __init__(self) -> None:
-        raise TypeError("use Instance.create(component, ...)")
-
-    @classmethod
-    def create(
-        cls,
+    def __init__(
+        self,
         component: Component,
         *,
         budget: Budget | None = None,
         cancel: CancelScope | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP,
-    ) -> Instance:
+    ) -> None:
         """Instantiate ``component`` under ``budget`` (instantiation runs guest code too)."""
-        self: Instance = cls.__new__(cls)
         self.component = component
         self.budget = budget or Budget()
         self.stdout = OutputBuffer(output_cap)
@@ -161,8 +156,8 @@ class Instance:
             )
         self._meter = Meter(self.budget)
         wasi = wasmtime.WasiConfig()
-        wasi.stdout_custom(self.stdout.write)
-        wasi.stderr_custom(self.stderr.write)
+        wasi.stdout_custom = self.stdout.write
+        wasi.stderr_custom = self.stderr.write
         self._meter.store.set_wasi(wasi)
         linker = _shared_linker()
 
@@ -182,7 +177,6 @@ class Instance:
                     missing=names,
                 ) from exc
             raise
-        return self
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -214,14 +208,14 @@ class Instance:
         codec = export.codec
         params = codec.lower_params(self._meter.store, args)
         func_ref = ctypes.byref(export.func._func)
-        has_result = codec.result is not None
+        has_result = codec.has_result
         result = ffi.wasmtime_component_val_t()
         result_ref = ctypes.byref(result) if has_result else None
 
         def enter() -> None:
             context = self._meter.store._context()
             error = ffi.wasmtime_component_func_call(
-                func_ref, context, params.array, params.count, result_ref, int(has_result)
+                func_ref, context, params.array, params.size, result_ref, int(has_result)
             )
             if error:
                 err = WasmtimeError._from_ptr(error)
@@ -232,11 +226,13 @@ class Instance:
             _, usage = self._meter.run(enter, budget, cancel, self._stderr_note)
         except BaseException as exc:
             self.last_usage = getattr(exc, "usage", None)
-            if not isinstance(exc, TypeError | ValueError):
+            if self._meter.entered:
+                # wasmtime poisons an instance that trapped; a host exception raised inside
+                # a call may have left guest state half-updated. Either way: no more calls.
                 self._poisoned = f"{type(exc).__name__}: {exc}".splitlines()[0]
             raise
         finally:
-            codec.free_params(params)
+            codec.free_params(params.array, params.size)
         self.last_usage = usage
         return codec.lift_result(result) if has_result else None
 
@@ -252,10 +248,14 @@ class Instance:
         assert self.last_usage is not None
         return value, self.last_usage
 
-    def exports(self) -> dict[str, FuncCodec]:
-        """Every exported function with its signature (``codec.params`` / ``codec.result``)."""
+    def signature(self, name: str) -> FuncSig:
+        """The WIT signature of export ``name`` (``params`` and ``result``)."""
+        return self._export(name).codec.sig
+
+    def exports(self) -> dict[str, FuncSig]:
+        """Every exported function with its WIT signature."""
         return {
-            name: FuncCodec.from_func_type(fty)
+            name: FuncSig.from_func_type(fty)
             for name, fty in self.component.export_functions().items()
         }
 
@@ -322,6 +322,5 @@ def call_once(
     cancel: CancelScope | None = None,
 ) -> tuple[Any, Usage]:
     """Instantiate, call one export, close: the `mty call` path."""
-    with Instance.create(component, budget=budget, cancel=cancel) as instance:
+    with Instance(component, budget=budget, cancel=cancel) as instance:
         return instance.call_with_usage(name, *args, budget=budget, cancel=cancel)
-

@@ -1,0 +1,82 @@
+"""Python values <-> component-model values, typed by the function's WIT signature.
+
+Results are always ``Ok``/``Err``, variants ``Variant``, nested options ``Some``: nothing is
+guessed from Python types. ``FuncCodec`` is compiled once per function type and works directly on
+wasmtime's C value structs; ``from_json``/``to_json`` are the typed JSON mapping of ``mty call``.
+"""
+
+from ._codec import FuncCodec, ParamArray, codec_for
+from ._json import from_json, to_json
+from ._types import (
+    BOOL,
+    CHAR,
+    F32,
+    F64,
+    PRIMITIVES,
+    S8,
+    S16,
+    S32,
+    S64,
+    STRING,
+    U8,
+    U16,
+    U32,
+    U64,
+    BorrowType,
+    EnumType,
+    FlagsType,
+    FuncSig,
+    ListType,
+    MapType,
+    OptionType,
+    OwnType,
+    PrimitiveType,
+    RecordType,
+    ResultType,
+    TupleType,
+    VariantType,
+    WitType,
+    wit_type_of,
+)
+from ._values import Err, Ok, Some, Variant
+
+__all__ = [
+    "BOOL",
+    "CHAR",
+    "F32",
+    "F64",
+    "PRIMITIVES",
+    "S8",
+    "S16",
+    "S32",
+    "S64",
+    "STRING",
+    "U8",
+    "U16",
+    "U32",
+    "U64",
+    "BorrowType",
+    "EnumType",
+    "Err",
+    "FlagsType",
+    "FuncCodec",
+    "FuncSig",
+    "ListType",
+    "MapType",
+    "Ok",
+    "OptionType",
+    "OwnType",
+    "ParamArray",
+    "PrimitiveType",
+    "RecordType",
+    "ResultType",
+    "Some",
+    "TupleType",
+    "Variant",
+    "VariantType",
+    "WitType",
+    "codec_for",
+    "from_json",
+    "to_json",
+    "wit_type_of",
+]

@@ -1,0 +1,5 @@
+"""Compile Python handlers into WebAssembly components with componentize-py, with a build cache."""
+
+from mighty.build._build import DEFAULT_TIMEOUT, BuildResult, ComponentizeError, build_component
+
+__all__ = ["DEFAULT_TIMEOUT", "BuildResult", "ComponentizeError", "build_component"]

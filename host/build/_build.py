@@ -1,0 +1,329 @@
+"""Build a Python handler into a WebAssembly component with componentize-py, with a cache.
+
+componentize-py runs as a subprocess rather than through its in-process ``componentize()``
+function: the tool pre-initialises a whole guest CPython, takes seconds, prints to our stdout and
+panics (aborting the process) on some inputs, and a subprocess is the only way to get a timeout,
+a progress tick and its output as text to explain failures with.
+
+The cache is content-addressed (``builds/<sha256 of every input>.wasm``) with no index and no
+locks: an entry is written by an atomic rename, so concurrent builders of the same inputs each
+leave a complete, identical file and the last rename wins. Failed builds are not cached; the
+failure is cheap to reproduce and the user is about to edit the file anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mighty._cachedir import atomic_copy, cache_root
+from mighty._errors import BadInput, BuildError
+from mighty.build._diagnose import diagnose
+from mighty.build._inputs import compute_digest, find_worlds, installed_distributions
+
+__all__ = ["DEFAULT_TIMEOUT", "BuildResult", "ComponentizeError", "build_component"]
+
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a componentize-py run may take before it is killed."""
+
+_TOOL = "componentize-py"
+_PROGRESS_INTERVAL = 1.0
+_COMPONENT_PREAMBLE = b"\0asm"
+_COMPONENT_LAYER = b"\x0d\x00\x01\x00"  # version 0x0d, layer 1: a component, not a core module
+
+Progress = Callable[[str], None]
+"""Receives short human-readable status lines while a build runs."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A built component and how it was obtained."""
+
+    path: Path
+    """Where the component was written (the ``output`` argument)."""
+    digest: str
+    """sha256 hex over every input of the build; names the cache entry."""
+    component_sha256: str
+    """sha256 hex of the component's bytes."""
+    cached: bool
+    """True when the component came from the build cache and componentize-py did not run."""
+    seconds: float
+    """Wall time of the whole call."""
+
+
+class ComponentizeError(BuildError):
+    """componentize-py ran and failed. ``details`` is its complete output, for ``--verbose``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: str,
+        filename: str | None = None,
+        lineno: int | None = None,
+    ) -> None:
+        super().__init__(message, filename=filename, lineno=lineno)
+        self.details = details
+
+
+def build_component(
+    source: Path,
+    *,
+    output: Path,
+    wit: Path | None = None,
+    world: str | None = None,
+    python_path: Sequence[Path] = (),
+    progress: Progress | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> BuildResult:
+    """Compile the handler module ``source`` into a component at ``output``.
+
+    ``wit`` defaults to the ``wit/`` directory beside ``source`` and ``world`` to the only world
+    it defines. ``python_path`` adds directories the handler imports from, after the source's
+    own. An unchanged rebuild is served from the cache without running componentize-py.
+
+    Raises ``BadInput`` for unusable arguments and ``BuildError`` (a ``ComponentizeError`` when
+    the tool ran) when the build fails, with the handler's file and line when it is a Python
+    error in the handler.
+    """
+    started = time.monotonic()
+    report: Progress = progress or _ignore
+    source = _check_source(source)
+    output = Path(output)
+    if output.is_dir():
+        raise BadInput(f"output {output} is a directory; give the path of the .wasm file to write")
+    wit = _resolve_wit(source, wit)
+    world = world if world is not None else _default_world(wit)
+    roots = [source.parent, *(Path(p) for p in python_path)]
+    for root in roots[1:]:
+        if not root.is_dir():
+            raise BadInput(f"python path entry {root} is not a directory")
+    version = _tool_version()
+
+    digest = compute_digest(
+        module=source.stem,
+        roots=roots,
+        wit=wit,
+        world=world,
+        tool_version=version,
+        distributions=installed_distributions(),
+        exclude=output,
+    )
+    builds = cache_root() / "builds"
+    cached_path = builds / f"{digest}.wasm"
+    if _is_component_file(cached_path):
+        atomic_copy(cached_path, output)
+        return BuildResult(
+            path=output,
+            digest=digest,
+            component_sha256=_sha256_file(output),
+            cached=True,
+            seconds=time.monotonic() - started,
+        )
+
+    executable = _find_tool()
+    report(f"building {source.name} with {_TOOL} {version} ...")
+    builds.mkdir(parents=True, exist_ok=True)
+    # The tool writes straight to its -o path, so point it at a private name in the cache
+    # directory and publish with one rename once the result is known to be whole.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{digest}.", suffix=".wasm.tmp", dir=builds)
+    os.close(fd)
+    tmp_path = Path(tmp_name)
+    try:
+        command = [
+            executable,
+            "-d",
+            str(wit),
+            "-w",
+            world,
+            "componentize",
+            source.stem,
+            *(arg for root in roots for arg in ("-p", str(root))),
+            "-o",
+            str(tmp_path),
+        ]
+        _run(command, roots=roots, source=source, timeout=timeout, report=report, started=started)
+        if not _is_component_file(tmp_path):
+            raise BuildError(f"{_TOOL} succeeded but {tmp_path} is not a WebAssembly component")
+        _fsync(tmp_path)
+        os.replace(tmp_path, cached_path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+    atomic_copy(cached_path, output)
+    seconds = time.monotonic() - started
+    report(f"done in {seconds:.1f} s")
+    return BuildResult(
+        path=output,
+        digest=digest,
+        component_sha256=_sha256_file(output),
+        cached=False,
+        seconds=seconds,
+    )
+
+
+def _ignore(_: str) -> None:
+    pass
+
+
+def _check_source(source: Path) -> Path:
+    source = Path(source)
+    if not source.is_file():
+        raise BadInput(f"handler source {source} does not exist or is not a file")
+    if source.suffix != ".py":
+        raise BadInput(f"handler source {source} is not a Python file (.py)")
+    if not source.stem.isidentifier():
+        raise BadInput(
+            f"handler source {source}: {source.stem!r} is not a valid Python module name"
+        )
+    return source
+
+
+def _resolve_wit(source: Path, wit: Path | None) -> Path:
+    if wit is None:
+        beside = source.parent / "wit"
+        if not beside.is_dir():
+            raise BadInput(
+                f"no WIT directory for {source}: expected {beside}/ beside the handler;"
+                " pass --wit PATH to use another one"
+            )
+        return beside
+    wit = Path(wit)
+    if not wit.exists():
+        raise BadInput(f"WIT path {wit} does not exist")
+    return wit
+
+
+def _default_world(wit: Path) -> str:
+    worlds = find_worlds(wit)
+    if len(worlds) == 1:
+        return worlds[0]
+    if not worlds:
+        raise BadInput(f"no world is defined in {wit}; add one or pass --world NAME")
+    listed = ", ".join(worlds)
+    raise BadInput(f"{wit} defines several worlds ({listed}); choose one with --world NAME")
+
+
+def _tool_version() -> str:
+    try:
+        return importlib.metadata.version(_TOOL)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # Installed elsewhere (found on PATH): ask it, since the version is part of the digest.
+    completed = subprocess.run(  # noqa: S603  (fixed executable, no shell)
+        [_find_tool(), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    words = completed.stdout.split()
+    if completed.returncode != 0 or len(words) < 2:
+        raise BadInput(f"cannot tell which version of {_TOOL} is installed: {completed.stderr}")
+    return words[-1]
+
+
+def _find_tool() -> str:
+    # The scripts directory of this interpreter first: PATH may hold another version, and the
+    # version we hash into the digest is the one installed beside us.
+    scripts = Path(sys.executable).parent
+    for name in (_TOOL, f"{_TOOL}.exe"):
+        candidate = scripts / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(_TOOL)
+    if found is None:
+        raise BadInput(
+            f"cannot find the {_TOOL} executable beside {sys.executable} or on PATH;"
+            f" install it with `pip install {_TOOL}==0.25.1`"
+        )
+    return found
+
+
+def _run(
+    command: Sequence[str],
+    *,
+    roots: Sequence[Path],
+    source: Path,
+    timeout: float,
+    report: Progress,
+    started: float,
+) -> None:
+    env = dict(os.environ)
+    # A Rust backtrace is noise to a handler author and hides the Python error we parse out.
+    env["RUST_BACKTRACE"] = "0"
+    env["RUST_LIB_BACKTRACE"] = "0"
+    run_started = time.monotonic()
+    with subprocess.Popen(  # noqa: S603  (fixed executable, arguments are paths, no shell)
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+    ) as proc:
+        try:
+            while True:
+                try:
+                    stdout, stderr = proc.communicate(timeout=_PROGRESS_INTERVAL)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - run_started >= timeout:
+                        proc.kill()
+                        stdout, stderr = proc.communicate()
+                        raise ComponentizeError(
+                            f"{_TOOL} did not finish within {timeout:g} s and was stopped",
+                            details=_join_output(stdout, stderr),
+                        ) from None
+                    report(f"building {source.name}: {time.monotonic() - started:.0f} s")
+        except BaseException:
+            # Popen's __exit__ would wait for the child: on Ctrl-C or a failing progress
+            # callback, do not sit out the rest of a multi-second build.
+            proc.kill()
+            raise
+    if proc.returncode != 0:
+        found = diagnose(stderr, roots=roots, source=source)
+        raise ComponentizeError(
+            found.message,
+            details=_join_output(stdout, stderr),
+            filename=found.filename,
+            lineno=found.lineno,
+        )
+
+
+def _join_output(stdout: str, stderr: str) -> str:
+    parts = [part.rstrip() for part in (stdout, stderr) if part.strip()]
+    return "\n".join(parts)
+
+
+def _is_component_file(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return head == _COMPONENT_PREAMBLE + _COMPONENT_LAYER
+
+
+def _fsync(path: Path) -> None:
+    # Without it a crash soon after the rename can leave an empty file under the entry's name.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,232 @@
+"""`mty`: thin click commands over the library. Parse, call, render; no logic of their own.
+
+Exit status everywhere: 0 ok, 1 the guest failed, 2 bad usage or input. Errors are one line on
+stderr (``mty: error: ...``) and never a Python traceback, unless ``MTY_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from mighty._errors import BadInput, CompileError, GuestError, HostError, MightyError
+
+__all__ = ["main", "parse_size"]
+
+EXIT_OK = 0
+EXIT_GUEST = 1
+EXIT_USAGE = 2
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "ki": 1024,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gi": 1024**3,
+    "gib": 1024**3,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"1048576"``, ``"64MiB"``, ``"256M"``, ``"1g"`` (decimal or binary units)."""
+    match = _SIZE.match(text)
+    unit = (match.group(2) or "").lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise click.BadParameter(f"{text!r} is not a size (examples: 67108864, 64MiB, 256M, 1G)")
+    return int(match.group(1)) * _UNITS[unit]
+
+
+class _Size(click.ParamType):  # type: ignore[type-arg] # generic only in newer stubs
+    name = "BYTES"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+def _fail(
+    message: str, *, as_json: bool, kind: str = "bad_input", code: int = EXIT_USAGE
+) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": {"kind": kind, "message": message}}))
+    else:
+        click.echo(f"mty: error: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _errors(as_json: bool) -> Iterator[None]:
+    """Render mighty's errors as one line (or one JSON object) and the right exit status."""
+    try:
+        yield
+    except GuestError as exc:
+        _fail(exc.message, as_json=as_json, kind=exc.kind, code=EXIT_GUEST)
+    except (BadInput, CompileError) as exc:
+        _fail(exc.message, as_json=as_json)
+    except HostError as exc:
+        _fail(exc.message, as_json=as_json, kind=exc.kind, code=EXIT_USAGE)
+    except MightyError as exc:  # pragma: no cover - every family is handled above
+        _fail(exc.message, as_json=as_json, kind=exc.kind)
+    except KeyboardInterrupt:
+        _fail("interrupted", as_json=as_json, kind="cancelled", code=130)
+    except Exception as exc:
+        if os.environ.get("MTY_DEBUG"):
+            raise
+        _fail(
+            f"internal error: {type(exc).__name__}: {exc} (set MTY_DEBUG=1 for a traceback)",
+            as_json=as_json,
+            kind="internal",
+            code=EXIT_USAGE,
+        )
+
+
+def _progress(enabled: bool) -> Callable[[str], None] | None:
+    if not enabled:
+        return None
+
+    def show(message: str) -> None:
+        click.echo(f"mty: {message}", err=True)
+
+    return show
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mighty-host", prog_name="mty")
+def main() -> None:
+    """mighty: build and run handlers compiled to WebAssembly components."""
+
+
+@main.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option(
+    "--wit",
+    "wit",
+    type=click.Path(path_type=Path),
+    help="WIT directory (default: wit/ beside SOURCE).",
+)
+@click.option("--world", help="World to build (default: the only world in the WIT package).")
+@click.option(
+    "-p",
+    "--path",
+    "python_path",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Extra directory for guest imports; repeatable.",
+)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where to write the component.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
+def build(
+    source: Path,
+    wit: Path | None,
+    world: str | None,
+    python_path: Sequence[Path],
+    output: Path,
+    quiet: bool,
+) -> None:
+    """Compile the Python handler SOURCE to a WebAssembly component (cached by content hash)."""
+    from mighty.build import build_component
+
+    with _errors(as_json=False):
+        show = _progress(not quiet and sys.stderr.isatty())
+        result = build_component(
+            source, output=output, wit=wit, world=world, python_path=python_path, progress=show
+        )
+        note = "cached" if result.cached else f"built in {result.seconds:.1f} s"
+        if not quiet:
+            click.echo(f"{result.path} ({note}, sha256 {result.component_sha256[:12]})")
+
+
+# Negative numbers are JSON arguments, not options: `mty call x.wasm add 1 -5`.
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("component", type=click.Path(path_type=Path))
+@click.argument("func")
+@click.argument("args", nargs=-1)
+@click.option("--fuel", type=click.IntRange(min=1), help="Fuel for the call (default 10^10).")
+@click.option("--memory", type=_Size(), help="Linear memory ceiling, e.g. 64MiB (default 256MiB).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Wall-clock seconds (default 10).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def call(
+    component: Path,
+    func: str,
+    args: Sequence[str],
+    fuel: int | None,
+    memory: int | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Call FUNC of COMPONENT with JSON-encoded ARGS and print the result as JSON."""
+    from mighty.abi import from_json, to_json
+    from mighty.budget import Budget
+    from mighty.engine import Component
+    from mighty.instance import Instance
+
+    with _errors(as_json):
+        changes: dict[str, Any] = {}
+        if fuel is not None:
+            changes["fuel"] = fuel
+        if memory is not None:
+            changes["memory"] = memory
+        if timeout is not None:
+            changes["timeout"] = timeout
+        budget = Budget(**changes)
+        decoded: list[Any] = []
+        for index, text in enumerate(args):
+            try:
+                decoded.append(json.loads(text))
+            except json.JSONDecodeError as exc:
+                raise BadInput(f"argument {index + 1} is not JSON ({exc.msg}): {text!r}") from None
+        show = _progress(not as_json and sys.stderr.isatty())
+        loaded = Component.load(component, progress=show)
+        with Instance(loaded, budget=budget) as instance:
+            signature = instance.signature(func)
+            params = signature.params
+            if len(decoded) != len(params):
+                wanted = ", ".join(f"{name}: {ty}" for name, ty in params) or "no arguments"
+                raise BadInput(
+                    f"{func} takes {len(params)} argument(s) ({wanted}), got {len(decoded)}"
+                )
+            values = [
+                from_json(ty, value, name)
+                for (name, ty), value in zip(params, decoded, strict=True)
+            ]
+            result, usage = instance.call_with_usage(func, *values)
+            rendered = None if signature.result is None else to_json(signature.result, result)
+        if as_json:
+            click.echo(json.dumps({"ok": True, "result": rendered, "usage": usage.to_json()}))
+        else:
+            click.echo(json.dumps(rendered, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

