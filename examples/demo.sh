@@ -7,7 +7,7 @@ MTY=.venv/bin/mty
 OUT=.mty-cache/demo
 mkdir -p "$OUT"
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+step() { printf '\n\033[1m$ %s\033[0m\n' "$(printf '%q ' "$@")"; "$@"; }
 
 step "$MTY" build examples/hello/handler.py -o "$OUT/hello.wasm"
 step "$MTY" call "$OUT/hello.wasm" greet '"world"'

@@ -22,6 +22,10 @@ _CORE_VERSION = b"\x01\x00\x00\x00"
 _COMPONENT_VERSION_LAYER = b"\x01\x00"  # layer field of the component binary header
 
 
+def _imports(wasm: wc.Component) -> tuple[str, ...]:
+    return tuple(wasm.type.imports(get_engine()).keys())
+
+
 def check_component_bytes(data: bytes | bytearray | memoryview, origin: str) -> None:
     """Raise InvalidComponent with a precise reason unless ``data`` starts like a component."""
     head = bytes(data[:8])
@@ -51,6 +55,8 @@ class Component:
     origin: str
     size: int
     from_cache: bool
+    imports: tuple[str, ...]
+    """Every import by its full name (``wasi:cli/stdout@0.2.9`` ...), read once at load."""
 
     @classmethod
     def load(
@@ -82,7 +88,7 @@ class Component:
         if cache is not None:
             cached = cache.load(digest)
             if cached is not None:
-                return cls(cached, digest, origin, len(data), from_cache=True)
+                return cls(cached, digest, origin, len(data), True, _imports(cached))
         if progress is not None:
             progress(f"compiling {origin} ({len(data) / 1e6:.1f} MB); cached after this run")
         try:
@@ -94,11 +100,7 @@ class Component:
             raise CompileError(f"cannot compile {origin}: {first}") from exc
         if cache is not None:
             cache.store(digest, compiled)
-        return cls(compiled, digest, origin, len(data), from_cache=False)
-
-    def import_names(self) -> list[str]:
-        """Every import of the component, by its full name (``wasi:cli/stdout@0.2.9`` ...)."""
-        return list(self.wasm.type.imports(get_engine()).keys())
+        return cls(compiled, digest, origin, len(data), False, _imports(compiled))
 
     def export_functions(self) -> dict[str, wc.FuncType]:
         """Every exported function, top level by name and nested ones as ``instance#name``."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 import wasmtime
+from wasmtime import _ffi as ffi
 
 from mighty.engine._memory import install_memory_creator
 
@@ -44,6 +45,7 @@ class EngineSettings:
     relaxed_simd_deterministic: bool = True
     wasm_threads: bool = False
     host_memory: bool = True
+    component_model_map: bool = True
 
     @property
     def fingerprint(self) -> str:
@@ -56,6 +58,7 @@ class EngineSettings:
                 f"relaxed_simd_deterministic={self.relaxed_simd_deterministic}",
                 f"wasm_threads={self.wasm_threads}",
                 f"host_memory={self.host_memory}",
+                f"component_model_map={self.component_model_map}",
                 f"wasmtime={wasmtime_version()}",
                 f"machine={platform.machine()}",
                 f"system={platform.system()}",
@@ -72,6 +75,7 @@ class EngineSettings:
             "relaxed_simd_deterministic": self.relaxed_simd_deterministic,
             "wasm_threads": self.wasm_threads,
             "host_memory": self.host_memory,
+            "component_model_map": self.component_model_map,
             "wasmtime": wasmtime_version(),
             "fingerprint": self.fingerprint,
         }
@@ -84,6 +88,8 @@ class EngineSettings:
         config.wasm_relaxed_simd = True
         config.wasm_relaxed_simd_deterministic = self.relaxed_simd_deterministic
         config.wasm_threads = self.wasm_threads
+        # `map<K, V>` is still a proposal; mighty.abi supports it, so components may use it.
+        ffi.wasmtime_config_wasm_component_model_map_set(config.ptr(), self.component_model_map)
         if self.host_memory:
             install_memory_creator(config.ptr())
         return config

@@ -148,7 +148,7 @@ class Instance:
         self._exports: dict[str, _Export] = {}
         self._poisoned: str | None = None
         self._closed = False
-        missing = [name for name in component.import_names() if not _provided(name)]
+        missing = [name for name in component.imports if not _provided(name)]
         if missing:
             raise MissingImports(
                 f"{component.origin} imports what nothing provides: {', '.join(missing)}",
