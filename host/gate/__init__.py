@@ -1,0 +1,29 @@
+"""The gate: the one place host functions are registered; every guest import passes through it."""
+
+from mighty.gate._gate import (
+    Binding,
+    CallHook,
+    Gate,
+    GuestContext,
+    Handle,
+    HostFunctionFailed,
+    Provider,
+    ResourceKind,
+    StaleHandle,
+    request_exit,
+    unversioned,
+)
+
+__all__ = [
+    "Binding",
+    "CallHook",
+    "Gate",
+    "GuestContext",
+    "Handle",
+    "HostFunctionFailed",
+    "Provider",
+    "ResourceKind",
+    "StaleHandle",
+    "request_exit",
+    "unversioned",
+]

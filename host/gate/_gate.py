@@ -1,0 +1,522 @@
+"""The gate: the one place where host functions are registered and every guest import is served.
+
+Every import a guest makes (WASI and mighty's own interfaces alike) arrives here, in
+:func:`_dispatch`, through one ctypes trampoline registered with
+``wasmtime_component_linker_instance_add_func``. The gate
+
+1. finds the instance's :class:`GuestContext` from the store,
+2. lifts the arguments with the import's codec (compiled once per binding and linker),
+3. turns resource handles into the host objects they stand for (and stale ones into an error),
+4. runs the hooks (recording, replay, telemetry plug in here) around the implementation,
+5. turns returned :class:`Handle` objects into resources the guest owns, and lowers the result.
+
+An implementation refuses a call by returning the interface's own error value (``Err(...)``);
+it never raises for something the guest did. An exception escaping an implementation is a host
+bug: the guest traps, and the call raises :class:`HostFunctionFailed` carrying the exception.
+
+Rejected: wasmtime-py's ``LinkerInstance.add_func``. It rebuilds the function type and its
+converters on every call, guesses variant cases from Python types, and parks exceptions in a
+module global shared by every thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import wasmtime
+from wasmtime import _ffi as ffi
+from wasmtime import component as wc
+from wasmtime.component._types import FuncType
+
+from mighty._errors import HostError, MissingImports
+from mighty.abi import (
+    BorrowType,
+    FuncCodec,
+    ListType,
+    MapType,
+    OptionType,
+    OwnType,
+    RecordType,
+    ResultType,
+    TupleType,
+    VariantType,
+    WitType,
+)
+from mighty.abi import Err as ErrValue
+from mighty.abi import Ok as OkValue
+from mighty.abi import Some as SomeValue
+from mighty.abi import Variant as VariantValue
+
+__all__ = [
+    "Binding",
+    "CallHook",
+    "Gate",
+    "GuestContext",
+    "Handle",
+    "HostFunctionFailed",
+    "Provider",
+    "ResourceKind",
+    "StaleHandle",
+    "request_exit",
+    "unversioned",
+]
+
+_VERSION = re.compile(r"@[0-9][^/#]*$")
+
+
+def unversioned(name: str) -> str:
+    """``wasi:io/streams@0.2.9`` -> ``wasi:io/streams``."""
+    return _VERSION.sub("", name)
+
+
+class HostFunctionFailed(HostError):
+    """A host function raised instead of answering; the guest was stopped. ``__cause__`` is it."""
+
+    kind = "host_error"
+
+
+class StaleHandle(HostError):
+    """A guest handle named a host object that no longer exists (a host bookkeeping bug)."""
+
+
+_NEXT_TYPE_ID = itertools.count(1)
+
+
+@dataclass(frozen=True, eq=False)
+class ResourceKind:
+    """A host-defined resource type, e.g. ``wasi:io/streams`` ``output-stream``.
+
+    ``on_drop(ctx, obj)`` runs when the guest drops its last handle; the gate has already removed
+    the object from the instance's table.
+    """
+
+    interface: str
+    name: str
+    on_drop: Callable[[GuestContext, Any], None] | None = None
+    type_id: int = field(default_factory=lambda: next(_NEXT_TYPE_ID))
+
+    def __repr__(self) -> str:
+        return f"ResourceKind({self.interface}/{self.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """A host object handed to the guest as an owned resource; ``GuestContext.new`` makes one."""
+
+    kind: ResourceKind
+    rep: int
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One host function: ``fn(ctx, *args)`` serving ``interface#name``.
+
+    ``name`` follows the component model: ``get-stdout``, ``[method]output-stream.write``,
+    ``[static]descriptor.x``, ``[constructor]x``. ``interface`` is unversioned; the gate binds it
+    under whatever version a component imports.
+    """
+
+    interface: str
+    name: str
+    fn: Callable[..., Any]
+
+
+class Provider(Protocol):
+    """A set of interfaces implemented on the host (WASI, mighty:agent, sandbox tools)."""
+
+    def resources(self) -> Iterable[ResourceKind]: ...
+
+    def bindings(self) -> Iterable[Binding]: ...
+
+    def setup(self, ctx: GuestContext) -> None:
+        """Prepare this provider's per-instance state in ``ctx`` (called once per instance)."""
+
+
+class CallHook(Protocol):
+    """Wraps every import call: ``around(ctx, binding, args, call)`` returns the result.
+
+    ``call()`` runs the implementation (or the next hook). A replayer returns recorded results
+    without calling it; a recorder calls it and writes down what came back.
+    """
+
+    def __call__(
+        self,
+        ctx: GuestContext,
+        binding: Binding,
+        args: Sequence[Any],
+        call: Callable[[], Any],
+    ) -> Any: ...
+
+
+class GuestContext:
+    """Per-instance host state: resource tables, provider state, hooks, the pending failure."""
+
+    def __init__(self, store: wasmtime.Store, hooks: Sequence[CallHook] = ()) -> None:
+        self.store = store
+        self.hooks = tuple(hooks)
+        self.state: dict[str, Any] = {}
+        """Provider state by provider name (``ctx.state["wasi"]``)."""
+        self.failure: BaseException | None = None
+        """An exception raised by a host function during the current call, if any."""
+        self.exit_code: int | None = None
+        """Set by ``wasi:cli/exit``: the guest asked to exit with this status."""
+        self.calls = 0
+        """How many imports this instance has made."""
+        self._tables: dict[int, dict[int, Any]] = {}
+        self._next_rep = itertools.count(1)
+
+    # -- resources ---------------------------------------------------------------------------
+
+    def new(self, kind: ResourceKind, obj: Any) -> Handle:
+        """Store ``obj`` as a new resource of ``kind``; return it from a host function."""
+        rep = next(self._next_rep)
+        self._tables.setdefault(kind.type_id, {})[rep] = obj
+        return Handle(kind, rep)
+
+    def get(self, kind: ResourceKind, rep: int) -> Any:
+        """The host object behind a handle; StaleHandle if it is gone."""
+        try:
+            return self._tables[kind.type_id][rep]
+        except KeyError:
+            raise StaleHandle(f"no live {kind.name} with handle {rep}") from None
+
+    def live(self, kind: ResourceKind) -> int:
+        """How many resources of ``kind`` the guest holds (for leak tests)."""
+        return len(self._tables.get(kind.type_id, {}))
+
+    def _drop(self, type_id: int, rep: int) -> Any:
+        return self._tables.get(type_id, {}).pop(rep, None)
+
+
+# -- the trampoline -------------------------------------------------------------------------
+
+
+_CONTEXTS: dict[int, GuestContext] = {}
+_NEXT_STORE_KEY = itertools.count(1)
+_contexts_lock = threading.Lock()
+
+
+def _attach(ctx: GuestContext) -> int:
+    key = next(_NEXT_STORE_KEY)
+    with _contexts_lock:
+        _CONTEXTS[key] = ctx
+    ffi.wasmtime_context_set_data(ctx.store._context(), key)
+    return key
+
+
+def _detach(key: int) -> None:
+    with _contexts_lock:
+        _CONTEXTS.pop(key, None)
+
+
+def _context_of(context_ptr: Any) -> GuestContext:
+    key = ffi.wasmtime_context_get_data(context_ptr)
+    return _CONTEXTS[int(key or 0)]
+
+
+@dataclass(eq=False)
+class _Registered:
+    binding: Binding
+    codec: FuncCodec | None = None
+    to_host: Callable[[GuestContext, list[Any]], list[Any]] | None = None
+    to_guest: Callable[[GuestContext, Any], Any] | None = None
+
+
+_REGISTERED: dict[int, _Registered] = {}
+_NEXT_BINDING_KEY = itertools.count(1)
+
+
+def _error_ptr(message: str) -> int:
+    ptr = ffi.wasmtime_error_new(message.encode())
+    return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
+
+
+def _dispatch(
+    key: int | None,
+    context_ptr: Any,
+    type_ptr: Any,
+    args_ptr: Any,
+    nargs: int,
+    results_ptr: Any,
+    _nresults: int,
+) -> int:
+    try:
+        reg = _REGISTERED[key or 0]
+        ctx = _context_of(context_ptr)
+    except KeyError:
+        return _error_ptr("mighty: host function called outside a mighty instance")
+    try:
+        if reg.codec is None:
+            _compile(reg, type_ptr)
+        assert reg.codec is not None and reg.to_host is not None and reg.to_guest is not None
+        store = wasmtime.StoreContext(context_ptr)
+        ctx_store = ctx.store
+        args = reg.to_host(ctx, reg.codec.lift_args(args_ptr, nargs))
+        fn = reg.binding.fn
+
+        def call() -> Any:
+            return fn(ctx, *args)
+
+        run = call
+        for hook in reversed(ctx.hooks):
+            run = _wrap(hook, ctx, reg.binding, args, run)
+        ctx.calls += 1
+        result = run()
+        del ctx_store
+        reg.codec.lower_result(store, reg.to_guest(ctx, result), results_ptr)
+        store._invalidate()
+        return 0
+    except _GuestExit as exit_request:
+        ctx.exit_code = exit_request.code
+        return _exit_error(exit_request.code)
+    except BaseException as exc:  # noqa: BLE001 - nothing may unwind into wasmtime
+        if ctx.failure is None:
+            ctx.failure = exc
+        return _error_ptr(f"mighty: host function {reg.binding.name} failed: {exc!r}")
+
+
+def _wrap(
+    hook: CallHook, ctx: GuestContext, binding: Binding, args: Sequence[Any], inner: Callable[[], Any]
+) -> Callable[[], Any]:
+    return lambda: hook(ctx, binding, args, inner)
+
+
+class _GuestExit(Exception):  # noqa: N818 - a control-flow signal, not an error
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def request_exit(code: int) -> None:
+    """Stop the guest as ``wasi:cli/exit`` does: call from a host function."""
+    raise _GuestExit(code)
+
+
+def _exit_error(code: int) -> int:
+    # wasmtime recognises its own I32Exit error as an exit status; a plain error message with a
+    # known marker is what the Meter looks for instead (the C API cannot build an I32Exit).
+    return _error_ptr(f"mighty: guest exit {code}")
+
+
+_C_DISPATCH = ffi.wasmtime_component_func_callback_t(_dispatch)
+def _finalize(key: int | None) -> None:
+    # wasmtime drops a registration with its linker.
+    _REGISTERED.pop(key or 0, None)
+
+
+_C_FINALIZE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_finalize)
+
+
+def _compile(reg: _Registered, type_ptr: Any) -> None:
+    fty = FuncType._from_ptr(type_ptr, owner=object())
+    codec = FuncCodec.from_func_type(fty)
+    param_types = [t for _, t in codec.sig.params]
+    converters = [_host_converter(t) for t in param_types]
+
+    def to_host(ctx: GuestContext, values: list[Any]) -> list[Any]:
+        return [conv(ctx, v) if conv is not None else v for conv, v in zip(converters, values, strict=True)]
+
+    result_conv = None if codec.sig.result is None else _guest_converter(codec.sig.result)
+
+    def to_guest(ctx: GuestContext, value: Any) -> Any:
+        return value if result_conv is None else result_conv(ctx, value)
+
+    reg.to_host = to_host
+    reg.to_guest = to_guest
+    reg.codec = codec
+
+
+_Conv = Callable[[GuestContext, Any], Any]
+
+
+def _host_converter(wt: WitType) -> _Conv | None:
+    """A function turning guest handles inside a value of type ``wt`` into host objects."""
+    if isinstance(wt, OwnType | BorrowType):
+
+        def handle(ctx: GuestContext, value: Any) -> Any:
+            host = value.to_host(ctx.store)
+            kind = _KINDS.get(host.type)
+            if kind is None:
+                raise StaleHandle(f"a resource of unknown host type {host.type}")
+            obj = ctx.get(kind, host.rep)
+            if isinstance(wt, OwnType):
+                # The guest gave its handle away: the host owns the object now.
+                ctx._drop(kind.type_id, host.rep)
+            return obj
+
+        return handle
+    if isinstance(wt, ListType):
+        inner = _host_converter(wt.element)
+        if inner is None:
+            return None
+        return lambda ctx, v: [inner(ctx, x) for x in v]
+    if isinstance(wt, OptionType):
+        inner = _host_converter(wt.payload)
+        if inner is None:
+            return None
+        return lambda ctx, v: None if v is None else inner(ctx, v)
+    if isinstance(wt, TupleType):
+        parts = [_host_converter(t) for t in wt.elements]
+        if all(p is None for p in parts):
+            return None
+        return lambda ctx, v: tuple(
+            p(ctx, x) if p is not None else x for p, x in zip(parts, v, strict=True)
+        )
+    if isinstance(wt, RecordType | VariantType | ResultType | MapType):
+        if _mentions_resources(wt):
+            raise HostError(f"mighty's gate does not pass resources inside {wt} to the host yet")
+        return None
+    return None
+
+
+def _mentions_resources(wt: WitType) -> bool:
+    return "own<" in str(wt) or "borrow<" in str(wt)
+
+
+def _guest_converter(wt: WitType) -> _Conv | None:
+    """A function turning :class:`Handle` objects inside a result into guest-owned resources."""
+    if isinstance(wt, OwnType | BorrowType):
+        return lambda _ctx, h: wc.ResourceHost.own(h.rep, h.kind.type_id)
+    if not _mentions_resources(wt):
+        return None
+    if isinstance(wt, ListType):
+        inner = _guest_converter(wt.element)
+        assert inner is not None
+        return lambda ctx, v: [inner(ctx, x) for x in v]
+    if isinstance(wt, OptionType):
+        inner = _guest_converter(wt.payload)
+        assert inner is not None
+        if isinstance(wt.payload, OptionType):
+            return lambda ctx, v: v if v is None else SomeValue(inner(ctx, v.value))
+        return lambda ctx, v: None if v is None else inner(ctx, v)
+    if isinstance(wt, TupleType):
+        parts = [_guest_converter(t) for t in wt.elements]
+        return lambda ctx, v: tuple(
+            p(ctx, x) if p is not None else x for p, x in zip(parts, v, strict=True)
+        )
+    if isinstance(wt, ResultType):
+        ok = _guest_converter(wt.ok) if wt.ok is not None else None
+        err = _guest_converter(wt.err) if wt.err is not None else None
+
+        def result(ctx: GuestContext, v: Any) -> Any:
+            if isinstance(v, OkValue):
+                return OkValue(ok(ctx, v.value)) if ok is not None else v
+            if isinstance(v, ErrValue):
+                return ErrValue(err(ctx, v.value)) if err is not None else v
+            return v
+
+        return result
+    if isinstance(wt, VariantType):
+        cases = {name: _guest_converter(t) if t is not None else None for name, t in wt.cases}
+
+        def variant(ctx: GuestContext, v: Any) -> Any:
+            conv = cases.get(v.case) if isinstance(v, VariantValue) else None
+            return VariantValue(v.case, conv(ctx, v.value)) if conv is not None else v
+
+        return variant
+    if isinstance(wt, RecordType):
+        fields = {name: _guest_converter(t) for name, t in wt.fields}
+        return lambda ctx, v: {
+            k: (fields[k](ctx, x) if fields.get(k) is not None else x)  # type: ignore[misc]
+            for k, x in v.items()
+        }
+    return None
+
+
+def _resource_drop(type_id: int) -> Callable[[wasmtime.StoreContext, int], None]:
+    def drop(store: wasmtime.StoreContext, rep: int) -> None:
+        ctx = _context_of(store._context())
+        obj = ctx._drop(type_id, rep)
+        kind = _KINDS.get(type_id)
+        if obj is not None and kind is not None and kind.on_drop is not None:
+            kind.on_drop(ctx, obj)
+
+    return drop
+
+
+_KINDS: dict[int, ResourceKind] = {}
+
+
+# -- the gate -------------------------------------------------------------------------------
+
+
+class Gate:
+    """The host functions one component instance may call, and the linker serving them.
+
+    A Gate is built from providers. :meth:`linker_for` builds (once per component) a wasmtime
+    linker holding exactly the interfaces the component imports, each under the version it
+    imports; anything it imports that no provider offers is a :class:`MissingImports` naming
+    every such import.
+    """
+
+    def __init__(self, providers: Sequence[Provider]) -> None:
+        self.providers = tuple(providers)
+        self._bindings: dict[str, dict[str, Binding]] = {}
+        self._resources: dict[str, dict[str, ResourceKind]] = {}
+        for provider in self.providers:
+            for kind in provider.resources():
+                self._resources.setdefault(kind.interface, {})[kind.name] = kind
+                _KINDS[kind.type_id] = kind
+            for binding in provider.bindings():
+                self._bindings.setdefault(binding.interface, {})[binding.name] = binding
+
+    def interfaces(self) -> frozenset[str]:
+        """Every interface some provider implements (unversioned)."""
+        return frozenset(self._bindings) | frozenset(self._resources)
+
+    def missing(self, imports: Iterable[str]) -> list[str]:
+        """The imports of a component that no provider implements."""
+        known = self.interfaces()
+        return [name for name in imports if unversioned(name) not in known]
+
+    def linker_for(self, engine: wasmtime.Engine, imports: Sequence[str], origin: str) -> wc.Linker:
+        """A linker defining every import in ``imports`` (full names with versions)."""
+        missing = self.missing(imports)
+        if missing:
+            raise MissingImports(
+                f"{origin} imports what nothing provides: {', '.join(missing)}", missing=missing
+            )
+        linker = wc.Linker(engine)
+        with linker.root() as root:
+            for name in imports:
+                interface = unversioned(name)
+                with root.add_instance(name) as instance:
+                    for kind in self._resources.get(interface, {}).values():
+                        instance.add_resource(
+                            kind.name, wc.ResourceType.host(kind.type_id), _resource_drop(kind.type_id)
+                        )
+                    for binding in self._bindings.get(interface, {}).values():
+                        _add_func(instance, binding)
+        return linker
+
+    def context(self, store: wasmtime.Store, hooks: Sequence[CallHook] = ()) -> GuestContext:
+        """A new per-instance context attached to ``store``, with every provider set up."""
+        ctx = GuestContext(store, hooks)
+        ctx.state["_store_key"] = _attach(ctx)
+        for provider in self.providers:
+            provider.setup(ctx)
+        return ctx
+
+    @staticmethod
+    def release(ctx: GuestContext) -> None:
+        """Forget ``ctx`` (after its store is closed)."""
+        key = ctx.state.get("_store_key")
+        if isinstance(key, int):
+            _detach(key)
+
+
+def _add_func(instance: wc.LinkerInstance, binding: Binding) -> None:
+    key = next(_NEXT_BINDING_KEY)
+    _REGISTERED[key] = _Registered(binding)
+    name = binding.name.encode()
+    error = ffi.wasmtime_component_linker_instance_add_func(
+        instance.ptr(), ctypes.create_string_buffer(name), len(name), _C_DISPATCH, key, _C_FINALIZE
+    )
+    if error:
+        raise wasmtime.WasmtimeError._from_ptr(error)

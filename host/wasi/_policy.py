@@ -1,0 +1,141 @@
+"""What a guest may touch: frozen data with safe defaults. Nothing is granted unless listed.
+
+A ``Policy`` is immutable; the ``with_*`` methods return changed copies, so one policy can be
+shared by many instances and threads, and a trace can record exactly the policy a run had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_OUTPUT_CAP",
+    "DirGrant",
+    "MemoryDir",
+    "OutputPolicy",
+    "Policy",
+]
+
+DEFAULT_OUTPUT_CAP = 1 << 20
+
+ClockMode = Literal["real", "fixed", "virtual"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPolicy:
+    """Where one output stream (stdout or stderr) goes.
+
+    Captured into memory up to ``cap`` bytes (the rest is counted, not kept, and the capture is
+    marked truncated); and, when ``sink`` is given, also passed to ``sink(chunk)`` as written.
+    """
+
+    cap: int = DEFAULT_OUTPUT_CAP
+    sink: Callable[[bytes], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.cap < 0:
+            raise ValueError(f"output cap must be >= 0, got {self.cap}")
+
+
+@dataclass(frozen=True, slots=True)
+class DirGrant:
+    """A host directory preopened for the guest at ``guest`` (an absolute guest path)."""
+
+    host: Path
+    guest: str
+    readonly: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.guest.startswith("/"):
+            raise ValueError(f"guest path must be absolute, got {self.guest!r}")
+        if "\x00" in self.guest or "\x00" in str(self.host):
+            raise ValueError("paths must not contain NUL")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDir:
+    """An in-memory directory preopened at ``guest``, seeded with ``files`` (relative path ->
+    bytes); the guest's writes stay in memory and vanish with the instance."""
+
+    guest: str
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    readonly: bool = False
+    max_bytes: int = 64 << 20
+    """Total bytes the guest may store in it."""
+
+    def __post_init__(self) -> None:
+        if not self.guest.startswith("/"):
+            raise ValueError(f"guest path must be absolute, got {self.guest!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Everything a guest may see of the outside world. The default grants nothing.
+
+    - ``env``, ``args``: exactly these, nothing inherited from the host.
+    - ``stdin``: these bytes, then end of file.
+    - ``stdout``, ``stderr``: captured with a cap, optionally streamed to a sink.
+    - ``clock``: ``real`` (the host's clocks), ``fixed`` (always ``clock_start``), or ``virtual``
+      (starts at ``clock_start`` and advances deterministically with the guest's fuel).
+    - ``seed``: ``None`` for OS entropy, or an int for a deterministic generator.
+    - ``dirs``: preopened directories; paths always resolve inside their root.
+    - ``network``: sockets are refused unless True (and even then, not implemented yet).
+    """
+
+    env: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+    stdin: bytes = b""
+    stdout: OutputPolicy = OutputPolicy()
+    stderr: OutputPolicy = OutputPolicy()
+    clock: ClockMode = "real"
+    clock_start: int = 1_700_000_000 * 10**9
+    """Wall-clock nanoseconds since the epoch at which fixed and virtual clocks start."""
+    seed: int | None = None
+    dirs: tuple[DirGrant | MemoryDir, ...] = ()
+    network: bool = False
+    max_read: int = 1 << 20
+    """The most bytes one read or random call returns, whatever length the guest asks for."""
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("real", "fixed", "virtual"):
+            raise ValueError(f"clock must be real, fixed or virtual, got {self.clock!r}")
+        for key, value in self.env:
+            if "=" in key or "\x00" in key or "\x00" in value:
+                raise ValueError(f"invalid environment variable {key!r}")
+        guests = [d.guest for d in self.dirs]
+        if len(set(guests)) != len(guests):
+            raise ValueError(f"two directories preopened at the same guest path: {guests}")
+        if self.max_read <= 0:
+            raise ValueError("max_read must be positive")
+
+    def with_env(self, **env: str) -> Policy:
+        """A copy with these environment variables added (or replaced)."""
+        merged = dict(self.env)
+        merged.update(env)
+        return replace(self, env=tuple(merged.items()))
+
+    def with_args(self, *args: str) -> Policy:
+        return replace(self, args=tuple(args))
+
+    def with_stdin(self, data: bytes) -> Policy:
+        return replace(self, stdin=bytes(data))
+
+    def with_dir(self, host: str | Path, guest: str, *, readonly: bool = True) -> Policy:
+        """A copy with ``host`` preopened at ``guest``."""
+        return replace(self, dirs=(*self.dirs, DirGrant(Path(host), guest, readonly)))
+
+    def with_memory_dir(self, guest: str, files: Mapping[str, bytes] | None = None) -> Policy:
+        return replace(self, dirs=(*self.dirs, MemoryDir(guest, dict(files or {}))))
+
+    def with_clock(self, mode: ClockMode, start: int | None = None) -> Policy:
+        return replace(self, clock=mode, clock_start=self.clock_start if start is None else start)
+
+    def with_seed(self, seed: int | None) -> Policy:
+        return replace(self, seed=seed)
+
+    def replace(self, **changes: object) -> Policy:
+        """A copy with the given fields changed (validated like the original)."""
+        return replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,98 @@
+"""Host-side stream objects behind ``wasi:io/streams`` resources.
+
+Every source or sink a guest can read or write (stdin bytes, captured stdout, a file) is one of
+these. The ``wasi:io`` bindings translate between them and the WIT interface; filesystem and
+cli only construct them. All sizes are bounded by the caller (the policy's ``max_read``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from mighty.gate import GuestContext, ResourceKind
+
+__all__ = [
+    "INPUT_STREAM",
+    "IO_ERROR",
+    "OUTPUT_STREAM",
+    "POLLABLE",
+    "InputStream",
+    "OutputStream",
+    "Pollable",
+    "StreamClosed",
+    "StreamFailed",
+]
+
+
+class StreamClosed(Exception):  # noqa: N818 - mirrors the WIT case `closed`
+    """The stream reached its end (input) or was closed (output): WIT ``stream-error.closed``."""
+
+
+class StreamFailed(Exception):  # noqa: N818 - mirrors `last-operation-failed`
+    """The last operation failed: WIT ``stream-error.last-operation-failed(error)``.
+
+    ``str(exc)`` becomes the ``wasi:io/error`` resource's debug string.
+    """
+
+
+class InputStream(ABC):
+    """A byte source."""
+
+    @abstractmethod
+    def read(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes; ``b""`` if none are ready yet; StreamClosed at the end."""
+
+    def ready(self) -> bool:
+        """Whether a read would return data or the end without waiting (for pollables)."""
+        return True
+
+    def close(self) -> None:
+        """Release what the stream holds (called when the guest drops it)."""
+
+
+class OutputStream(ABC):
+    """A byte sink."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Accept all of ``data`` (callers never exceed :meth:`check_write`)."""
+
+    def check_write(self) -> int:
+        """How many bytes a write may take now; StreamClosed if closed."""
+        return 1 << 20
+
+    def flush(self) -> None:
+        """Push out anything buffered."""
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Release what the stream holds (called when the guest drops it)."""
+
+
+class Pollable(ABC):
+    """What a ``wasi:io/poll`` pollable waits for."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether the event has happened."""
+
+    def wait_seconds(self) -> float | None:
+        """How long until it is ready if nothing else happens (None: unknown or never)."""
+        return None
+
+
+def _close(_ctx: GuestContext, obj: object) -> None:
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+
+
+# The resource kinds shared by every WASI module: streams and pollables are created by cli,
+# filesystem and clocks and served by wasi:io.
+INPUT_STREAM = ResourceKind("wasi:io/streams", "input-stream", on_drop=_close)
+OUTPUT_STREAM = ResourceKind("wasi:io/streams", "output-stream", on_drop=_close)
+POLLABLE = ResourceKind("wasi:io/poll", "pollable")
+IO_ERROR = ResourceKind("wasi:io/error", "error")
+"""Objects are the error's debug string."""
