@@ -71,3 +71,13 @@ def hello_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hello") / "hello.wasm"
     build_component(ROOT / "examples" / "hello" / "handler.py", output=out)
     return out
+
+
+@pytest.fixture(scope="session")
+def probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The WASI probe guest (runs Python snippets), built with componentize-py once per session."""
+    from mighty.build import build_component
+
+    out = tmp_path_factory.mktemp("probe") / "probe.wasm"
+    build_component(ROOT / "guests" / "testing" / "probe" / "probe.py", output=out)
+    return out

@@ -39,10 +39,12 @@ from mighty._errors import (
     GuestError,
     GuestExit,
     GuestTrap,
+    MightyError,
     OutOfFuel,
     OutOfMemory,
 )
 from mighty.engine import MemoryAccount, get_engine
+from mighty.gate import GuestContext, GuestViolation, HostFunctionFailed
 
 __all__ = [
     "DEFAULT_FUEL",
@@ -161,6 +163,19 @@ _NEXT_KEY = itertools.count(1)
 _now = time.monotonic
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt_check(state: _CallState) -> None:
+    if state.cancel is not None and state.cancel.cancel_called:
+        state.stopped = "cancel"
+        raise _Interrupted("cancelled")
+    if _now() >= state.deadline:
+        state.stopped = "deadline"
+        raise _Interrupted("deadline")
+
+
 def _stop(message: str) -> int:
     ptr = ffi.wasmtime_error_new(message.encode())
     return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
@@ -217,11 +232,13 @@ class Meter:
         budget: Budget,
         cancel: CancelScope | None = None,
         describe: Callable[[], str] | None = None,
+        ctx: GuestContext | None = None,
     ) -> tuple[_T, Usage]:
         """Run ``work`` (which enters the guest) under ``budget``; translate how it stopped.
 
         ``describe`` returns extra context for a trap message (for example the guest's stderr).
-        On failure the raised GuestError carries ``usage``.
+        ``ctx`` is the instance's gate context: it knows whether the guest asked to exit and
+        whether a host function failed. On failure the raised error carries ``usage``.
         """
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("a mighty instance is being used by two threads at once")
@@ -242,6 +259,12 @@ class Meter:
             store.set_fuel(budget.fuel)
             self.account.start_call(budget.memory)
             store.set_epoch_deadline(1)
+            if ctx is not None:
+                ctx.failure = None
+                ctx.exit_code = None
+                # A host function that waits (poll, sleep) calls this between slices: the epoch
+                # callback cannot run while the guest is blocked in the host.
+                ctx.state["wasi.io.interrupt"] = lambda: _interrupt_check(state)
             _ACTIVE[self._key] = state
             started = _now()
             self.entered = True
@@ -249,9 +272,10 @@ class Meter:
                 result = work()
             except wasmtime.WasmtimeError as exc:
                 usage = self._usage(budget, started)
-                error = self._translate(exc, state, budget, usage, describe)
-                error.usage = usage
-                raise error from exc
+                failure = self._failure(exc, state, budget, usage, describe, ctx)
+                if isinstance(failure, GuestError):
+                    failure.usage = usage
+                raise failure from (failure.__cause__ or exc)
             finally:
                 _ACTIVE.pop(self._key, None)
             usage = self._usage(budget, started)
@@ -264,6 +288,37 @@ class Meter:
             return result, usage
         finally:
             self._busy.release()
+
+    def _failure(
+        self,
+        exc: wasmtime.WasmtimeError,
+        state: _CallState,
+        budget: Budget,
+        usage: Usage,
+        describe: Callable[[], str] | None,
+        ctx: GuestContext | None,
+    ) -> MightyError:
+        """The typed error for a call that stopped with ``exc``."""
+        failure = ctx.failure if ctx is not None else None
+        if ctx is not None:
+            ctx.failure = None
+        if isinstance(failure, _Interrupted):
+            failure = None  # state.stopped says which budget ran out
+        if isinstance(failure, GuestViolation):
+            return GuestTrap(
+                f"guest broke an interface contract: {failure}",
+                trap_code="contract_violation",
+                wasm_backtrace=split_wasmtime_error(str(exc))[1],
+            )
+        if failure is not None:
+            error = HostFunctionFailed(
+                f"a host function failed while serving the guest: {failure!r}"
+            )
+            error.__cause__ = failure
+            return error
+        if ctx is not None and ctx.exit_code is not None:
+            return GuestExit(f"guest exited with status {ctx.exit_code}", code=ctx.exit_code)
+        return self._translate(exc, state, budget, usage, describe)
 
     def _out_of_memory(self) -> OutOfMemory:
         assert self.account.denied is not None

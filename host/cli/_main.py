@@ -13,11 +13,15 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from mighty._errors import BadInput, CompileError, GuestError, HostError, MightyError
+
+if TYPE_CHECKING:
+    from mighty.instance import Instance
+    from mighty.wasi import Policy
 
 __all__ = ["main", "parse_size"]
 
@@ -175,6 +179,37 @@ def build(
     type=click.FloatRange(min=0, min_open=True),
     help="Wall-clock seconds (default 10).",
 )
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="K=V",
+    help="Environment variable for the guest; repeatable.",
+)
+@click.option(
+    "--arg", "guest_args", multiple=True, metavar="A", help="Argument for the guest; repeatable."
+)
+@click.option(
+    "--stdin",
+    "stdin",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File whose bytes are the guest's stdin ('-' for ours).",
+)
+@click.option(
+    "--dir",
+    "dirs",
+    multiple=True,
+    metavar="HOST:GUEST[:ro]",
+    help="Preopen a host directory; repeatable.",
+)
+@click.option(
+    "--clock",
+    type=click.Choice(["real", "fixed", "virtual"]),
+    default="real",
+    show_default=True,
+    help="What the guest's clocks read.",
+)
+@click.option("--seed", type=int, help="Seed the guest's random numbers (default: OS entropy).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def call(
     component: Path,
@@ -183,9 +218,19 @@ def call(
     fuel: int | None,
     memory: int | None,
     timeout: float | None,
+    env: Sequence[str],
+    guest_args: Sequence[str],
+    stdin: Path | None,
+    dirs: Sequence[str],
+    clock: str,
+    seed: int | None,
     as_json: bool,
 ) -> None:
-    """Call FUNC of COMPONENT with JSON-encoded ARGS and print the result as JSON."""
+    """Call FUNC of COMPONENT with JSON-encoded ARGS and print the result as JSON.
+
+    The guest runs on mighty's WASI with nothing granted but what the options give it. Its
+    stdout and stderr are captured: printed to ours, or fields of the --json object.
+    """
     from mighty.abi import from_json, to_json
     from mighty.budget import Budget
     from mighty.engine import Component
@@ -200,6 +245,7 @@ def call(
         if timeout is not None:
             changes["timeout"] = timeout
         budget = Budget(**changes)
+        policy = _policy(env, guest_args, stdin, dirs, clock, seed)
         decoded: list[Any] = []
         for index, text in enumerate(args):
             try:
@@ -208,7 +254,8 @@ def call(
                 raise BadInput(f"argument {index + 1} is not JSON ({exc.msg}): {text!r}") from None
         show = _progress(not as_json and sys.stderr.isatty())
         loaded = Component.load(component, progress=show)
-        with Instance(loaded, budget=budget) as instance:
+        instance = Instance(loaded, budget=budget, policy=policy)
+        try:
             signature = instance.signature(func)
             params = signature.params
             if len(decoded) != len(params):
@@ -220,12 +267,87 @@ def call(
                 from_json(ty, value, name)
                 for (name, ty), value in zip(params, decoded, strict=True)
             ]
-            result, usage = instance.call_with_usage(func, *values)
+            try:
+                result, usage = instance.call_with_usage(func, *values)
+            except GuestError as exc:
+                if as_json:
+                    _guest_failure_json(exc, instance)
+                _echo_guest_output(instance)
+                raise
             rendered = None if signature.result is None else to_json(signature.result, result)
-        if as_json:
-            click.echo(json.dumps({"ok": True, "result": rendered, "usage": usage.to_json()}))
-        else:
-            click.echo(json.dumps(rendered, indent=2, ensure_ascii=False))
+            if as_json:
+                document = {"ok": True, "result": rendered, "usage": usage.to_json()}
+                document.update(_outputs_json(instance))
+                click.echo(json.dumps(document))
+            else:
+                _echo_guest_output(instance)
+                click.echo(json.dumps(rendered, indent=2, ensure_ascii=False))
+        finally:
+            instance.close()
+
+
+def _policy(
+    env: Sequence[str],
+    guest_args: Sequence[str],
+    stdin: Path | None,
+    dirs: Sequence[str],
+    clock: str,
+    seed: int | None,
+) -> Policy:
+    from mighty.wasi import Policy
+
+    pairs = []
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env takes KEY=VALUE, got {item!r}")
+        pairs.append((key, value))
+    data = b""
+    if stdin is not None:
+        try:
+            data = sys.stdin.buffer.read() if str(stdin) == "-" else stdin.read_bytes()
+        except OSError as exc:
+            raise BadInput(f"--stdin {stdin}: {exc.strerror}") from None
+    policy = Policy(env=tuple(pairs), args=tuple(guest_args), stdin=data, seed=seed)
+    policy = policy.with_clock(clock)  # type: ignore[arg-type] # click.Choice checked it
+    for spec in dirs:
+        parts = spec.split(":")
+        readonly = len(parts) == 3 and parts[2] == "ro"
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise BadInput(f"--dir takes HOST:GUEST or HOST:GUEST:ro, got {spec!r}")
+        host = Path(parts[0])
+        if not host.is_dir():
+            raise BadInput(f"--dir {spec}: {host} is not a directory")
+        try:
+            policy = policy.with_dir(host.resolve(), parts[1], readonly=readonly)
+        except ValueError as exc:
+            raise BadInput(f"--dir {spec}: {exc}") from None
+    return policy
+
+
+def _outputs_json(instance: Instance) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, capture in (("stdout", instance.stdout), ("stderr", instance.stderr)):
+        out[name] = capture.getvalue().decode("utf-8", "replace")
+        if capture.truncated:
+            out[f"{name}_truncated"] = True
+    return out
+
+
+def _guest_failure_json(exc: GuestError, instance: Instance) -> NoReturn:
+    document: dict[str, object] = {"ok": False, "error": {"kind": exc.kind, "message": exc.message}}
+    if exc.usage is not None:
+        document["usage"] = exc.usage.to_json()
+    document.update(_outputs_json(instance))
+    click.echo(json.dumps(document))
+    sys.exit(EXIT_GUEST)
+
+
+def _echo_guest_output(instance: Instance) -> None:
+    sys.stdout.buffer.write(instance.stdout.getvalue())
+    sys.stdout.flush()
+    sys.stderr.buffer.write(instance.stderr.getvalue())
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ import ctypes
 import itertools
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +58,7 @@ __all__ = [
     "CallHook",
     "Gate",
     "GuestContext",
+    "GuestViolation",
     "Handle",
     "HostFunctionFailed",
     "Provider",
@@ -79,6 +80,12 @@ class HostFunctionFailed(HostError):
     """A host function raised instead of answering; the guest was stopped. ``__cause__`` is it."""
 
     kind = "host_error"
+
+
+class GuestViolation(Exception):
+    """Raise from a host function when the guest broke an interface's contract (the WIT says
+    "traps", e.g. ``poll`` of an empty list): the guest traps and the call fails with
+    ``GuestTrap(trap_code="contract_violation")`` carrying this message."""
 
 
 class StaleHandle(HostError):
@@ -137,6 +144,9 @@ class Provider(Protocol):
     def setup(self, ctx: GuestContext) -> None:
         """Prepare this provider's per-instance state in ``ctx`` (called once per instance)."""
 
+    # A provider may also define ``teardown(ctx)``: called once when the instance closes, to
+    # release what its state holds (file descriptors, sockets).
+
 
 class CallHook(Protocol):
     """Wraps every import call: ``around(ctx, binding, args, call)`` returns the result.
@@ -168,6 +178,8 @@ class GuestContext:
         """Set by ``wasi:cli/exit``: the guest asked to exit with this status."""
         self.calls = 0
         """How many imports this instance has made."""
+        self.call_store: Any = store
+        """The store context of the import being served (set by the gate for each call)."""
         self._tables: dict[int, dict[int, Any]] = {}
         self._next_rep = itertools.count(1)
 
@@ -254,9 +266,13 @@ def _dispatch(
     try:
         if reg.codec is None:
             _compile(reg, type_ptr)
-        assert reg.codec is not None and reg.to_host is not None and reg.to_guest is not None
+        assert reg.codec is not None
+        assert reg.to_host is not None
+        assert reg.to_guest is not None
+        # Resource handles must be resolved through the context of this very call: wasmtime
+        # tracks the guest's borrows per call, not per store.
         store = wasmtime.StoreContext(context_ptr)
-        ctx_store = ctx.store
+        ctx.call_store = store
         args = reg.to_host(ctx, reg.codec.lift_args(args_ptr, nargs))
         fn = reg.binding.fn
 
@@ -268,7 +284,6 @@ def _dispatch(
             run = _wrap(hook, ctx, reg.binding, args, run)
         ctx.calls += 1
         result = run()
-        del ctx_store
         reg.codec.lower_result(store, reg.to_guest(ctx, result), results_ptr)
         store._invalidate()
         return 0
@@ -282,12 +297,16 @@ def _dispatch(
 
 
 def _wrap(
-    hook: CallHook, ctx: GuestContext, binding: Binding, args: Sequence[Any], inner: Callable[[], Any]
+    hook: CallHook,
+    ctx: GuestContext,
+    binding: Binding,
+    args: Sequence[Any],
+    inner: Callable[[], Any],
 ) -> Callable[[], Any]:
     return lambda: hook(ctx, binding, args, inner)
 
 
-class _GuestExit(Exception):  # noqa: N818 - a control-flow signal, not an error
+class _GuestExit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
@@ -305,6 +324,8 @@ def _exit_error(code: int) -> int:
 
 
 _C_DISPATCH = ffi.wasmtime_component_func_callback_t(_dispatch)
+
+
 def _finalize(key: int | None) -> None:
     # wasmtime drops a registration with its linker.
     _REGISTERED.pop(key or 0, None)
@@ -320,7 +341,10 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
     converters = [_host_converter(t) for t in param_types]
 
     def to_host(ctx: GuestContext, values: list[Any]) -> list[Any]:
-        return [conv(ctx, v) if conv is not None else v for conv, v in zip(converters, values, strict=True)]
+        return [
+            conv(ctx, v) if conv is not None else v
+            for conv, v in zip(converters, values, strict=True)
+        ]
 
     result_conv = None if codec.sig.result is None else _guest_converter(codec.sig.result)
 
@@ -340,7 +364,7 @@ def _host_converter(wt: WitType) -> _Conv | None:
     if isinstance(wt, OwnType | BorrowType):
 
         def handle(ctx: GuestContext, value: Any) -> Any:
-            host = value.to_host(ctx.store)
+            host = value.to_host(ctx.call_store)
             kind = _KINDS.get(host.type)
             if kind is None:
                 raise StaleHandle(f"a resource of unknown host type {host.type}")
@@ -352,15 +376,11 @@ def _host_converter(wt: WitType) -> _Conv | None:
 
         return handle
     if isinstance(wt, ListType):
-        inner = _host_converter(wt.element)
-        if inner is None:
-            return None
-        return lambda ctx, v: [inner(ctx, x) for x in v]
+        element = _host_converter(wt.element)
+        return None if element is None else _each(element)
     if isinstance(wt, OptionType):
-        inner = _host_converter(wt.payload)
-        if inner is None:
-            return None
-        return lambda ctx, v: None if v is None else inner(ctx, v)
+        payload = _host_converter(wt.payload)
+        return None if payload is None else _unless_none(payload)
     if isinstance(wt, TupleType):
         parts = [_host_converter(t) for t in wt.elements]
         if all(p is None for p in parts):
@@ -375,6 +395,18 @@ def _host_converter(wt: WitType) -> _Conv | None:
     return None
 
 
+def _each(inner: _Conv) -> _Conv:
+    return lambda ctx, v: [inner(ctx, x) for x in v]
+
+
+def _unless_none(inner: _Conv) -> _Conv:
+    return lambda ctx, v: None if v is None else inner(ctx, v)
+
+
+def _some(inner: _Conv) -> _Conv:
+    return lambda ctx, v: v if v is None else SomeValue(inner(ctx, v.value))
+
+
 def _mentions_resources(wt: WitType) -> bool:
     return "own<" in str(wt) or "borrow<" in str(wt)
 
@@ -386,15 +418,15 @@ def _guest_converter(wt: WitType) -> _Conv | None:
     if not _mentions_resources(wt):
         return None
     if isinstance(wt, ListType):
-        inner = _guest_converter(wt.element)
-        assert inner is not None
-        return lambda ctx, v: [inner(ctx, x) for x in v]
+        element = _guest_converter(wt.element)
+        return None if element is None else _each(element)
     if isinstance(wt, OptionType):
-        inner = _guest_converter(wt.payload)
-        assert inner is not None
+        payload = _guest_converter(wt.payload)
+        if payload is None:
+            return None
         if isinstance(wt.payload, OptionType):
-            return lambda ctx, v: v if v is None else SomeValue(inner(ctx, v.value))
-        return lambda ctx, v: None if v is None else inner(ctx, v)
+            return _some(payload)
+        return _unless_none(payload)
     if isinstance(wt, TupleType):
         parts = [_guest_converter(t) for t in wt.elements]
         return lambda ctx, v: tuple(
@@ -457,6 +489,8 @@ class Gate:
 
     def __init__(self, providers: Sequence[Provider]) -> None:
         self.providers = tuple(providers)
+        self._lock = threading.Lock()
+        self._linkers: dict[tuple[str, ...], wc.Linker] = {}
         self._bindings: dict[str, dict[str, Binding]] = {}
         self._resources: dict[str, dict[str, ResourceKind]] = {}
         for provider in self.providers:
@@ -476,7 +510,23 @@ class Gate:
         return [name for name in imports if unversioned(name) not in known]
 
     def linker_for(self, engine: wasmtime.Engine, imports: Sequence[str], origin: str) -> wc.Linker:
-        """A linker defining every import in ``imports`` (full names with versions)."""
+        """A linker defining every import in ``imports`` (full names with versions).
+
+        Linkers are cached per import list: they hold no per-instance state, and building one
+        registers every host function.
+        """
+        key = tuple(imports)
+        with self._lock:
+            cached = self._linkers.get(key)
+            if cached is not None:
+                return cached
+            linker = self._build_linker(engine, imports, origin)
+            self._linkers[key] = linker
+            return linker
+
+    def _build_linker(
+        self, engine: wasmtime.Engine, imports: Sequence[str], origin: str
+    ) -> wc.Linker:
         missing = self.missing(imports)
         if missing:
             raise MissingImports(
@@ -489,23 +539,38 @@ class Gate:
                 with root.add_instance(name) as instance:
                     for kind in self._resources.get(interface, {}).values():
                         instance.add_resource(
-                            kind.name, wc.ResourceType.host(kind.type_id), _resource_drop(kind.type_id)
+                            kind.name,
+                            wc.ResourceType.host(kind.type_id),
+                            _resource_drop(kind.type_id),
                         )
                     for binding in self._bindings.get(interface, {}).values():
                         _add_func(instance, binding)
         return linker
 
-    def context(self, store: wasmtime.Store, hooks: Sequence[CallHook] = ()) -> GuestContext:
-        """A new per-instance context attached to ``store``, with every provider set up."""
+    def context(
+        self,
+        store: wasmtime.Store,
+        hooks: Sequence[CallHook] = (),
+        state: Mapping[str, Any] | None = None,
+    ) -> GuestContext:
+        """A new per-instance context attached to ``store``, with every provider set up.
+
+        ``state`` seeds ``ctx.state`` before the providers' ``setup`` reads it (for example
+        ``{"wasi.policy": policy}``).
+        """
         ctx = GuestContext(store, hooks)
+        ctx.state.update(state or {})
         ctx.state["_store_key"] = _attach(ctx)
         for provider in self.providers:
             provider.setup(ctx)
         return ctx
 
-    @staticmethod
-    def release(ctx: GuestContext) -> None:
-        """Forget ``ctx`` (after its store is closed)."""
+    def release(self, ctx: GuestContext) -> None:
+        """Tear down every provider's state and forget ``ctx`` (after its store is closed)."""
+        for provider in self.providers:
+            teardown = getattr(provider, "teardown", None)
+            if callable(teardown):
+                teardown(ctx)
         key = ctx.state.get("_store_key")
         if isinstance(key, int):
             _detach(key)

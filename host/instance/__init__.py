@@ -1,5 +1,5 @@
 """The instance layer: a component instantiated in its own store and called under budgets."""
 
-from mighty.instance._instance import DEFAULT_OUTPUT_CAP, Instance, OutputBuffer, call_once
+from mighty.instance._instance import Instance, call_once, default_gate
 
-__all__ = ["DEFAULT_OUTPUT_CAP", "Instance", "OutputBuffer", "call_once"]
+__all__ = ["Instance", "call_once", "default_gate"]

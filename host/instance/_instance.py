@@ -9,113 +9,38 @@ export is resolved and its codec compiled once, on first use.
 from __future__ import annotations
 
 import ctypes
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import wasmtime
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 from wasmtime.component._enter import maybe_raise_last_exn
 
-from mighty._errors import ExportNotFound, GuestTrap, MissingImports
+from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import Component, get_engine, instantiating_into
+from mighty.gate import CallHook, Gate, GuestContext
+from mighty.wasi import Policy, WasiProvider
+from mighty.wasi._cli import outputs
+from mighty.wasi._output import CaptureOutput
 
-__all__ = ["DEFAULT_OUTPUT_CAP", "Instance", "OutputBuffer", "call_once"]
+__all__ = ["Instance", "call_once", "default_gate"]
 
-DEFAULT_OUTPUT_CAP = 1 << 20
-
-# What wasmtime's built-in WASI 0.2 provides (any 0.2.x version). Until mighty's own gate and
-# virtual WASI land, guests get this with nothing granted: no files, network, env or args.
-_WASIP2 = frozenset(
-    {
-        "wasi:io/error",
-        "wasi:io/poll",
-        "wasi:io/streams",
-        "wasi:clocks/monotonic-clock",
-        "wasi:clocks/wall-clock",
-        "wasi:random/random",
-        "wasi:random/insecure",
-        "wasi:random/insecure-seed",
-        "wasi:cli/environment",
-        "wasi:cli/exit",
-        "wasi:cli/stdin",
-        "wasi:cli/stdout",
-        "wasi:cli/stderr",
-        "wasi:cli/terminal-input",
-        "wasi:cli/terminal-output",
-        "wasi:cli/terminal-stdin",
-        "wasi:cli/terminal-stdout",
-        "wasi:cli/terminal-stderr",
-        "wasi:filesystem/types",
-        "wasi:filesystem/preopens",
-        "wasi:sockets/network",
-        "wasi:sockets/instance-network",
-        "wasi:sockets/tcp",
-        "wasi:sockets/tcp-create-socket",
-        "wasi:sockets/udp",
-        "wasi:sockets/udp-create-socket",
-        "wasi:sockets/ip-name-lookup",
-    }
-)
-_VERSION = re.compile(r"@(\d+)\.(\d+)\.(\d+).*$")
-_NOT_FOUND = re.compile(r"import `([^`]+)`|instance `([^`]+)`")
-
-_linker: wc.Linker | None = None
-_linker_lock = threading.Lock()
+_default_gate: Gate | None = None
+_default_gate_lock = threading.Lock()
 
 
-def _shared_linker() -> wc.Linker:
-    global _linker  # noqa: PLW0603 - a linker is engine-wide and immutable once built
-    with _linker_lock:
-        if _linker is None:
-            linker = wc.Linker(get_engine())
-            linker.add_wasip2()
-            _linker = linker
-        return _linker
-
-
-def _provided(name: str) -> bool:
-    match = _VERSION.search(name)
-    bare = name[: match.start()] if match else name
-    if bare not in _WASIP2:
-        return False
-    return match is None or (match.group(1), match.group(2)) == ("0", "2")
-
-
-class OutputBuffer:
-    """Bytes a guest wrote to one stream, kept up to ``cap``; the rest is counted, not kept."""
-
-    __slots__ = ("_chunks", "_kept", "cap", "total")
-
-    def __init__(self, cap: int = DEFAULT_OUTPUT_CAP) -> None:
-        self.cap = cap
-        self.total = 0
-        self._kept = 0
-        self._chunks: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.cap - self._kept
-        if room > 0:
-            piece = data[:room]
-            self._chunks.append(piece)
-            self._kept += len(piece)
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self._kept
-
-    def getvalue(self) -> bytes:
-        return b"".join(self._chunks)
-
-    def tail(self, limit: int = 2000) -> str:
-        return self.getvalue()[-limit:].decode("utf-8", "replace")
+def default_gate() -> Gate:
+    """The gate every instance uses unless given another: mighty's Python WASI 0.2."""
+    global _default_gate  # noqa: PLW0603 - one shared gate caches one linker per component
+    with _default_gate_lock:
+        if _default_gate is None:
+            _default_gate = Gate([WasiProvider()])
+        return _default_gate
 
 
 @dataclass(eq=False, slots=True)
@@ -137,29 +62,27 @@ class Instance:
         *,
         budget: Budget | None = None,
         cancel: CancelScope | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
+        policy: Policy | None = None,
+        gate: Gate | None = None,
+        hooks: Sequence[CallHook] = (),
     ) -> None:
-        """Instantiate ``component`` under ``budget`` (instantiation runs guest code too)."""
+        """Instantiate ``component`` under ``budget`` (instantiation runs guest code too).
+
+        Every import is served by ``gate`` (default: mighty's Python WASI) under ``policy``
+        (default: nothing granted). ``hooks`` wrap every import call (recording, telemetry).
+        """
         self.component = component
         self.budget = budget or Budget()
-        self.stdout = OutputBuffer(output_cap)
-        self.stderr = OutputBuffer(output_cap)
+        self.policy = policy or Policy()
         self.last_usage: Usage | None = None
         self._exports: dict[str, _Export] = {}
         self._poisoned: str | None = None
-        self._closed = False
-        missing = [name for name in component.imports if not _provided(name)]
-        if missing:
-            raise MissingImports(
-                f"{component.origin} imports what nothing provides: {', '.join(missing)}",
-                missing=missing,
-            )
+        self._closed = True
+        self._gate = gate or default_gate()
+        linker = self._gate.linker_for(get_engine(), component.imports, component.origin)
         self._meter = Meter(self.budget)
-        wasi = wasmtime.WasiConfig()
-        wasi.stdout_custom = self.stdout.write
-        wasi.stderr_custom = self.stderr.write
-        self._meter.store.set_wasi(wasi)
-        linker = _shared_linker()
+        self._ctx = self._gate.context(self._meter.store, hooks, state={"wasi.policy": self.policy})
+        self._closed = False
 
         def instantiate() -> wc.Instance:
             with instantiating_into(self._meter.account):
@@ -167,16 +90,26 @@ class Instance:
 
         try:
             self._instance, self.instantiate_usage = self._meter.run(
-                instantiate, self.budget, cancel, self._stderr_note
+                instantiate, self.budget, cancel, self._stderr_note, self._ctx
             )
-        except GuestTrap as exc:
-            names = [m.group(1) or m.group(2) for m in _NOT_FOUND.finditer(exc.message)]
-            if "matching implementation was not found" in str(exc.__cause__) and names:
-                raise MissingImports(
-                    f"{component.origin} imports what nothing provides: {', '.join(names)}",
-                    missing=names,
-                ) from exc
+        except BaseException:
+            self.close()
             raise
+
+    @property
+    def stdout(self) -> CaptureOutput:
+        """What the guest wrote to stdout (kept up to the policy's cap)."""
+        return outputs(self._ctx)[0]
+
+    @property
+    def stderr(self) -> CaptureOutput:
+        """What the guest wrote to stderr (kept up to the policy's cap)."""
+        return outputs(self._ctx)[1]
+
+    @property
+    def context(self) -> GuestContext:
+        """The gate's per-instance state (resource tables, provider state, counters)."""
+        return self._ctx
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -223,7 +156,7 @@ class Instance:
                 raise err
 
         try:
-            _, usage = self._meter.run(enter, budget, cancel, self._stderr_note)
+            _, usage = self._meter.run(enter, budget, cancel, self._stderr_note, self._ctx)
         except BaseException as exc:
             self.last_usage = getattr(exc, "usage", None)
             if self._meter.entered:
@@ -292,9 +225,11 @@ class Instance:
         return self._instance.get_func(store, name)
 
     def _stderr_note(self) -> str:
-        if not self.stderr.total:
+        stderr = self.stderr
+        if not stderr.total:
             return ""
-        return "guest stderr (tail):\n" + self.stderr.tail()
+        tail = stderr.getvalue()[-2000:].decode("utf-8", "replace")
+        return "guest stderr (tail):\n" + tail
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -305,6 +240,7 @@ class Instance:
         self._closed = True
         self._exports.clear()
         self._meter.store.close()
+        self._gate.release(self._ctx)
 
     def __enter__(self) -> Instance:
         return self
@@ -320,7 +256,8 @@ def call_once(
     *,
     budget: Budget | None = None,
     cancel: CancelScope | None = None,
+    policy: Policy | None = None,
 ) -> tuple[Any, Usage]:
-    """Instantiate, call one export, close: the `mty call` path."""
-    with Instance(component, budget=budget, cancel=cancel) as instance:
+    """Instantiate, call one export, close."""
+    with Instance(component, budget=budget, cancel=cancel, policy=policy) as instance:
         return instance.call_with_usage(name, *args, budget=budget, cancel=cancel)

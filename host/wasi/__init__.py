@@ -1,5 +1,15 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
+from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import DEFAULT_OUTPUT_CAP, DirGrant, MemoryDir, OutputPolicy, Policy
+from mighty.wasi._provider import WasiProvider
 
-__all__ = ["DEFAULT_OUTPUT_CAP", "DirGrant", "MemoryDir", "OutputPolicy", "Policy"]
+__all__ = [
+    "DEFAULT_OUTPUT_CAP",
+    "CaptureOutput",
+    "DirGrant",
+    "MemoryDir",
+    "OutputPolicy",
+    "Policy",
+    "WasiProvider",
+]

@@ -24,11 +24,11 @@ __all__ = [
 ]
 
 
-class StreamClosed(Exception):  # noqa: N818 - mirrors the WIT case `closed`
+class StreamClosed(Exception):
     """The stream reached its end (input) or was closed (output): WIT ``stream-error.closed``."""
 
 
-class StreamFailed(Exception):  # noqa: N818 - mirrors `last-operation-failed`
+class StreamFailed(Exception):
     """The last operation failed: WIT ``stream-error.last-operation-failed(error)``.
 
     ``str(exc)`` becomes the ``wasi:io/error`` resource's debug string.
@@ -46,7 +46,7 @@ class InputStream(ABC):
         """Whether a read would return data or the end without waiting (for pollables)."""
         return True
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the stream holds (called when the guest drops it)."""
 
 
@@ -61,13 +61,13 @@ class OutputStream(ABC):
         """How many bytes a write may take now; StreamClosed if closed."""
         return 1 << 20
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 - optional hook, unbuffered by default
         """Push out anything buffered."""
 
     def ready(self) -> bool:
         return True
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the stream holds (called when the guest drops it)."""
 
 

@@ -1,0 +1,255 @@
+"""Resolving guest paths beneath a directory descriptor, so that no path ever leaves it.
+
+Design: a path is split into components, checked (no NUL, not absolute, bounded length) and
+then walked one component at a time from the base descriptor's fd with
+``openat(parent, name, O_PATH | O_DIRECTORY | O_NOFOLLOW)``. The walk keeps the fds of every
+directory it descended through on a stack; ``..`` pops that stack (it never asks the kernel
+for the on-disk parent), and popping the base itself is ``not-permitted``. The kernel never
+follows a symlink for us: a symlink met on the way is read with ``readlinkat`` and its target's
+components are spliced into the walk, so they pass the same checks (an absolute target is
+``not-permitted``, a target climbing above the base is ``not-permitted``, more than
+``MAX_SYMLINKS`` expansions is ``loop``). The last component is followed only when the caller
+asks (``path-flags.symlink-follow``). What the walk returns is a directory fd and one plain
+name; the operation then acts on that name with ``O_NOFOLLOW`` / ``AT_SYMLINK_NOFOLLOW``
+semantics, so a component swapped for a symlink after the walk fails (``loop``) instead of
+being followed out of the root.
+
+Symlink choice: symlinks that stay beneath the base are followed (intermediate components
+always, the last one with ``symlink-follow``), as the WASI path-resolution rules describe;
+anything else is refused. Guests cannot create symlinks (``symlink-at`` is refused).
+
+As the WIT says, the boundary is the *base descriptor*, not the preopen: ``../x`` relative to a
+descriptor for ``/data/a`` is ``not-permitted`` even though ``/data/x`` is in the preopen.
+
+Rejected:
+- ``os.path.realpath`` + prefix check: checks one path and then uses another (a race), and
+  follows symlinks out of the root on the way.
+- ``openat2(RESOLVE_BENEATH)`` via ctypes: Linux >= 5.6 only, and the walk needs to exist as a
+  fallback anyway; one implementation is easier to trust than two.
+- Lexical ``normpath`` then one ``openat``: ``a/..`` where ``a`` is a symlink means something
+  else on disk, and the kernel would follow intermediate symlinks.
+
+Known limit: if a *host* process moves a directory the walk holds out of the root during the
+walk, the rest of the walk happens where it moved to (openat2 has the same property).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_NAME",
+    "MAX_PATH",
+    "MAX_SYMLINKS",
+    "FsError",
+    "errno_code",
+    "resolve",
+    "resolve_depth",
+    "split_path",
+    "stays_beneath",
+]
+
+MAX_PATH = 4096
+"""The longest path (in UTF-8 bytes) a guest may pass, like Linux's PATH_MAX."""
+MAX_NAME = 255
+"""The longest single component (in UTF-8 bytes), like NAME_MAX."""
+MAX_DEPTH = 256
+"""How deep below its base a walk may go (it holds one fd per level)."""
+MAX_SYMLINKS = 40
+"""Symlink expansions in one resolution before it is a ``loop`` (Linux's MAXSYMLINKS)."""
+
+
+class FsError(Exception):
+    """A guest request refused with a WIT ``error-code`` (``code``)."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+
+
+_ERRNO: dict[int, str] = {
+    errno.EACCES: "access",
+    errno.EAGAIN: "would-block",
+    errno.EALREADY: "already",
+    errno.EBADF: "bad-descriptor",
+    errno.EBUSY: "busy",
+    errno.EDEADLK: "deadlock",
+    errno.EDQUOT: "quota",
+    errno.EEXIST: "exist",
+    errno.EFBIG: "file-too-large",
+    errno.EILSEQ: "illegal-byte-sequence",
+    errno.EINPROGRESS: "in-progress",
+    errno.EINTR: "interrupted",
+    errno.EINVAL: "invalid",
+    errno.EIO: "io",
+    errno.EISDIR: "is-directory",
+    errno.ELOOP: "loop",
+    errno.EMLINK: "too-many-links",
+    errno.EMSGSIZE: "message-size",
+    errno.ENAMETOOLONG: "name-too-long",
+    errno.ENODEV: "no-device",
+    errno.ENOENT: "no-entry",
+    errno.ENOLCK: "no-lock",
+    errno.ENOMEM: "insufficient-memory",
+    errno.ENOSPC: "insufficient-space",
+    errno.ENOTDIR: "not-directory",
+    errno.ENOTEMPTY: "not-empty",
+    errno.ENOTRECOVERABLE: "not-recoverable",
+    errno.ENOTSUP: "unsupported",
+    errno.EOPNOTSUPP: "unsupported",
+    errno.ENOSYS: "unsupported",
+    errno.ENOTTY: "no-tty",
+    errno.ENXIO: "no-such-device",
+    errno.EOVERFLOW: "overflow",
+    errno.EPERM: "not-permitted",
+    errno.EPIPE: "pipe",
+    errno.EROFS: "read-only",
+    errno.ESPIPE: "invalid-seek",
+    errno.ETXTBSY: "text-file-busy",
+    errno.EXDEV: "cross-device",
+}
+
+
+def errno_code(exc: OSError) -> str:
+    """The WIT ``error-code`` for an OSError (``io`` for anything unlisted)."""
+    return _ERRNO.get(exc.errno or 0, "io")
+
+
+def split_path(path: str) -> list[str]:
+    """The components of a guest path, without ``.`` and empty ones; ``..`` is kept.
+
+    Refuses NUL (``invalid``), absolute paths (``not-permitted``), over-long paths or names
+    (``name-too-long``) and the empty path (``no-entry``, as POSIX does).
+    """
+    if "\x00" in path:
+        raise FsError("invalid", "path contains NUL")
+    if path.startswith("/"):
+        raise FsError("not-permitted", "absolute paths are not allowed")
+    if path == "":
+        raise FsError("no-entry", "empty path")
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise FsError("illegal-byte-sequence", "path is not UTF-8") from None
+    if size > MAX_PATH:
+        raise FsError("name-too-long", f"path is {size} bytes")
+    parts = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if len(part.encode("utf-8")) > MAX_NAME:
+            raise FsError("name-too-long", "a path component is over 255 bytes")
+        parts.append(part)
+    return parts
+
+
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _link_target(parent: int, name: str) -> str | None:
+    """The target of ``name`` if it is a symlink, else None."""
+    try:
+        return os.readlink(name, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+
+
+def _link_parts(target: str) -> list[str]:
+    """The components of a symlink's target, checked like a guest path."""
+    if target.startswith("/"):
+        raise FsError("not-permitted", "a symbolic link points to an absolute path")
+    if target == "":
+        raise FsError("no-entry", "empty symbolic link")
+    try:
+        return split_path(target)
+    except FsError as exc:
+        raise FsError(exc.code, f"symbolic link target: {exc}") from None
+
+
+@contextmanager
+def resolve(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, str]]:
+    """Yield ``(dir_fd, name)``: ``path`` resolved beneath the directory fd ``base``.
+
+    ``name`` is one plain component inside ``dir_fd``, or ``"."`` when the path names a
+    directory on the walk itself (``"."``, ``"a/.."``). The fd is valid inside the ``with``
+    only. Raises :class:`FsError`; an OSError inside the ``with`` is translated too.
+    """
+    with resolve_depth(base, path, follow=follow) as (fd, name, _depth):
+        yield fd, name
+
+
+def stays_beneath(depth: int, target: str) -> bool:
+    """Whether a symlink ``target`` read in a directory ``depth`` levels below the base stays
+    beneath it (lexically: it is never followed, only shown)."""
+    if target.startswith("/"):
+        return False
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part not in ("", "."):
+            depth += 1
+    return True
+
+
+@contextmanager
+def resolve_depth(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, str, int]]:
+    """:func:`resolve`, also yielding how many directories below ``base`` ``dir_fd`` is."""
+    stack: list[int] = []
+    try:
+        queue = deque(split_path(path))
+        links = 0
+        name = "."
+        while queue:
+            part = queue.popleft()
+            top = stack[-1] if stack else base
+            if part == "..":
+                if not stack:
+                    raise FsError("not-permitted", "path climbs out of its directory")
+                os.close(stack.pop())
+                name = "."
+                continue
+            last = not queue
+            if last and not follow:
+                name = part
+                break
+            try:
+                if last:
+                    target = _link_target(top, part)
+                    if target is None:
+                        name = part
+                        break
+                else:
+                    stack.append(os.open(part, _DIR_FLAGS, dir_fd=top))
+                    if len(stack) > MAX_DEPTH:
+                        raise FsError("name-too-long", "path is too deep")
+                    continue
+            except OSError as exc:
+                if exc.errno == errno.ENOENT and last:
+                    name = part
+                    break
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise FsError(errno_code(exc), f"{part!r}: {exc.strerror}") from None
+                target = _link_target(top, part)
+                if target is None:
+                    raise FsError(errno_code(exc), f"{part!r}: {exc.strerror}") from None
+            # `part` is a symlink: walk its target in its place.
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise FsError("loop", "too many symbolic links")
+            queue.extendleft(reversed(_link_parts(target)))
+            name = "."
+        yield (stack[-1] if stack else base), name, len(stack)
+    except OSError as exc:
+        raise FsError(errno_code(exc), exc.strerror or "") from None
+    finally:
+        for fd in stack:
+            os.close(fd)

@@ -1,0 +1,205 @@
+"""The gate: every import through one trampoline, resources, hooks, and failures kept apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pytest
+
+from mighty import Budget, Component, GuestExit, GuestTrap, Instance, MissingImports
+from mighty.gate import (
+    Binding,
+    Gate,
+    GuestContext,
+    GuestViolation,
+    HostFunctionFailed,
+    ResourceKind,
+    request_exit,
+)
+
+API = """
+(component
+  (import "t:x/api" (instance $api
+    (export "r" (type $r (sub resource)))
+    (export "make" (func (param "v" u32) (result (own $r))))
+    (export "two" (func (param "a" (borrow $r)) (param "b" (borrow $r)) (result u32)))
+    (export "one" (func (param "a" (borrow $r)) (result u32)))
+    (export "act" (func (param "how" u32) (result u32)))
+  ))
+  (alias export $api "r" (type $r))
+  (core func $make (canon lower (func $api "make")))
+  (core func $two (canon lower (func $api "two")))
+  (core func $one (canon lower (func $api "one")))
+  (core func $act (canon lower (func $api "act")))
+  (core func $drop (canon resource.drop $r))
+  (core module $m
+    (import "api" "make" (func $make (param i32) (result i32)))
+    (import "api" "two" (func $two (param i32 i32) (result i32)))
+    (import "api" "one" (func $one (param i32) (result i32)))
+    (import "api" "act" (func $act (param i32) (result i32)))
+    (import "api" "drop" (func $drop (param i32)))
+    (func (export "pair") (param $x i32) (param $y i32) (result i32) (local $h i32) (local $g i32)
+      local.get $x call $make local.set $h
+      local.get $y call $make local.set $g
+      local.get $h local.get $g call $two
+      local.get $h call $drop
+      local.get $g call $drop)
+    (func (export "same") (param $x i32) (result i32) (local $h i32)
+      local.get $x call $make local.set $h
+      local.get $h local.get $h call $two
+      local.get $h call $drop)
+    (func (export "keep") (param $x i32) (result i32)
+      local.get $x call $make call $one)
+    (func (export "act") (param i32) (result i32) local.get 0 call $act))
+  (core instance $i (instantiate $m (with "api" (instance
+     (export "make" (func $make)) (export "two" (func $two)) (export "one" (func $one))
+     (export "act" (func $act)) (export "drop" (func $drop))))))
+  (func (export "pair") (param "x" u32) (param "y" u32) (result u32) (canon lift (core func $i "pair")))
+  (func (export "same") (param "x" u32) (result u32) (canon lift (core func $i "same")))
+  (func (export "keep") (param "x" u32) (result u32) (canon lift (core func $i "keep")))
+  (func (export "act") (param "how" u32) (result u32) (canon lift (core func $i "act")))
+)
+"""
+
+R_DROPPED: list[int] = []
+R = ResourceKind("t:x/api", "r", on_drop=lambda _ctx, obj: R_DROPPED.append(obj))
+
+
+def _act(_ctx: GuestContext, how: int) -> int:
+    if how == 1:
+        raise KeyError("host bug")
+    if how == 2:
+        raise GuestViolation("the guest asked for something the WIT forbids")
+    if how == 3:
+        request_exit(7)
+    return how * 10
+
+
+class Api:
+    """A small provider: a resource holding an int, and functions over it."""
+
+    def resources(self) -> Iterable[ResourceKind]:
+        return [R]
+
+    def bindings(self) -> Iterable[Binding]:
+        return [
+            Binding("t:x/api", "make", lambda ctx, v: ctx.new(R, v)),
+            Binding("t:x/api", "two", lambda _ctx, a, b: a * 1000 + b),
+            Binding("t:x/api", "one", lambda _ctx, a: a),
+            Binding("t:x/api", "act", _act),
+        ]
+
+    def setup(self, ctx: GuestContext) -> None:
+        ctx.state["api"] = "ready"
+
+
+@pytest.fixture(scope="module")
+def component(wat: Callable[[str], bytes]) -> Component:
+    """The resource test component."""
+    return Component.load(wat(API))
+
+
+@pytest.fixture
+def gate() -> Gate:
+    """A gate serving only the test API."""
+    return Gate([Api()])
+
+
+def test_two_borrowed_handles_in_one_call(component: Component, gate: Gate) -> None:
+    """An import taking two borrows gets both host objects (wasmtime 50.0.1 trapped here)."""
+    with Instance(component, gate=gate) as instance:
+        assert instance.call("pair", 3, 4) == 3004
+
+
+def test_the_same_handle_borrowed_twice(component: Component, gate: Gate) -> None:
+    """Two borrows of one handle resolve to the same object."""
+    with Instance(component, gate=gate) as instance:
+        assert instance.call("same", 9) == 9009
+
+
+def test_drop_reaches_the_host_and_frees_the_table(component: Component, gate: Gate) -> None:
+    """A guest dropping its handle runs the kind's on_drop and empties the table."""
+    R_DROPPED.clear()
+    with Instance(component, gate=gate) as instance:
+        instance.call("pair", 5, 6)
+        assert sorted(R_DROPPED) == [5, 6]
+        assert instance.context.live(R) == 0
+        instance.call("keep", 8)  # not dropped by the guest
+        assert instance.context.live(R) == 1
+
+
+def test_host_exception_is_host_function_failed(component: Component, gate: Gate) -> None:
+    """A host function raising is a HostFunctionFailed carrying the exception, not a trap."""
+    with Instance(component, gate=gate) as instance:
+        with pytest.raises(HostFunctionFailed) as info:
+            instance.call("act", 1)
+        assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_guest_violation_is_a_trap(component: Component, gate: Gate) -> None:
+    """GuestViolation from a host function is the guest's fault: a GuestTrap."""
+    with Instance(component, gate=gate) as instance, pytest.raises(GuestTrap) as info:
+        instance.call("act", 2)
+    assert info.value.trap_code == "contract_violation"
+    assert "forbids" in info.value.message
+
+
+def test_request_exit_is_guest_exit(component: Component, gate: Gate) -> None:
+    """request_exit from a host function ends the call with GuestExit and the code."""
+    with Instance(component, gate=gate) as instance, pytest.raises(GuestExit) as info:
+        instance.call("act", 3)
+    assert info.value.code == 7
+
+
+def test_hooks_wrap_every_call_in_order(component: Component, gate: Gate) -> None:
+    """Hooks see each import with its arguments and may change the result; outer hook first."""
+    seen: list[tuple[str, str, tuple[Any, ...]]] = []
+
+    def hook(tag: str) -> Callable[..., Any]:
+        def around(
+            ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
+        ) -> Any:
+            seen.append((tag, binding.name, tuple(args)))
+            result = call()
+            return result + 1 if binding.name == "act" and tag == "outer" else result
+
+        return around
+
+    with Instance(component, gate=gate, hooks=[hook("outer"), hook("inner")]) as instance:
+        assert instance.call("act", 4) == 41
+    assert seen == [("outer", "act", (4,)), ("inner", "act", (4,))]
+
+
+def test_replaying_hook_need_not_call_the_host(component: Component, gate: Gate) -> None:
+    """A hook can answer from elsewhere (as a replayer will) without running the function."""
+
+    def replay(
+        ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
+    ) -> Any:
+        return 99
+
+    with Instance(component, gate=gate, hooks=[replay]) as instance:
+        assert instance.call("act", 1) == 99  # `act(1)` would have raised
+
+
+def test_missing_interfaces_are_all_named(component: Component) -> None:
+    """A gate lacking an interface refuses to link and names each missing import."""
+    with pytest.raises(MissingImports) as info:
+        Instance(component, gate=Gate([]))
+    assert info.value.missing == ("t:x/api",)
+
+
+def test_provider_setup_runs_per_instance(component: Component, gate: Gate) -> None:
+    """Each instance gets its own context, set up by every provider."""
+    with Instance(component, gate=gate) as a, Instance(component, gate=gate) as b:
+        assert a.context is not b.context
+        assert a.context.state["api"] == b.context.state["api"] == "ready"
+
+
+def test_budget_still_applies_through_the_gate(component: Component, gate: Gate) -> None:
+    """Calls that go through the gate still run under the instance's budget."""
+    with Instance(component, gate=gate, budget=Budget(fuel=10_000)) as instance:
+        assert instance.call("act", 5) == 50
+        assert instance.last_usage is not None
+        assert 0 < instance.last_usage.fuel <= 10_000

@@ -1,0 +1,48 @@
+"""Tests of mighty.wasi; ``make_ctx`` and ``call`` drive binding functions without wasm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import wasmtime
+
+from mighty.engine import get_engine
+from mighty.gate import Binding, Gate, GuestContext, Handle, ResourceKind
+from mighty.wasi import _cli, _clocks, _io, _random, _sockets
+from mighty.wasi._policy import Policy
+
+_MODULES = (_io, _cli, _clocks, _random, _sockets)
+
+
+class _Modules:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def resources(self) -> list[ResourceKind]:
+        return [kind for m in _MODULES for kind in m.resources()]
+
+    def bindings(self) -> list[Binding]:
+        return [b for m in _MODULES for b in m.bindings()]
+
+    def setup(self, ctx: GuestContext) -> None:
+        for m in _MODULES:
+            m.setup(ctx, self.policy)
+
+
+def make_ctx(policy: Policy | None = None) -> GuestContext:
+    """A real GuestContext with every module of ours set up under ``policy``."""
+    return Gate([_Modules(policy or Policy())]).context(wasmtime.Store(get_engine()))
+
+
+def call(ctx: GuestContext, interface: str, name: str, *args: Any) -> Any:
+    """Call the binding ``interface#name`` as the gate would (args already host objects)."""
+    for module in _MODULES:
+        for binding in module.bindings():
+            if binding.interface == interface and binding.name == name:
+                return binding.fn(ctx, *args)
+    raise KeyError(f"{interface}#{name}")
+
+
+def obj(ctx: GuestContext, handle: Handle) -> Any:
+    """The host object behind a handle a binding returned."""
+    return ctx.get(handle.kind, handle.rep)
