@@ -360,7 +360,10 @@ class Meter:
         message, backtrace = split_wasmtime_error(str(exc))
         if usage.fuel >= budget.fuel or "all fuel consumed" in message:
             return OutOfFuel(f"call used all of its {budget.fuel} fuel", fuel_limit=budget.fuel)
-        extra = describe() if describe is not None else ""
+        try:
+            extra = describe() if describe is not None else ""
+        except Exception as note_failure:  # noqa: BLE001 - context for a message, never a new failure
+            extra = f"(no guest output: {note_failure!r})"
         text = f"guest trapped: {message}"
         if extra:
             text = f"{text}\n{extra}"

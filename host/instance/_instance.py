@@ -99,12 +99,18 @@ class Instance:
     @property
     def stdout(self) -> CaptureOutput:
         """What the guest wrote to stdout (kept up to the policy's cap)."""
-        return outputs(self._ctx)[0]
+        return self._outputs()[0]
 
     @property
     def stderr(self) -> CaptureOutput:
         """What the guest wrote to stderr (kept up to the policy's cap)."""
-        return outputs(self._ctx)[1]
+        return self._outputs()[1]
+
+    def _outputs(self) -> tuple[CaptureOutput, CaptureOutput]:
+        if "wasi.cli" in self._ctx.state:
+            return outputs(self._ctx)
+        # A gate without WASI: the guest has no stdout or stderr at all.
+        return CaptureOutput(0), CaptureOutput(0)
 
     @property
     def context(self) -> GuestContext:

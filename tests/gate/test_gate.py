@@ -51,7 +51,8 @@ API = """
       local.get $h call $drop)
     (func (export "keep") (param $x i32) (result i32)
       local.get $x call $make call $one)
-    (func (export "act") (param i32) (result i32) local.get 0 call $act))
+    (func (export "act") (param i32) (result i32) local.get 0 call $act)
+    (func (export "forge") (param $h i32) (result i32) local.get $h call $one))
   (core instance $i (instantiate $m (with "api" (instance
      (export "make" (func $make)) (export "two" (func $two)) (export "one" (func $one))
      (export "act" (func $act)) (export "drop" (func $drop))))))
@@ -59,6 +60,7 @@ API = """
   (func (export "same") (param "x" u32) (result u32) (canon lift (core func $i "same")))
   (func (export "keep") (param "x" u32) (result u32) (canon lift (core func $i "keep")))
   (func (export "act") (param "how" u32) (result u32) (canon lift (core func $i "act")))
+  (func (export "forge") (param "h" u32) (result u32) (canon lift (core func $i "forge")))
 )
 """
 
@@ -203,3 +205,23 @@ def test_budget_still_applies_through_the_gate(component: Component, gate: Gate)
         assert instance.call("act", 5) == 50
         assert instance.last_usage is not None
         assert 0 < instance.last_usage.fuel <= 10_000
+
+
+@pytest.mark.parametrize("handle", [0, 1, 99, 2**31, 2**32 - 1])
+def test_forged_handles_trap_before_reaching_the_host(
+    component: Component, gate: Gate, handle: int
+) -> None:
+    """A handle the guest was never given traps in wasmtime's handle table; the host is unharmed."""
+    calls: list[str] = []
+
+    def spy(
+        ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
+    ) -> Any:
+        calls.append(binding.name)
+        return call()
+
+    with Instance(component, gate=gate, hooks=[spy]) as instance, pytest.raises(GuestTrap):
+        instance.call("forge", handle)
+    assert "one" not in calls
+    with Instance(component, gate=gate) as fresh:
+        assert fresh.call("pair", 1, 2) == 1002
