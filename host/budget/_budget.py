@@ -44,6 +44,7 @@ from mighty._errors import (
     OutOfMemory,
 )
 from mighty.engine import MemoryAccount, get_engine
+from mighty.engine._native import immortal
 from mighty.gate import GuestContext, GuestViolation, HostFunctionFailed
 
 __all__ = [
@@ -199,13 +200,9 @@ def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
     return 0
 
 
-def _forget(key: int | None) -> None:
-    _ACTIVE.pop(key or 0, None)
-
-
-# Kept for the life of the process: every store's epoch callback points at these.
-_C_ON_EPOCH = _EPOCH_CALLBACK_T(_on_epoch)
-_C_FORGET = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_forget)
+# Kept for the life of the process: every store's epoch callback points at it.
+_C_ON_EPOCH = immortal(_EPOCH_CALLBACK_T(_on_epoch))
+_NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
 
 
 class Meter:
@@ -222,8 +219,9 @@ class Meter:
         self._busy = threading.Lock()
         self.entered = False
         """Whether the latest :meth:`run` got as far as entering the guest."""
+        # No finalizer: run() removes the call state itself.
         ffi.wasmtime_store_epoch_deadline_callback(
-            self.store.ptr(), _C_ON_EPOCH, self._key, _C_FORGET
+            self.store.ptr(), _C_ON_EPOCH, self._key, _NO_FINALIZER
         )
 
     def run(

@@ -7,10 +7,10 @@ under one configuration never loads into another.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import platform
 import threading
-import time
 from dataclasses import dataclass
 from importlib.metadata import version
 
@@ -101,9 +101,13 @@ _engine: wasmtime.Engine | None = None
 _engine_lock = threading.Lock()
 
 
+_stopping = threading.Event()
+# Stop ticking before the interpreter starts tearing the engine down.
+atexit.register(_stopping.set)
+
+
 def _tick(engine: wasmtime.Engine) -> None:
-    while True:
-        time.sleep(EPOCH_TICK)
+    while not _stopping.wait(EPOCH_TICK):
         engine.increment_epoch()
 
 

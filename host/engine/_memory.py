@@ -33,6 +33,8 @@ from typing import Any
 
 from wasmtime import _ffi as ffi
 
+from mighty.engine._native import immortal
+
 __all__ = ["MemoryAccount", "install_memory_creator", "instantiating_into", "live_memories"]
 
 _WASM32_MAX = 1 << 32
@@ -235,11 +237,11 @@ def _creator_finalizer(_env: int | None) -> None:
 
 # The C function pointers must live as long as the process: wasmtime keeps calling them.
 _FINALIZER_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_C_GET_MEMORY = ffi.wasmtime_memory_get_callback_t(_get_memory)
-_C_GROW_MEMORY = ffi.wasmtime_memory_grow_callback_t(_grow_memory)
-_C_FREE_MEMORY = _FINALIZER_T(_free_memory)
-_C_NEW_MEMORY = ffi.wasmtime_new_memory_callback_t(_new_memory)
-_C_CREATOR_FINALIZER = _FINALIZER_T(_creator_finalizer)
+_C_GET_MEMORY = immortal(ffi.wasmtime_memory_get_callback_t(_get_memory))
+_C_GROW_MEMORY = immortal(ffi.wasmtime_memory_grow_callback_t(_grow_memory))
+_C_FREE_MEMORY = immortal(_FINALIZER_T(_free_memory))
+_C_NEW_MEMORY = immortal(ffi.wasmtime_new_memory_callback_t(_new_memory))
+_C_CREATOR_FINALIZER = immortal(_FINALIZER_T(_creator_finalizer))
 _CREATOR: Any = ffi.wasmtime_memory_creator_t()
 _CREATOR.env = None
 _CREATOR.new_memory = _C_NEW_MEMORY

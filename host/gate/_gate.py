@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
+from wasmtime.component import _linker as wc_linker
 from wasmtime.component._types import FuncType
 
 from mighty._errors import HostError, MissingImports
@@ -52,6 +53,7 @@ from mighty.abi import Err as ErrValue
 from mighty.abi import Ok as OkValue
 from mighty.abi import Some as SomeValue
 from mighty.abi import Variant as VariantValue
+from mighty.engine._native import immortal
 
 __all__ = [
     "Binding",
@@ -323,7 +325,7 @@ def _exit_error(code: int) -> int:
     return _error_ptr(f"mighty: guest exit {code}")
 
 
-_C_DISPATCH = ffi.wasmtime_component_func_callback_t(_dispatch)
+_C_DISPATCH = immortal(ffi.wasmtime_component_func_callback_t(_dispatch))
 
 
 def _finalize(key: int | None) -> None:
@@ -331,7 +333,10 @@ def _finalize(key: int | None) -> None:
     _REGISTERED.pop(key or 0, None)
 
 
-_C_FINALIZE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_finalize)
+_C_FINALIZE = immortal(ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_finalize))
+# add_resource registers wasmtime-py's own destructor trampolines; they must outlive stores too.
+immortal(wc_linker.resource_dtor_impl)
+immortal(wc_linker.resource_dtor_finalize)
 
 
 def _compile(reg: _Registered, type_ptr: Any) -> None:
