@@ -21,6 +21,7 @@ from mighty._errors import BadInput, CompileError, GuestError, HostError, Mighty
 
 if TYPE_CHECKING:
     from mighty.instance import Instance
+    from mighty.trace import Recorder
     from mighty.wasi import Policy
 
 __all__ = ["main", "parse_size"]
@@ -210,6 +211,15 @@ def build(
     help="What the guest's clocks read.",
 )
 @click.option("--seed", type=int, help="Seed the guest's random numbers (default: OS entropy).")
+@click.option(
+    "--record",
+    "record",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[TRACE]",
+    help="Record the run to TRACE (default: mty-trace-<time>.bin).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def call(
     component: Path,
@@ -224,6 +234,7 @@ def call(
     dirs: Sequence[str],
     clock: str,
     seed: int | None,
+    record: str | None,
     as_json: bool,
 ) -> None:
     """Call FUNC of COMPONENT with JSON-encoded ARGS and print the result as JSON.
@@ -237,24 +248,19 @@ def call(
     from mighty.instance import Instance
 
     with _errors(as_json):
-        changes: dict[str, Any] = {}
-        if fuel is not None:
-            changes["fuel"] = fuel
-        if memory is not None:
-            changes["memory"] = memory
-        if timeout is not None:
-            changes["timeout"] = timeout
-        budget = Budget(**changes)
+        changes: dict[str, Any] = {"fuel": fuel, "memory": memory, "timeout": timeout}
+        budget = Budget(**{k: v for k, v in changes.items() if v is not None})
         policy = _policy(env, guest_args, stdin, dirs, clock, seed)
-        decoded: list[Any] = []
-        for index, text in enumerate(args):
-            try:
-                decoded.append(json.loads(text))
-            except json.JSONDecodeError as exc:
-                raise BadInput(f"argument {index + 1} is not JSON ({exc.msg}): {text!r}") from None
+        decoded = _json_args(args)
         show = _progress(not as_json and sys.stderr.isatty())
         loaded = Component.load(component, progress=show)
-        instance = Instance(loaded, budget=budget, policy=policy)
+        recorder = _recorder(record)
+        try:
+            instance = Instance(loaded, budget=budget, policy=policy, record=recorder)
+        except BaseException:
+            if recorder is not None:
+                recorder.close()
+            raise
         try:
             signature = instance.signature(func)
             params = signature.params
@@ -284,6 +290,117 @@ def call(
                 click.echo(json.dumps(rendered, indent=2, ensure_ascii=False))
         finally:
             instance.close()
+            if recorder is not None:
+                recorder.close()
+
+
+@main.command()
+@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--agent", "instance", type=int, help="Replay only this instance (agent) of the trace."
+)
+@click.option(
+    "--component",
+    "changed",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Replay against this component instead (find where a new build diverges).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def replay(trace: Path, instance: int | None, changed: Path | None, as_json: bool) -> None:
+    """Run TRACE again, answering every import from it, and check it does the same thing."""
+    from mighty.trace import NondeterminismError, replay_trace
+
+    with _errors(as_json):
+        try:
+            report = replay_trace(trace, instance=instance, substitute=changed)
+        except NondeterminismError as exc:
+            if as_json:
+                click.echo(
+                    json.dumps(
+                        {
+                            "ok": False,
+                            "error": {
+                                "kind": "nondeterminism",
+                                "message": exc.message,
+                                "instance": exc.instance,
+                                "step": exc.step,
+                                "expected": _jsonable(exc.expected),
+                                "got": _jsonable(exc.got),
+                            },
+                        }
+                    )
+                )
+            else:
+                click.echo(f"mty: NondeterminismError: {exc.message}", err=True)
+            sys.exit(EXIT_GUEST)
+        if as_json:
+            click.echo(json.dumps(report.to_json()))
+        else:
+            for item in report.instances:
+                note = f", interrupted in {', '.join(item.interrupted)}" if item.interrupted else ""
+                click.echo(
+                    f"instance {item.instance}: {item.exports} export call(s), "
+                    f"{item.imports} import(s) replayed{note}"
+                )
+            tail = " (the trace ends early: replayed what was whole)" if report.truncated else ""
+            click.echo(f"ok: digest {report.digest}{tail}")
+
+
+@main.group()
+def trace() -> None:
+    """Inspect trace files."""
+
+
+@trace.command("show")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def trace_show(path: Path, as_json: bool) -> None:
+    """Summarise a trace: instances, steps, imports by interface, size."""
+    from mighty.trace import summarize
+
+    with _errors(as_json):
+        summary = summarize(path)
+        if as_json:
+            click.echo(json.dumps(summary))
+            return
+        click.echo(f"{path}: {summary['bytes']} bytes, {summary['records']} records")
+        if summary["truncated"]:
+            click.echo(f"  truncated: {summary['readable_bytes']} bytes readable")
+        for item in summary["instances"]:
+            click.echo(
+                f"  instance {item['instance']}: {item['component'][:12]} ({item['path']}), "
+                f"{item['steps']} steps, {item['exports']} export call(s)"
+            )
+            for name, count in sorted(item["imports"].items()):
+                click.echo(f"    {count:6d}  {name}")
+
+
+def _json_args(args: Sequence[str]) -> list[Any]:
+    decoded: list[Any] = []
+    for index, text in enumerate(args):
+        try:
+            decoded.append(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"argument {index + 1} is not JSON ({exc.msg}): {text!r}") from None
+    return decoded
+
+
+def _recorder(record: str | None) -> Recorder | None:
+    if record is None:
+        return None
+    from mighty.trace import Recorder
+
+    recorder = Recorder(Path(record) if record else None)
+    click.echo(f"mty: recording to {recorder.path}", err=True)
+    return recorder
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def _policy(

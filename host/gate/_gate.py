@@ -60,6 +60,7 @@ __all__ = [
     "CallHook",
     "Gate",
     "GuestContext",
+    "GuestExitRequest",
     "GuestViolation",
     "Handle",
     "HostFunctionFailed",
@@ -180,6 +181,8 @@ class GuestContext:
         """Set by ``wasi:cli/exit``: the guest asked to exit with this status."""
         self.calls = 0
         """How many imports this instance has made."""
+        self.replaying = False
+        """True while a replayer answers the imports: resources are stand-ins, not objects."""
         self.call_store: Any = store
         """The store context of the import being served (set by the gate for each call)."""
         self._tables: dict[int, dict[int, Any]] = {}
@@ -239,6 +242,7 @@ class _Registered:
     binding: Binding
     codec: FuncCodec | None = None
     to_host: Callable[[GuestContext, list[Any]], list[Any]] | None = None
+    resolve: Callable[[GuestContext, list[Any]], list[Any]] | None = None
     to_guest: Callable[[GuestContext, Any], Any] | None = None
 
 
@@ -275,11 +279,14 @@ def _dispatch(
         # tracks the guest's borrows per call, not per store.
         store = wasmtime.StoreContext(context_ptr)
         ctx.call_store = store
+        # Hooks see resources as Handles (what a trace can record); the implementation gets
+        # the host objects behind them.
         args = reg.to_host(ctx, reg.codec.lift_args(args_ptr, nargs))
         fn = reg.binding.fn
+        resolve = reg.resolve
 
         def call() -> Any:
-            return fn(ctx, *args)
+            return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
 
         run = call
         for hook in reversed(ctx.hooks):
@@ -289,7 +296,7 @@ def _dispatch(
         reg.codec.lower_result(store, reg.to_guest(ctx, result), results_ptr)
         store._invalidate()
         return 0
-    except _GuestExit as exit_request:
+    except GuestExitRequest as exit_request:
         ctx.exit_code = exit_request.code
         return _exit_error(exit_request.code)
     except BaseException as exc:  # noqa: BLE001 - nothing may unwind into wasmtime
@@ -308,7 +315,9 @@ def _wrap(
     return lambda: hook(ctx, binding, args, inner)
 
 
-class _GuestExit(Exception):
+class GuestExitRequest(Exception):
+    """Raised by :func:`request_exit`; hooks see it pass (a recorder writes it down)."""
+
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
@@ -316,7 +325,7 @@ class _GuestExit(Exception):
 
 def request_exit(code: int) -> None:
     """Stop the guest as ``wasi:cli/exit`` does: call from a host function."""
-    raise _GuestExit(code)
+    raise GuestExitRequest(code)
 
 
 def _exit_error(code: int) -> int:
@@ -343,13 +352,25 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
     fty = FuncType._from_ptr(type_ptr, owner=object())
     codec = FuncCodec.from_func_type(fty)
     param_types = [t for _, t in codec.sig.params]
-    converters = [_host_converter(t) for t in param_types]
+    converters = [_handle_converter(t, _to_handle) for t in param_types]
+    resolvers = [
+        _handle_converter(t, _to_object_owned if isinstance(t, OwnType) else _to_object)
+        for t in param_types
+    ]
 
     def to_host(ctx: GuestContext, values: list[Any]) -> list[Any]:
         return [
             conv(ctx, v) if conv is not None else v
             for conv, v in zip(converters, values, strict=True)
         ]
+
+    def resolve(ctx: GuestContext, values: list[Any]) -> list[Any]:
+        return [
+            conv(ctx, v) if conv is not None else v
+            for conv, v in zip(resolvers, values, strict=True)
+        ]
+
+    reg.resolve = resolve if any(r is not None for r in resolvers) else None
 
     result_conv = None if codec.sig.result is None else _guest_converter(codec.sig.result)
 
@@ -364,30 +385,37 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
 _Conv = Callable[[GuestContext, Any], Any]
 
 
-def _host_converter(wt: WitType) -> _Conv | None:
-    """A function turning guest handles inside a value of type ``wt`` into host objects."""
+def _to_handle(ctx: GuestContext, value: Any) -> Handle:
+    host = value.to_host(ctx.call_store)
+    kind = _KINDS.get(host.type)
+    if kind is None:
+        raise StaleHandle(f"a resource of unknown host type {host.type}")
+    return Handle(kind, host.rep)
+
+
+def _to_object(ctx: GuestContext, handle: Handle) -> Any:
+    return ctx.get(handle.kind, handle.rep)
+
+
+def _to_object_owned(ctx: GuestContext, handle: Handle) -> Any:
+    obj = ctx.get(handle.kind, handle.rep)
+    # The guest gave its handle away: the host owns the object now.
+    ctx._drop(handle.kind.type_id, handle.rep)
+    return obj
+
+
+def _handle_converter(wt: WitType, at_handle: _Conv) -> _Conv | None:
+    """A function applying ``at_handle`` to every resource inside a value of type ``wt``."""
     if isinstance(wt, OwnType | BorrowType):
-
-        def handle(ctx: GuestContext, value: Any) -> Any:
-            host = value.to_host(ctx.call_store)
-            kind = _KINDS.get(host.type)
-            if kind is None:
-                raise StaleHandle(f"a resource of unknown host type {host.type}")
-            obj = ctx.get(kind, host.rep)
-            if isinstance(wt, OwnType):
-                # The guest gave its handle away: the host owns the object now.
-                ctx._drop(kind.type_id, host.rep)
-            return obj
-
-        return handle
+        return at_handle
     if isinstance(wt, ListType):
-        element = _host_converter(wt.element)
+        element = _handle_converter(wt.element, at_handle)
         return None if element is None else _each(element)
     if isinstance(wt, OptionType):
-        payload = _host_converter(wt.payload)
+        payload = _handle_converter(wt.payload, at_handle)
         return None if payload is None else _unless_none(payload)
     if isinstance(wt, TupleType):
-        parts = [_host_converter(t) for t in wt.elements]
+        parts = [_handle_converter(t, at_handle) for t in wt.elements]
         if all(p is None for p in parts):
             return None
         return lambda ctx, v: tuple(
@@ -471,6 +499,8 @@ def _resource_drop(type_id: int) -> Callable[[wasmtime.StoreContext, int], None]
         ctx = _context_of(store._context())
         obj = ctx._drop(type_id, rep)
         kind = _KINDS.get(type_id)
+        if ctx.replaying:
+            return  # the objects are stand-ins; the real ones were released when recorded
         if obj is not None and kind is not None and kind.on_drop is not None:
             kind.on_drop(ctx, obj)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from wasmtime import WasmtimeError
@@ -24,6 +24,7 @@ from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import Component, get_engine, instantiating_into
 from mighty.gate import CallHook, Gate, GuestContext
+from mighty.trace._recorder import InstanceRecording, Recorder
 from mighty.wasi import Policy, WasiProvider
 from mighty.wasi._cli import outputs
 from mighty.wasi._output import CaptureOutput
@@ -65,11 +66,13 @@ class Instance:
         policy: Policy | None = None,
         gate: Gate | None = None,
         hooks: Sequence[CallHook] = (),
+        record: Recorder | None = None,
     ) -> None:
         """Instantiate ``component`` under ``budget`` (instantiation runs guest code too).
 
         Every import is served by ``gate`` (default: mighty's Python WASI) under ``policy``
-        (default: nothing granted). ``hooks`` wrap every import call (recording, telemetry).
+        (default: nothing granted). ``hooks`` wrap every import call (telemetry, replay).
+        With ``record``, every import and export call of this instance goes into that trace.
         """
         self.component = component
         self.budget = budget or Budget()
@@ -80,6 +83,11 @@ class Instance:
         self._closed = True
         self._gate = gate or default_gate()
         linker = self._gate.linker_for(get_engine(), component.imports, component.origin)
+        self._recording: InstanceRecording | None = None
+        if record is not None:
+            self._recording = record.attach(component, asdict(self.budget), self.policy)
+            self._recording.fuel_limit = self.budget.fuel
+            hooks = (self._recording, *hooks)
         self._meter = Meter(self.budget)
         self._ctx = self._gate.context(self._meter.store, hooks, state={"wasi.policy": self.policy})
         self._closed = False
@@ -146,6 +154,9 @@ class Instance:
         budget = budget or self.budget
         codec = export.codec
         params = codec.lower_params(self._meter.store, args)
+        recording = self._recording
+        if recording is not None:
+            recording.begin_export(name, args, asdict(budget))
         func_ref = ctypes.byref(export.func._func)
         has_result = codec.has_result
         result = ffi.wasmtime_component_val_t()
@@ -165,6 +176,15 @@ class Instance:
             _, usage = self._meter.run(enter, budget, cancel, self._stderr_note, self._ctx)
         except BaseException as exc:
             self.last_usage = getattr(exc, "usage", None)
+            if recording is not None:
+                usage_seen = self.last_usage
+                recording.end_export(
+                    name,
+                    None,
+                    exc,
+                    usage_seen.fuel if usage_seen is not None else None,
+                    usage_seen.memory_peak if usage_seen is not None else None,
+                )
             if self._meter.entered:
                 # wasmtime poisons an instance that trapped; a host exception raised inside
                 # a call may have left guest state half-updated. Either way: no more calls.
@@ -173,7 +193,10 @@ class Instance:
         finally:
             codec.free_params(params.array, params.size)
         self.last_usage = usage
-        return codec.lift_result(result) if has_result else None
+        value = codec.lift_result(result) if has_result else None
+        if recording is not None:
+            recording.end_export(name, value, None, usage.fuel, usage.memory_peak)
+        return value
 
     def call_with_usage(
         self,
@@ -245,6 +268,8 @@ class Instance:
             return
         self._closed = True
         self._exports.clear()
+        if self._recording is not None:
+            self._recording.close(self.stdout.getvalue(), self.stderr.getvalue())
         self._meter.store.close()
         self._gate.release(self._ctx)
 

@@ -1,0 +1,44 @@
+"""Trace files: every nondeterministic input of a run, recorded so the run can be replayed.
+
+``TraceWriter`` appends checksummed frames as a run goes; ``TraceReader``/``read_trace`` read
+them back and tell a torn tail (``truncated``) from damage (``TraceCorrupt``). ``encode_value``
+and ``decode_value`` are the lossless value encoding the records use.
+"""
+
+from mighty.trace._errors import TraceCorrupt, TraceError, TraceTruncated, TraceVersionError
+from mighty.trace._format import (
+    FORMAT_VERSION,
+    MAX_FRAME,
+    Trace,
+    TraceReader,
+    TraceWriter,
+    read_trace,
+)
+from mighty.trace._recorder import InstanceRecording, Recorder, default_trace_path
+from mighty.trace._replay import InstanceReport, NondeterminismError, ReplayReport, replay_trace
+from mighty.trace._summary import summarize
+from mighty.trace._values import HandleRef, decode_value, encode_value
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_FRAME",
+    "HandleRef",
+    "InstanceRecording",
+    "InstanceReport",
+    "NondeterminismError",
+    "Recorder",
+    "ReplayReport",
+    "Trace",
+    "TraceCorrupt",
+    "TraceError",
+    "TraceReader",
+    "TraceTruncated",
+    "TraceVersionError",
+    "TraceWriter",
+    "decode_value",
+    "default_trace_path",
+    "encode_value",
+    "read_trace",
+    "replay_trace",
+    "summarize",
+]

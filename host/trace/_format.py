@@ -1,0 +1,569 @@
+"""The trace file: a header, then records appended and flushed one frame at a time.
+
+Design note
+-----------
+A crash must lose at most the record being written, and a torn tail must be told apart from a
+damaged file, so every record is its own checksummed frame, written with one ``write`` and
+flushed at once (``fsync`` only on close: per-record fsync costs milliseconds and a process crash
+does not need it). Rejected: one CBOR sequence with no framing (a torn tail decodes as garbage or
+as a shorter valid item); a length-only prefix (a flipped length bit reads as "truncated here"
+and silently drops the rest); a per-frame magic for resynchronising after damage (a damaged
+trace is not replayable anyway, so the reader stops at the first bad frame); gzip/zstd streams
+(a torn compressed tail loses more than one record); cbor2's decoder (it turns about thirty
+semantic tags into datetimes, regexes, MIME messages, sets and cyclic shared lists before any
+hook runs, and cannot be told not to; see ``_cbor.py``).
+
+Layout (all integers big-endian)::
+
+    file   = "MTYTRACE" u16:version  header-frame  frame*
+    frame  = u32:length  u32:crc32(payload)  u32:crc32(the 8 bytes before)  payload
+    payload = one CBOR item (the closed subset of ``_cbor.py``), a map with a text key "k"
+
+The prefix checksum makes a damaged length field a ``TraceCorrupt``, not a fake truncation. A
+length above ``MAX_FRAME`` is refused before anything is read. A frame that runs past the end of
+the file, or a tail of zero bytes (what some file systems leave after a power cut), is a
+truncated tail: the reader stops there and says so.
+
+Frame kinds ("k"): ``header`` (first frame only; its other keys are the header), ``blob``
+(``{"k": "blob", "sha256": hex, "data": bytes}``, written before the first record that refers to
+it) and anything else, which is a record. Byte strings of ``BLOB_MIN`` bytes or more anywhere in
+a record are stored once as a blob and referred to by tag 27009 (the sha256); the reader puts
+the bytes back, so callers only ever see whole records. Blobs are resolved lazily: the reader
+keeps each blob's frame offset and a small cache (``BLOB_CACHE`` bytes), not every blob.
+
+Each record passes through ``encode_value`` whole, so every field round-trips exactly, values
+and plain fields alike (see ``_values.py`` for the tag table).
+
+Record schema (written by the recorder; this layer only requires "k")::
+
+    {"k": "instance", "i": id, "component": sha256, "policy": dict, "budget": dict}
+    {"k": "import", "i": id, "s": step, "if": interface, "fn": function, "args": [value],
+     "res": value, "out": "ok" | "exit" | "violation" | "host_error", "fuel": int}
+    {"k": "export", "i": id, "s": step, "fn": str, "args": [value], "budget": dict,
+     "res": value, "ok": bool, "error": {"kind": str, "message": str} | None, "fuel": int,
+     "memory_peak": int}
+    {"k": "close", "i": id, "stdout": bytes, "stderr": bytes, "digest": hex}
+
+The reader checks framing and encoding only. A record whose content changed but whose checksums
+were fixed up, or frames in another order, read fine: catching those is the replayer's job.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import cbor2
+
+from mighty.trace._cbor import CBORInvalid, TagHook, decode
+from mighty.trace._errors import TraceCorrupt, TraceError, TraceTruncated, TraceVersionError
+from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with, value_from_tag
+
+__all__ = [
+    "BLOB_CACHE",
+    "BLOB_MIN",
+    "FILE_MAGIC",
+    "FORMAT_VERSION",
+    "MAX_FRAME",
+    "Trace",
+    "TraceReader",
+    "TraceWriter",
+    "read_trace",
+]
+
+FILE_MAGIC = b"MTYTRACE"
+FORMAT_VERSION = 1
+MAX_FRAME = 64 * 1024 * 1024
+"""Largest payload of one frame, in bytes; checked on write and on read, before reading."""
+BLOB_MIN = 4096
+"""Byte strings at least this long are stored once, as a blob frame."""
+BLOB_CACHE = 64 * 1024 * 1024
+"""Bytes of resolved blobs a reader keeps in memory."""
+
+_FILE_HEAD = struct.Struct(">8sH")
+_PREFIX = struct.Struct(">III")
+_DIGEST = 32
+_RESERVED_KINDS = frozenset({"header", "blob"})
+
+
+def _frame(payload: bytes) -> bytes:
+    head = struct.pack(">II", len(payload), zlib.crc32(payload))
+    return head + struct.pack(">I", zlib.crc32(head)) + payload
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class TraceWriter:
+    """Writes one trace file: the header at once, then each ``append``-ed record, flushed.
+
+    One writer per file; ``append`` takes a lock, so several threads may share a writer, but
+    records land in the order the lock is taken. The file is created (``overwrite=False``
+    refuses an existing one) and synced to disk on ``close``. After a failed write the writer
+    refuses further records: the file ends at the last whole frame.
+
+    The header gets ``format``, ``mighty``, ``wasmtime`` and ``created`` filled in unless the
+    caller gives them; ``engine`` (dict) and ``components`` (list of ``{"sha256", "path",
+    "size"}``) default to empty; any other keys are kept as given.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        header: Mapping[str, Any],
+        *,
+        overwrite: bool = False,
+        blob_min: int = BLOB_MIN,
+    ) -> None:
+        full = self._header(header)
+        payload = self._encode(full, None)
+        self._path = Path(path)
+        self._blob_min = blob_min
+        self._blobs: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._failed: str | None = None
+        self._records = 0
+        try:
+            self._file: BinaryIO | None = open(self._path, "wb" if overwrite else "xb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise TraceError(f"cannot create trace {self._path}: {exc}") from exc
+        self._write(_FILE_HEAD.pack(FILE_MAGIC, FORMAT_VERSION) + _frame(payload))
+
+    @staticmethod
+    def _header(given: Mapping[str, Any]) -> dict[str, Any]:
+        if "k" in given:
+            raise TraceError('a trace header must not have a "k" key; the format sets it')
+        if given.get("format", FORMAT_VERSION) != FORMAT_VERSION:
+            raise TraceError(f"this writer writes format {FORMAT_VERSION}, not {given['format']}")
+        full: dict[str, Any] = {
+            "k": "header",
+            "format": FORMAT_VERSION,
+            "mighty": _package_version("mighty-host"),
+            "wasmtime": _package_version("wasmtime"),
+            "engine": {},
+            "components": [],
+            "created": _dt.datetime.now(_dt.UTC).isoformat(),
+        }
+        full.update(given)
+        components = full["components"]
+        if type(components) is not list or not all(
+            type(c) is dict
+            and type(c.get("sha256")) is str
+            and type(c.get("path")) is str
+            and type(c.get("size")) is int
+            for c in components
+        ):
+            raise TraceError(
+                'header "components" must be a list of {"sha256": str, "path": str, "size": int}'
+            )
+        if type(full["engine"]) is not dict:
+            raise TraceError('header "engine" must be a dict')
+        return full
+
+    @property
+    def path(self) -> Path:
+        """Where the trace is written."""
+        return self._path
+
+    @property
+    def records_written(self) -> int:
+        """How many records ``append`` has written."""
+        return self._records
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Encode ``record`` and append it (after any new blob it holds), then flush.
+
+        Raises ``TraceError`` for a value a trace cannot hold (naming where it is), a record
+        without a text ``"k"`` or with a reserved one, a frame over ``MAX_FRAME``, and after
+        ``close`` or a failed write. Nothing is written for a record that is refused.
+        """
+        if type(record) is not dict:
+            raise TraceError(f"a record must be a dict, got {type(record).__name__}")
+        kind = record.get("k")
+        if type(kind) is not str:
+            raise TraceError('a record needs a "k" (kind) key holding a str')
+        if kind in _RESERVED_KINDS:
+            raise TraceError(f'record kind "{kind}" is reserved for the format')
+        with self._lock:
+            self._check_open()
+            pending: dict[bytes, bytes] = {}
+
+            def blob(data: bytes, depth: int) -> Any:
+                if len(data) < self._blob_min or depth >= MAX_DEPTH:
+                    return data
+                digest = hashlib.sha256(data).digest()
+                if digest not in self._blobs:
+                    pending[digest] = data
+                return cbor2.CBORTag(TAG_BLOB, digest)
+
+            payload = self._encode(record, blob)
+            frames = [
+                _frame(self._encode({"k": "blob", "sha256": d.hex(), "data": data}, None))
+                for d, data in pending.items()
+            ]
+            frames.append(_frame(payload))
+            self._write(b"".join(frames))
+            self._blobs.update(pending)
+            self._records += 1
+
+    @staticmethod
+    def _encode(value: Any, hook: Any) -> bytes:
+        data = encode_with(value, hook)
+        try:
+            payload = cbor2.dumps(data)
+        except (ValueError, TypeError, cbor2.CBOREncodeError) as exc:
+            # e.g. a str holding a lone surrogate, which UTF-8 cannot carry.
+            raise TraceError(f"cannot record this value: {exc}") from exc
+        if len(payload) > MAX_FRAME:
+            raise TraceError(f"a frame of {len(payload)} bytes is over the {MAX_FRAME} limit")
+        return payload
+
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise TraceError(f"trace {self._path} is unusable: {self._failed}")
+        if self._file is None:
+            raise TraceError(f"trace {self._path} is closed")
+
+    def _write(self, data: bytes) -> None:
+        assert self._file is not None
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except OSError as exc:
+            self._failed = f"a write failed ({exc})"
+            raise TraceError(f"cannot write trace {self._path}: {exc}") from exc
+
+    def flush(self) -> None:
+        """Push buffered bytes to the OS (``append`` already does after every record)."""
+        with self._lock:
+            self._check_open()
+            assert self._file is not None
+            self._file.flush()
+
+    def close(self) -> None:
+        """Flush, sync to disk and close; closing twice is a no-op."""
+        with self._lock:
+            f, self._file = self._file, None
+            if f is None:
+                return
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as exc:
+                raise TraceError(f"cannot sync trace {self._path}: {exc}") from exc
+            finally:
+                f.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class TraceReader:
+    """Reads a trace file: ``header`` at once, ``records()`` lazily, one frame at a time.
+
+    A file that ends inside a frame (a crash mid-write) is not an error by default: iteration
+    stops, ``truncated`` becomes true and ``readable_records``/``readable_bytes`` say how much
+    was whole; with ``strict=True`` it raises ``TraceTruncated`` instead. A file that ends
+    inside its header always raises ``TraceTruncated``: there is nothing to read. Any damage
+    raises ``TraceCorrupt`` with the byte offset. Not thread-safe.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, strict: bool = False, max_frame: int = MAX_FRAME
+    ) -> None:
+        self._path = Path(path)
+        self._strict = strict
+        self._max_frame = max_frame
+        self._blob_at: dict[bytes, int] = {}
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cached = 0
+        self._resolved = 0
+        self.truncated = False
+        """True once ``records()`` has met a cut-off frame."""
+        self.readable_records = 0
+        """Records read by the last ``records()`` pass (all there are, once it ends)."""
+        try:
+            self._file: BinaryIO | None = open(self._path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise TraceError(f"cannot open trace {self._path}: {exc}") from exc
+        try:
+            self._header, self._body = self._read_header()
+        except BaseException:
+            self.close()
+            raise
+        self.readable_bytes = self._body
+        """Bytes of the file that hold whole frames (header included), as far as read."""
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The header the writer was given, with what it filled in."""
+        return dict(self._header)
+
+    @property
+    def path(self) -> Path:
+        """The file being read."""
+        return self._path
+
+    def _size(self) -> int:
+        assert self._file is not None
+        return os.fstat(self._file.fileno()).st_size
+
+    def _read_at(self, pos: int, n: int) -> bytes:
+        if self._file is None:
+            raise TraceError(f"trace {self._path} is closed")
+        self._file.seek(pos)
+        return self._file.read(n)
+
+    def _read_header(self) -> tuple[dict[str, Any], int]:
+        size = self._size()
+        head = self._read_at(0, _FILE_HEAD.size)
+        if len(head) < _FILE_HEAD.size:
+            if FILE_MAGIC.startswith(head[: len(FILE_MAGIC)]):
+                raise TraceTruncated(
+                    f"{self._path} ends inside the file header ({len(head)} bytes)",
+                    readable_records=0,
+                    readable_bytes=0,
+                )
+            raise TraceCorrupt(f"{self._path} is not a mighty trace (bad magic)", offset=0)
+        magic, version = _FILE_HEAD.unpack(head)
+        if magic != FILE_MAGIC:
+            raise TraceCorrupt(f"{self._path} is not a mighty trace (bad magic)", offset=0)
+        if version != FORMAT_VERSION:
+            raise TraceVersionError(
+                f"{self._path} is trace format {version}; this mighty reads {FORMAT_VERSION}",
+                offset=len(FILE_MAGIC),
+                version=version,
+            )
+        pos = _FILE_HEAD.size
+        frame = self._frame_at(pos, size)
+        if frame is None:
+            raise TraceTruncated(
+                f"{self._path} ends inside its header frame",
+                readable_records=0,
+                readable_bytes=pos,
+            )
+        payload, end = frame
+        header = self._decode(payload, pos, _no_blobs)
+        if header.get("k") != "header":
+            raise TraceCorrupt(
+                f"the first frame is {header.get('k')!r}, not the header", offset=pos
+            )
+        if header.get("format") != FORMAT_VERSION:
+            raise TraceCorrupt(
+                f"header says format {header.get('format')!r}, the file {FORMAT_VERSION}",
+                offset=pos,
+            )
+        del header["k"]
+        return header, end
+
+    def _frame_at(self, pos: int, size: int) -> tuple[bytes, int] | None:
+        """The payload of the frame at ``pos`` and where the next starts; None if cut off."""
+        left = size - pos
+        if left < _PREFIX.size:
+            return None
+        prefix = self._read_at(pos, _PREFIX.size)
+        if len(prefix) < _PREFIX.size:
+            return None
+        length, crc, prefix_crc = _PREFIX.unpack(prefix)
+        if zlib.crc32(prefix[:8]) != prefix_crc:
+            if self._zero_tail(pos, size):
+                return None
+            raise TraceCorrupt(
+                f"frame at byte {pos}: its length/checksum prefix is damaged", offset=pos
+            )
+        if length > self._max_frame:
+            raise TraceCorrupt(
+                f"frame at byte {pos} claims {length} bytes, over the {self._max_frame} limit",
+                offset=pos,
+            )
+        if length > left - _PREFIX.size:
+            return None
+        payload = self._read_at(pos + _PREFIX.size, length)
+        if len(payload) < length:
+            return None
+        if zlib.crc32(payload) != crc:
+            raise TraceCorrupt(f"frame at byte {pos}: payload checksum mismatch", offset=pos)
+        return payload, pos + _PREFIX.size + length
+
+    def _zero_tail(self, pos: int, size: int) -> bool:
+        chunk = 1 << 20
+        while pos < size:
+            data = self._read_at(pos, min(chunk, size - pos))
+            if not data or data.count(0) != len(data):
+                return not data
+            pos += len(data)
+        return True
+
+    def _decode(self, payload: bytes, pos: int, hook: TagHook) -> dict[str, Any]:
+        try:
+            value = decode(payload, hook, MAX_DEPTH)
+        except CBORInvalid as exc:
+            raise TraceCorrupt(f"frame at byte {pos}: {exc}", offset=pos) from None
+        except RecursionError:
+            raise TraceCorrupt(f"frame at byte {pos}: nested too deeply", offset=pos) from None
+        if type(value) is not dict or type(value.get("k")) is not str:
+            raise TraceCorrupt(f'frame at byte {pos} is not a map with a text "k"', offset=pos)
+        return value
+
+    def _blob_hook(self, tag: int, content: Any) -> Any:
+        if tag != TAG_BLOB:
+            return value_from_tag(tag, content)
+        if type(content) is not bytes or len(content) != _DIGEST:
+            raise ValueError("a blob reference must be a 32-byte sha256")
+        self._resolved += 1
+        data = self._cache.get(content)
+        if data is not None:
+            self._cache.move_to_end(content)
+            return data
+        at = self._blob_at.get(content)
+        if at is None:
+            raise ValueError(f"refers to blob {content.hex()}, which no earlier frame holds")
+        frame = self._frame_at(at, self._size())
+        if frame is None:
+            raise ValueError(f"blob {content.hex()} at byte {at} is no longer readable")
+        data = self._check_blob(self._decode(frame[0], at, _no_blobs), at)
+        self._remember(content, data)
+        return data
+
+    def _check_blob(self, blob: dict[str, Any], pos: int) -> bytes:
+        data, digest = blob.get("data"), blob.get("sha256")
+        if set(blob) != {"k", "sha256", "data"} or type(data) is not bytes:
+            raise TraceCorrupt(f"blob frame at byte {pos} is malformed", offset=pos)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise TraceCorrupt(
+                f"blob frame at byte {pos}: data does not match its sha256", offset=pos
+            )
+        return data
+
+    def _remember(self, digest: bytes, data: bytes) -> None:
+        if len(data) > BLOB_CACHE:
+            return
+        self._cache[digest] = data
+        self._cached += len(data)
+        while self._cached > BLOB_CACHE:
+            _, old = self._cache.popitem(last=False)
+            self._cached -= len(old)
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every record after the header, in file order, blobs put back in place.
+
+        Reads up to the file's size when iteration starts; starting again reads from the top.
+        """
+        size = self._size()
+        pos = self._body
+        self.truncated = False
+        self.readable_records = 0
+        self.readable_bytes = pos
+        while pos < size:
+            frame = self._frame_at(pos, size)
+            if frame is None:
+                self.truncated = True
+                if self._strict:
+                    raise TraceTruncated(
+                        f"{self._path} ends inside the frame at byte {pos}",
+                        readable_records=self.readable_records,
+                        readable_bytes=pos,
+                    )
+                return
+            payload, end = frame
+            resolved = self._resolved
+            record = self._decode(payload, pos, self._blob_hook)
+            kind = record["k"]
+            if kind == "blob":
+                if self._resolved != resolved:
+                    raise TraceCorrupt(f"blob frame at byte {pos} refers to a blob", offset=pos)
+                data = self._check_blob(record, pos)
+                digest = bytes.fromhex(record["sha256"])
+                self._blob_at.setdefault(digest, pos)
+                self._remember(digest, data)
+            elif kind == "header":
+                raise TraceCorrupt(f"a second header frame at byte {pos}", offset=pos)
+            pos = end
+            self.readable_bytes = pos
+            if kind != "blob":
+                self.readable_records += 1
+                yield record
+
+    def close(self) -> None:
+        """Close the file; closing twice is a no-op."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _no_blobs(tag: int, content: Any) -> Any:
+    if tag == TAG_BLOB:
+        raise ValueError("a blob reference is not allowed here")
+    return value_from_tag(tag, content)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A whole trace read into memory (``read_trace``).
+
+    ``records()`` is a method, as on ``TraceReader``, so code can take either.
+    """
+
+    path: Path
+    header: dict[str, Any]
+    all_records: tuple[dict[str, Any], ...]
+    truncated: bool
+    """The file ended inside a frame; the records are the whole ones before it."""
+    readable_bytes: int
+    """Bytes of the file that hold whole frames."""
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every record, in file order (``all_records`` holds them as a tuple)."""
+        return iter(self.all_records)
+
+    @property
+    def readable_records(self) -> int:
+        """How many records were whole."""
+        return len(self.all_records)
+
+
+def read_trace(path: str | os.PathLike[str], *, strict: bool = False) -> Trace:
+    """Read a whole trace; see ``TraceReader`` for what is raised and what truncation means."""
+    with TraceReader(path, strict=strict) as reader:
+        records = tuple(reader.records())
+        return Trace(
+            path=reader.path,
+            header=reader.header,
+            all_records=records,
+            truncated=reader.truncated,
+            readable_bytes=reader.readable_bytes,
+        )

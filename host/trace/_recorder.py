@@ -1,0 +1,229 @@
+"""Recording: every import and every export call of an instance, appended to a trace as it happens.
+
+The recorder is a gate hook, so it sees exactly what the guest sees: the arguments as they
+crossed (resources as :class:`HandleRef`), the result, and how the call ended (a value, an exit
+request, a contract violation, a host failure). Export calls are written by the instance as a
+``call`` record before the guest runs and an ``export`` record after, so a replayer knows what
+to call before it meets the imports that call makes.
+
+Fuel is part of every record: the fuel the guest has used since its export call began. It is
+deterministic, so replay can check it exactly, and it is the trace's logical clock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from wasmtime import _ffi as ffi
+
+from mighty.abi import Err, Ok, Some, Variant
+from mighty.engine import SETTINGS, Component
+from mighty.gate import Binding, GuestContext, GuestExitRequest, GuestViolation, Handle
+from mighty.trace._format import TraceWriter
+from mighty.trace._values import HandleRef
+
+__all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
+
+
+def default_trace_path(directory: Path | None = None) -> Path:
+    """``mty-trace-<UTC timestamp>.bin`` in ``directory`` (default: the current directory)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return (directory or Path.cwd()) / f"mty-trace-{stamp}.bin"
+
+
+def to_refs(value: Any) -> Any:
+    """``value`` with every gate :class:`Handle` replaced by a recordable :class:`HandleRef`."""
+    if isinstance(value, Handle):
+        return HandleRef(value.kind.interface, value.kind.name, value.rep)
+    if isinstance(value, list):
+        return [to_refs(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_refs(v) for v in value)
+    if isinstance(value, Ok):
+        return Ok(to_refs(value.value))
+    if isinstance(value, Err):
+        return Err(to_refs(value.value))
+    if isinstance(value, Some):
+        return Some(to_refs(value.value))
+    if isinstance(value, Variant):
+        return Variant(value.case, to_refs(value.value))
+    if isinstance(value, dict):
+        return {k: to_refs(v) for k, v in value.items()}
+    return value
+
+
+def describe_policy(policy: Any) -> dict[str, Any]:
+    """A policy as plain data for the trace (host paths and sink functions by name only)."""
+    if not is_dataclass(policy) or isinstance(policy, type):
+        return {}
+    data = asdict(policy)
+    for stream in ("stdout", "stderr"):
+        sink = data.get(stream, {}).get("sink")
+        if sink is not None:
+            data[stream]["sink"] = getattr(sink, "__qualname__", type(sink).__name__)
+    data["dirs"] = [
+        {k: str(v) if isinstance(v, Path) else v for k, v in d.items() if k != "files"}
+        for d in data.get("dirs", [])
+    ]
+    return data
+
+
+class Recorder:
+    """Writes one trace file; many instances (even on several threads) may record into it."""
+
+    def __init__(self, path: str | Path | None = None, **header: Any) -> None:
+        self.path = Path(path) if path is not None else default_trace_path()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._writer = TraceWriter(
+            self.path,
+            {"engine": SETTINGS.describe(), **header},
+        )
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._writer.append(record)
+
+    def attach(
+        self, component: Component, budget: dict[str, Any], policy: Any
+    ) -> InstanceRecording:
+        """Start recording a new instance of ``component``; returns its recording."""
+        instance_id = next(self._ids)
+        self.append(
+            {
+                "k": "instance",
+                "i": instance_id,
+                "component": component.sha256,
+                "path": component.origin,
+                "size": component.size,
+                "budget": budget,
+                "policy": describe_policy(policy),
+            }
+        )
+        return InstanceRecording(self, instance_id)
+
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InstanceRecording:
+    """The recording of one instance: its gate hook and its export calls."""
+
+    def __init__(self, recorder: Recorder, instance_id: int) -> None:
+        self.recorder = recorder
+        self.instance_id = instance_id
+        self.step = 0
+        self.fuel_limit = 0
+
+    def _next_step(self) -> int:
+        self.step += 1
+        return self.step
+
+    # -- the gate hook -----------------------------------------------------------------------
+
+    def __call__(
+        self,
+        ctx: GuestContext,
+        binding: Binding,
+        args: Sequence[Any],
+        call: Callable[[], Any],
+    ) -> Any:
+        step = self._next_step()
+        outcome = "ok"
+        result: Any = None
+        try:
+            result = call()
+        except GuestExitRequest as exc:
+            outcome, result = "exit", exc.code
+            raise
+        except GuestViolation as exc:
+            outcome, result = "violation", str(exc)
+            raise
+        except BaseException as exc:
+            outcome, result = "host_error", repr(exc)
+            raise
+        finally:
+            self.recorder.append(
+                {
+                    "k": "import",
+                    "i": self.instance_id,
+                    "s": step,
+                    "if": binding.interface,
+                    "fn": binding.name,
+                    "args": to_refs(list(args)),
+                    "res": to_refs(result),
+                    "out": outcome,
+                    "fuel": self._fuel_used(ctx),
+                }
+            )
+        return result
+
+    def _fuel_used(self, ctx: GuestContext) -> int:
+        left = ctypes.c_uint64()
+        error = ffi.wasmtime_context_get_fuel(ctx.call_store._context(), ctypes.byref(left))
+        if error:
+            ffi.wasmtime_error_delete(error)
+            return -1
+        return self.fuel_limit - left.value
+
+    # -- export calls (the instance calls these) ----------------------------------------------
+
+    def begin_export(self, name: str, args: Sequence[Any], budget: dict[str, Any]) -> None:
+        self.fuel_limit = int(budget["fuel"])
+        self.recorder.append(
+            {
+                "k": "call",
+                "i": self.instance_id,
+                "s": self._next_step(),
+                "fn": name,
+                "args": list(args),
+                "budget": budget,
+            }
+        )
+
+    def end_export(
+        self,
+        name: str,
+        result: Any,
+        error: BaseException | None,
+        fuel: int | None,
+        memory_peak: int | None,
+    ) -> None:
+        failure = None
+        if error is not None:
+            failure = {
+                "kind": str(getattr(error, "kind", type(error).__name__)),
+                "message": str(getattr(error, "message", error)),
+            }
+        self.recorder.append(
+            {
+                "k": "export",
+                "i": self.instance_id,
+                "s": self._next_step(),
+                "fn": name,
+                "res": result if error is None else None,
+                "ok": error is None,
+                "error": failure,
+                "fuel": fuel,
+                "memory_peak": memory_peak,
+            }
+        )
+
+    def close(self, stdout: bytes, stderr: bytes) -> None:
+        self.recorder.append(
+            {"k": "close", "i": self.instance_id, "stdout": stdout, "stderr": stderr}
+        )

@@ -1,0 +1,413 @@
+"""Replay: run the recorded component again, answering every import from the trace.
+
+The replayer is a gate hook placed in front of everything: it never calls a host function, so
+replay touches no clock, entropy, file or network. For every import the guest makes it checks
+that the guest asks for the recorded call (same interface, function and arguments, at the same
+step) and answers with the recorded result, recreating recorded resources as stand-ins; then it
+checks that each export returns the recorded value after the recorded fuel, and that the guest's
+output is byte-identical. The first difference is a :class:`NondeterminismError` naming the
+instance, the step, what the trace expected and what came.
+
+Deadline and cancellation stops are wall-clock events and cannot happen at the same instruction
+twice; such an export is replayed up to its last recorded import and then stopped on purpose
+(the report marks it), so everything the guest did before the interruption is still checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cbor2
+
+from mighty._errors import HostError, MightyError
+from mighty.abi import Err, Ok, Some, Variant
+from mighty.budget import Budget
+from mighty.engine import Component
+from mighty.gate import (
+    Binding,
+    GuestContext,
+    GuestViolation,
+    ResourceKind,
+    request_exit,
+)
+from mighty.gate._gate import _KINDS
+from mighty.trace._format import read_trace
+from mighty.trace._recorder import to_refs
+from mighty.trace._values import HandleRef, encode_value
+
+__all__ = ["InstanceReport", "NondeterminismError", "ReplayReport", "replay_trace"]
+
+_INTERRUPTIONS = ("deadline_exceeded", "cancelled")
+
+
+class NondeterminismError(HostError):
+    """The replayed guest did something other than what the trace recorded."""
+
+    kind = "nondeterminism"
+
+    def __init__(self, message: str, *, instance: int, step: int, expected: Any, got: Any) -> None:
+        super().__init__(message)
+        self.instance = instance
+        self.step = step
+        self.expected = expected
+        self.got = got
+
+
+class _StopReplay(Exception):
+    """Stops a guest at the point a recorded interruption happened."""
+
+
+@dataclass
+class InstanceReport:
+    """What was replayed of one instance."""
+
+    instance: int
+    component: str
+    exports: int = 0
+    imports: int = 0
+    interrupted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReplayReport:
+    """The outcome of a successful replay: counts and a digest of everything replayed."""
+
+    path: Path
+    digest: str
+    instances: list[InstanceReport]
+    truncated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "digest": self.digest,
+            "truncated": self.truncated,
+            "instances": [
+                {
+                    "instance": r.instance,
+                    "component": r.component,
+                    "exports": r.exports,
+                    "imports": r.imports,
+                    "interrupted": r.interrupted,
+                }
+                for r in self.instances
+            ],
+        }
+
+
+class _Stub:
+    """Stands in for a host object during replay (nothing real is ever opened)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: HandleRef) -> None:
+        self.ref = ref
+
+    def close(self) -> None:
+        return None
+
+
+def _kind_named(interface: str, name: str) -> ResourceKind:
+    for kind in _KINDS.values():
+        if kind.interface == interface and kind.name == name:
+            return kind
+    raise NondeterminismError(
+        f"the trace names a resource {interface}/{name} that this host does not define",
+        instance=0,
+        step=0,
+        expected=f"{interface}/{name}",
+        got=None,
+    )
+
+
+def _materialize(ctx: GuestContext, value: Any) -> Any:
+    """A recorded result with every HandleRef turned into a fresh stand-in resource."""
+    if isinstance(value, HandleRef):
+        handle = ctx.new(_kind_named(value.interface, value.name), None)
+        ctx._tables[handle.kind.type_id][handle.rep] = _Stub(value)
+        return handle
+    if isinstance(value, list):
+        return [_materialize(ctx, v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_materialize(ctx, v) for v in value)
+    if isinstance(value, Ok):
+        return Ok(_materialize(ctx, value.value))
+    if isinstance(value, Err):
+        return Err(_materialize(ctx, value.value))
+    if isinstance(value, Some):
+        return Some(_materialize(ctx, value.value))
+    if isinstance(value, Variant):
+        return Variant(value.case, _materialize(ctx, value.value))
+    if isinstance(value, dict):
+        return {k: _materialize(ctx, v) for k, v in value.items()}
+    return value
+
+
+def _canonical(value: Any) -> bytes:
+    return cbor2.dumps(encode_value(value), canonical=True)
+
+
+class _Replayer:
+    """The gate hook answering one instance's imports from its recorded records."""
+
+    def __init__(self, instance: int) -> None:
+        self.instance = instance
+        self.expected: deque[dict[str, Any]] = deque()
+        self.stop_when_empty = False
+        self.digest = hashlib.sha256()
+        self.imports = 0
+        self.streams: dict[int, str] = {}
+        self.output: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+    def __call__(
+        self,
+        ctx: GuestContext,
+        binding: Binding,
+        args: Sequence[Any],
+        call: Callable[[], Any],
+    ) -> Any:
+        got = {"if": binding.interface, "fn": binding.name, "args": to_refs(list(args))}
+        if not self.expected:
+            if self.stop_when_empty:
+                raise _StopReplay
+            raise NondeterminismError(
+                f"instance {self.instance}: the guest called {binding.interface}#{binding.name} "
+                "after the last recorded import",
+                instance=self.instance,
+                step=-1,
+                expected=None,
+                got=got,
+            )
+        record = self.expected.popleft()
+        want = {"if": record["if"], "fn": record["fn"], "args": record["args"]}
+        if _canonical(want) != _canonical(got):
+            raise NondeterminismError(
+                f"instance {self.instance} step {record['s']}: the trace has "
+                f"{record['if']}#{record['fn']}{_brief(record['args'])}, the guest called "
+                f"{binding.interface}#{binding.name}{_brief(got['args'])}",
+                instance=self.instance,
+                step=int(record["s"]),
+                expected=want,
+                got=got,
+            )
+        self.imports += 1
+        self.digest.update(_canonical(record))
+        self._track_output(binding.name, got["args"], record["res"])
+        outcome = record["out"]
+        if outcome == "exit":
+            request_exit(int(record["res"]))
+        if outcome == "violation":
+            raise GuestViolation(str(record["res"]))
+        if outcome == "host_error":
+            raise _RecordedHostError(str(record["res"]))
+        return _materialize(ctx, record["res"])
+
+    def _track_output(self, name: str, args: list[Any], result: Any) -> None:
+        # Rebuild stdout/stderr from the writes on the streams get-stdout/get-stderr returned.
+        if name in ("get-stdout", "get-stderr") and isinstance(result, HandleRef):
+            self.streams[result.rep] = name[4:]
+        elif (
+            name
+            in (
+                "[method]output-stream.write",
+                "[method]output-stream.blocking-write-and-flush",
+            )
+            and args
+            and isinstance(args[0], HandleRef)
+        ):
+            stream = self.streams.get(args[0].rep)
+            if stream is not None and isinstance(args[1], bytes | bytearray):
+                self.output[stream] += args[1]
+
+
+class _RecordedHostError(Exception):
+    """A host function failed in the recorded run; it fails again, at the same point."""
+
+
+def _brief(args: Any) -> str:
+    text = repr(args)
+    return "(" + (text[1:-1] if len(text) <= 120 else text[1:117] + "...") + ")"
+
+
+def _group(records: Iterator[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    by_instance: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        if record.get("k") == "blob":
+            continue
+        instance = record.get("i")
+        if isinstance(instance, int):
+            by_instance.setdefault(instance, []).append(record)
+    return by_instance
+
+
+def _mismatch(instance: int, step: int, what: str, expected: Any, got: Any) -> NondeterminismError:
+    return NondeterminismError(
+        f"instance {instance} step {step}: {what}: the trace has {expected!r}, the replay "
+        f"gave {got!r}",
+        instance=instance,
+        step=step,
+        expected=expected,
+        got=got,
+    )
+
+
+def replay_trace(
+    path: str | Path,
+    *,
+    instance: int | None = None,
+    components: dict[str, Path] | None = None,
+    substitute: str | Path | None = None,
+) -> ReplayReport:
+    """Replay a trace (or one instance of it); return the report or raise on divergence.
+
+    Components are found by the path recorded in the trace, or in ``components`` (sha256 ->
+    path); their bytes must hash to the recorded sha256. ``substitute`` replays every instance
+    against that component instead (a new build): the report is then where it diverges.
+    """
+    from mighty.instance import Instance
+
+    trace = read_trace(path)
+    groups = _group(trace.records())
+    if instance is not None:
+        if instance not in groups:
+            raise HostError(f"the trace has no instance {instance} (it has {sorted(groups)})")
+        groups = {instance: groups[instance]}
+    total = hashlib.sha256()
+    reports: list[InstanceReport] = []
+    for instance_id, records in groups.items():
+        head = records[0]
+        if head.get("k") != "instance":
+            raise HostError(f"instance {instance_id} has no start record in the trace")
+        component = Component.load(substitute) if substitute else _load(head, components)
+        replayer = _Replayer(instance_id)
+        report = InstanceReport(instance_id, head["component"])
+        steps = deque(records[1:])
+        # Imports made while instantiating come before the first call record.
+        while steps and steps[0]["k"] == "import":
+            replayer.expected.append(steps.popleft())
+        budget = Budget(**head["budget"])
+        live = Instance(component, budget=budget, hooks=[replayer])
+        live.context.replaying = True
+        try:
+            _replay_calls(live, replayer, steps, report)
+        finally:
+            live.close()
+        total.update(replayer.digest.digest())
+        reports.append(report)
+    return ReplayReport(Path(path), total.hexdigest(), reports, trace.truncated)
+
+
+def _replay_calls(
+    live: Any, replayer: _Replayer, steps: deque[dict[str, Any]], report: InstanceReport
+) -> None:
+    instance_id = replayer.instance
+    if replayer.expected:
+        raise _mismatch(instance_id, 0, "imports while instantiating", len(replayer.expected), 0)
+    while steps:
+        record = steps.popleft()
+        kind = record["k"]
+        if kind == "close":
+            for stream in ("stdout", "stderr"):
+                if bytes(replayer.output[stream]) != bytes(record[stream]):
+                    raise _mismatch(
+                        instance_id,
+                        -1,
+                        f"{stream} bytes",
+                        bytes(record[stream]),
+                        bytes(replayer.output[stream]),
+                    )
+            replayer.digest.update(_canonical(record))
+            continue
+        if kind != "call":
+            raise _mismatch(instance_id, int(record.get("s", -1)), "record order", "call", kind)
+        while steps and steps[0]["k"] == "import":
+            replayer.expected.append(steps.popleft())
+        if not steps or steps[0]["k"] != "export":
+            return  # the trace ends inside this call (a crash or a cut file)
+        end = steps.popleft()
+        interrupted = not end["ok"] and (end.get("error") or {}).get("kind") in _INTERRUPTIONS
+        replayer.stop_when_empty = interrupted
+        report.exports += 1
+        budget = Budget(**record["budget"])
+        outcome: Any
+        try:
+            value = live.call(record["fn"], *record["args"], budget=budget)
+            outcome = {"ok": True, "res": value, "error": None}
+        except NondeterminismError:
+            raise
+        except MightyError as exc:
+            if interrupted and (
+                isinstance(exc.__cause__, _StopReplay)
+                or exc.kind in (*_INTERRUPTIONS, "out_of_fuel")
+            ):
+                # Stopped where the recorded run was interrupted; everything before matched.
+                report.interrupted.append(record["fn"])
+                replayer.stop_when_empty = False
+                continue
+            outcome = {
+                "ok": False,
+                "res": None,
+                "error": {"kind": exc.kind, "message": exc.message},
+            }
+        if replayer.expected:
+            nxt = replayer.expected[0]
+            raise _mismatch(
+                instance_id,
+                int(nxt["s"]),
+                "the export returned before this import",
+                f"{nxt['if']}#{nxt['fn']}",
+                "return",
+            )
+        recorded = {"ok": end["ok"], "res": end["res"], "error": end["error"]}
+        if outcome["ok"] != recorded["ok"] or _canonical(outcome["res"]) != _canonical(
+            recorded["res"]
+        ):
+            raise _mismatch(
+                instance_id, int(end["s"]), f"result of {record['fn']}", recorded, outcome
+            )
+        if not recorded["ok"] and (outcome["error"] or {}).get("kind") != recorded["error"]["kind"]:
+            raise _mismatch(
+                instance_id,
+                int(end["s"]),
+                f"failure of {record['fn']}",
+                recorded["error"],
+                outcome["error"],
+            )
+        usage = live.last_usage
+        if end.get("fuel") is not None and usage is not None and usage.fuel != end["fuel"]:
+            raise _mismatch(
+                instance_id, int(end["s"]), f"fuel used by {record['fn']}", end["fuel"], usage.fuel
+            )
+        replayer.digest.update(_canonical({"export": record["fn"], **recorded}))
+        report.imports = replayer.imports
+
+
+def _load(head: dict[str, Any], components: dict[str, Path] | None) -> Component:
+    sha = str(head["component"])
+    candidates = []
+    if components and sha in components:
+        candidates.append(Path(components[sha]))
+    if head.get("path") and head["path"] != "<bytes>":
+        candidates.append(Path(head["path"]))
+    for candidate in candidates:
+        if candidate.is_file():
+            loaded = Component.load(candidate)
+            if loaded.sha256 == sha:
+                return loaded
+            raise NondeterminismError(
+                f"{candidate} is not the recorded component (sha256 {loaded.sha256[:12]}, "
+                f"recorded {sha[:12]}); pass the recorded one",
+                instance=int(head["i"]),
+                step=0,
+                expected=sha,
+                got=loaded.sha256,
+            )
+    raise HostError(
+        f"cannot find the recorded component {sha[:12]} (looked at: "
+        f"{', '.join(map(str, candidates)) or 'no path recorded'})"
+    )
