@@ -341,6 +341,9 @@ def _replay_calls(
         except NondeterminismError:
             raise
         except MightyError as exc:
+            if isinstance(exc.__cause__, NondeterminismError):
+                # Raised inside an import: the gate stopped the guest; report the divergence.
+                raise exc.__cause__ from None
             if interrupted and (
                 isinstance(exc.__cause__, _StopReplay)
                 or exc.kind in (*_INTERRUPTIONS, "out_of_fuel")
