@@ -346,6 +346,32 @@ def replay(trace: Path, instance: int | None, changed: Path | None, as_json: boo
             click.echo(f"ok: digest {report.digest}{tail}")
 
 
+@main.command()
+@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--agent", "instance", type=int, help="Debug only this instance (agent).")
+def debug(trace: Path, instance: int | None) -> None:
+    """Step through a replay of TRACE. Commands come from the prompt or from stdin."""
+    from mighty.trace import Debugger
+
+    with _errors(as_json=False):
+        interactive = sys.stdin.isatty()
+        debugger = Debugger(trace, instance=instance)
+        for line in debugger.start():
+            click.echo(line)
+        done = False
+        while not done:
+            if interactive:
+                click.echo("(mty) ", nl=False)
+            raw = sys.stdin.readline()
+            if not raw:
+                raw = "quit"
+            if not interactive:
+                click.echo(f"(mty) {raw.strip()}")
+            lines, done = debugger.command(raw)
+            for line in lines:
+                click.echo(line)
+
+
 @main.group()
 def trace() -> None:
     """Inspect trace files."""

@@ -5,6 +5,7 @@ them back and tell a torn tail (``truncated``) from damage (``TraceCorrupt``). `
 and ``decode_value`` are the lossless value encoding the records use.
 """
 
+from mighty.trace._debug import Debugger
 from mighty.trace._errors import TraceCorrupt, TraceError, TraceTruncated, TraceVersionError
 from mighty.trace._format import (
     FORMAT_VERSION,
@@ -15,18 +16,28 @@ from mighty.trace._format import (
     read_trace,
 )
 from mighty.trace._recorder import InstanceRecording, Recorder, default_trace_path
-from mighty.trace._replay import InstanceReport, NondeterminismError, ReplayReport, replay_trace
+from mighty.trace._replay import (
+    InstanceReport,
+    NondeterminismError,
+    ReplayAborted,
+    ReplayEvent,
+    ReplayReport,
+    replay_trace,
+)
 from mighty.trace._summary import summarize
 from mighty.trace._values import HandleRef, decode_value, encode_value
 
 __all__ = [
     "FORMAT_VERSION",
     "MAX_FRAME",
+    "Debugger",
     "HandleRef",
     "InstanceRecording",
     "InstanceReport",
     "NondeterminismError",
     "Recorder",
+    "ReplayAborted",
+    "ReplayEvent",
     "ReplayReport",
     "Trace",
     "TraceCorrupt",

@@ -40,7 +40,14 @@ from mighty.trace._format import read_trace
 from mighty.trace._recorder import to_refs
 from mighty.trace._values import HandleRef, encode_value
 
-__all__ = ["InstanceReport", "NondeterminismError", "ReplayReport", "replay_trace"]
+__all__ = [
+    "InstanceReport",
+    "NondeterminismError",
+    "ReplayAborted",
+    "ReplayEvent",
+    "ReplayReport",
+    "replay_trace",
+]
 
 _INTERRUPTIONS = ("deadline_exceeded", "cancelled")
 
@@ -56,6 +63,32 @@ class NondeterminismError(HostError):
         self.step = step
         self.expected = expected
         self.got = got
+
+
+@dataclass(frozen=True)
+class ReplayEvent:
+    """One point of a replay, as an observer (the debugger) sees it.
+
+    ``kind`` is ``call`` (an export is about to be called), ``import`` (the guest made a recorded
+    import; ``result`` is what it gets back) or ``export`` (the export returned ``result``).
+    """
+
+    index: int
+    instance: int
+    step: int
+    kind: str
+    interface: str
+    function: str
+    args: Any
+    result: Any = None
+    fuel: int | None = None
+
+
+class ReplayAborted(Exception):
+    """Raise from an observer to end the replay at once."""
+
+
+Observer = Callable[[ReplayEvent], None]
 
 
 class _StopReplay(Exception):
@@ -155,8 +188,10 @@ def _canonical(value: Any) -> bytes:
 class _Replayer:
     """The gate hook answering one instance's imports from its recorded records."""
 
-    def __init__(self, instance: int) -> None:
+    def __init__(self, instance: int, observer: Observer | None, counter: list[int]) -> None:
         self.instance = instance
+        self.observer = observer
+        self.counter = counter
         self.expected: deque[dict[str, Any]] = deque()
         self.stop_when_empty = False
         self.digest = hashlib.sha256()
@@ -197,6 +232,15 @@ class _Replayer:
             )
         self.imports += 1
         self.digest.update(_canonical(record))
+        self.notify(
+            "import",
+            record["s"],
+            record["if"],
+            record["fn"],
+            got["args"],
+            record["res"],
+            record.get("fuel"),
+        )
         self._track_output(binding.name, got["args"], record["res"])
         outcome = record["out"]
         if outcome == "exit":
@@ -206,6 +250,33 @@ class _Replayer:
         if outcome == "host_error":
             raise _RecordedHostError(str(record["res"]))
         return _materialize(ctx, record["res"])
+
+    def notify(
+        self,
+        kind: str,
+        step: Any,
+        interface: str,
+        function: str,
+        args: Any,
+        result: Any = None,
+        fuel: Any = None,
+    ) -> None:
+        if self.observer is None:
+            return
+        self.counter[0] += 1
+        self.observer(
+            ReplayEvent(
+                self.counter[0],
+                self.instance,
+                int(step),
+                kind,
+                interface,
+                function,
+                args,
+                result,
+                fuel if isinstance(fuel, int) else None,
+            )
+        )
 
     def _track_output(self, name: str, args: list[Any], result: Any) -> None:
         # Rebuild stdout/stderr from the writes on the streams get-stdout/get-stderr returned.
@@ -262,12 +333,15 @@ def replay_trace(
     instance: int | None = None,
     components: dict[str, Path] | None = None,
     substitute: str | Path | None = None,
+    observer: Observer | None = None,
 ) -> ReplayReport:
     """Replay a trace (or one instance of it); return the report or raise on divergence.
 
     Components are found by the path recorded in the trace, or in ``components`` (sha256 ->
     path); their bytes must hash to the recorded sha256. ``substitute`` replays every instance
     against that component instead (a new build): the report is then where it diverges.
+    ``observer`` sees every call, import and export as it is replayed (the debugger pauses
+    there); raising :class:`ReplayAborted` from it ends the replay.
     """
     from mighty.instance import Instance
 
@@ -279,12 +353,13 @@ def replay_trace(
         groups = {instance: groups[instance]}
     total = hashlib.sha256()
     reports: list[InstanceReport] = []
+    counter = [0]
     for instance_id, records in groups.items():
         head = records[0]
         if head.get("k") != "instance":
             raise HostError(f"instance {instance_id} has no start record in the trace")
         component = Component.load(substitute) if substitute else _load(head, components)
-        replayer = _Replayer(instance_id)
+        replayer = _Replayer(instance_id, observer, counter)
         report = InstanceReport(instance_id, head["component"])
         steps = deque(records[1:])
         # Imports made while instantiating come before the first call record.
@@ -308,86 +383,93 @@ def _replay_calls(
     instance_id = replayer.instance
     if replayer.expected:
         raise _mismatch(instance_id, 0, "imports while instantiating", len(replayer.expected), 0)
-    while steps:
-        record = steps.popleft()
-        kind = record["k"]
-        if kind == "close":
-            for stream in ("stdout", "stderr"):
-                if bytes(replayer.output[stream]) != bytes(record[stream]):
-                    raise _mismatch(
-                        instance_id,
-                        -1,
-                        f"{stream} bytes",
-                        bytes(record[stream]),
-                        bytes(replayer.output[stream]),
-                    )
-            replayer.digest.update(_canonical(record))
-            continue
-        if kind != "call":
-            raise _mismatch(instance_id, int(record.get("s", -1)), "record order", "call", kind)
-        while steps and steps[0]["k"] == "import":
-            replayer.expected.append(steps.popleft())
-        if not steps or steps[0]["k"] != "export":
-            return  # the trace ends inside this call (a crash or a cut file)
-        end = steps.popleft()
-        interrupted = not end["ok"] and (end.get("error") or {}).get("kind") in _INTERRUPTIONS
-        replayer.stop_when_empty = interrupted
-        report.exports += 1
-        budget = Budget(**record["budget"])
-        outcome: Any
-        try:
-            value = live.call(record["fn"], *record["args"], budget=budget)
-            outcome = {"ok": True, "res": value, "error": None}
-        except NondeterminismError:
-            raise
-        except MightyError as exc:
-            if isinstance(exc.__cause__, NondeterminismError):
-                # Raised inside an import: the gate stopped the guest; report the divergence.
-                raise exc.__cause__ from None
-            if interrupted and (
-                isinstance(exc.__cause__, _StopReplay)
-                or exc.kind in (*_INTERRUPTIONS, "out_of_fuel")
-            ):
-                # Stopped where the recorded run was interrupted; everything before matched.
-                report.interrupted.append(record["fn"])
-                replayer.stop_when_empty = False
+    try:
+        while steps:
+            record = steps.popleft()
+            if record["k"] == "close":
+                _check_close(replayer, record)
                 continue
-            outcome = {
-                "ok": False,
-                "res": None,
-                "error": {"kind": exc.kind, "message": exc.message},
-            }
-        if replayer.expected:
-            nxt = replayer.expected[0]
-            raise _mismatch(
-                instance_id,
-                int(nxt["s"]),
-                "the export returned before this import",
-                f"{nxt['if']}#{nxt['fn']}",
-                "return",
-            )
-        recorded = {"ok": end["ok"], "res": end["res"], "error": end["error"]}
-        if outcome["ok"] != recorded["ok"] or _canonical(outcome["res"]) != _canonical(
-            recorded["res"]
-        ):
-            raise _mismatch(
-                instance_id, int(end["s"]), f"result of {record['fn']}", recorded, outcome
-            )
-        if not recorded["ok"] and (outcome["error"] or {}).get("kind") != recorded["error"]["kind"]:
-            raise _mismatch(
-                instance_id,
-                int(end["s"]),
-                f"failure of {record['fn']}",
-                recorded["error"],
-                outcome["error"],
-            )
-        usage = live.last_usage
-        if end.get("fuel") is not None and usage is not None and usage.fuel != end["fuel"]:
-            raise _mismatch(
-                instance_id, int(end["s"]), f"fuel used by {record['fn']}", end["fuel"], usage.fuel
-            )
-        replayer.digest.update(_canonical({"export": record["fn"], **recorded}))
+            if record["k"] != "call":
+                step = int(record.get("s", -1))
+                raise _mismatch(instance_id, step, "record order", "call", record["k"])
+            while steps and steps[0]["k"] == "import":
+                replayer.expected.append(steps.popleft())
+            if not steps or steps[0]["k"] != "export":
+                return  # the trace ends inside this call (a crash or a cut file)
+            _replay_export(live, replayer, record, steps.popleft(), report)
+    finally:
         report.imports = replayer.imports
+
+
+def _check_close(replayer: _Replayer, record: dict[str, Any]) -> None:
+    for stream in ("stdout", "stderr"):
+        replayed = bytes(replayer.output[stream])
+        if replayed != bytes(record[stream]):
+            raise _mismatch(
+                replayer.instance, -1, f"{stream} bytes", bytes(record[stream]), replayed
+            )
+    replayer.digest.update(_canonical(record))
+
+
+def _replay_export(
+    live: Any,
+    replayer: _Replayer,
+    record: dict[str, Any],
+    end: dict[str, Any],
+    report: InstanceReport,
+) -> None:
+    instance_id = replayer.instance
+    interrupted = not end["ok"] and (end.get("error") or {}).get("kind") in _INTERRUPTIONS
+    replayer.stop_when_empty = interrupted
+    report.exports += 1
+    replayer.notify("call", record["s"], "", record["fn"], record["args"])
+    outcome: dict[str, Any]
+    try:
+        value = live.call(record["fn"], *record["args"], budget=Budget(**record["budget"]))
+        outcome = {"ok": True, "res": value, "error": None}
+    except NondeterminismError:
+        raise
+    except MightyError as exc:
+        if isinstance(exc.__cause__, ReplayAborted | NondeterminismError):
+            # Raised inside an import: the gate stopped the guest; pass it on as it was.
+            raise exc.__cause__ from None
+        stopped = isinstance(exc.__cause__, _StopReplay)
+        if interrupted and (stopped or exc.kind in (*_INTERRUPTIONS, "out_of_fuel")):
+            # Stopped where the recorded run was interrupted; everything before matched.
+            report.interrupted.append(record["fn"])
+            replayer.stop_when_empty = False
+            return
+        outcome = {"ok": False, "res": None, "error": {"kind": exc.kind, "message": exc.message}}
+    if replayer.expected:
+        nxt = replayer.expected[0]
+        raise _mismatch(
+            instance_id,
+            int(nxt["s"]),
+            "the export returned before this import",
+            f"{nxt['if']}#{nxt['fn']}",
+            "return",
+        )
+    recorded = {"ok": end["ok"], "res": end["res"], "error": end["error"]}
+    step = int(end["s"])
+    if outcome["ok"] != recorded["ok"] or _canonical(outcome["res"]) != _canonical(recorded["res"]):
+        raise _mismatch(instance_id, step, f"result of {record['fn']}", recorded, outcome)
+    if not recorded["ok"] and (outcome["error"] or {}).get("kind") != recorded["error"]["kind"]:
+        raise _mismatch(
+            instance_id, step, f"failure of {record['fn']}", recorded["error"], outcome["error"]
+        )
+    usage = live.last_usage
+    if end.get("fuel") is not None and usage is not None and usage.fuel != end["fuel"]:
+        raise _mismatch(instance_id, step, f"fuel used by {record['fn']}", end["fuel"], usage.fuel)
+    replayer.digest.update(_canonical({"export": record["fn"], **recorded}))
+    replayer.notify(
+        "export",
+        step,
+        "",
+        record["fn"],
+        record["args"],
+        recorded["res"] if recorded["ok"] else recorded["error"],
+        end.get("fuel"),
+    )
 
 
 def _load(head: dict[str, Any], components: dict[str, Path] | None) -> Component:

@@ -92,7 +92,8 @@ def test_public_names_are_pinned() -> None:
         "FORMAT_VERSION", "MAX_FRAME", "HandleRef", "Trace", "TraceCorrupt", "TraceError",
         "TraceReader", "TraceTruncated", "TraceVersionError", "TraceWriter", "decode_value",
         "encode_value", "read_trace", "InstanceRecording", "InstanceReport", "NondeterminismError",
-        "Recorder", "ReplayReport", "default_trace_path", "replay_trace", "summarize",
+        "Recorder", "ReplayReport", "default_trace_path", "replay_trace", "summarize", "Debugger",
+        "ReplayAborted", "ReplayEvent",
     }  # fmt: skip
     for name in mighty.trace.__all__:
         assert getattr(mighty.trace, name) is not None

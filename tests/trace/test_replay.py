@@ -166,11 +166,14 @@ def test_two_instances_and_agent_selection(wat: Callable[[str], bytes], tmp_path
     """One trace holds several instances; each replays alone."""
     trace = tmp_path / "t.bin"
     component = Component.load(random_sum(wat, tmp_path, "v1"))
-    with Recorder(trace) as recorder:
-        with Instance(component, record=recorder) as a, Instance(component, record=recorder) as b:
-            a.call("run", 2)
-            b.call("run", 4)
-            a.call("run", 1)
+    with (
+        Recorder(trace) as recorder,
+        Instance(component, record=recorder) as a,
+        Instance(component, record=recorder) as b,
+    ):
+        a.call("run", 2)
+        b.call("run", 4)
+        a.call("run", 1)
     whole = replay_trace(trace)
     assert [(r.instance, r.exports, r.imports) for r in whole.instances] == [(1, 2, 3), (2, 1, 4)]
     only = replay_trace(trace, instance=2)
@@ -196,7 +199,7 @@ def test_probe_run_replays_byte_for_byte(probe_wasm: Path, tmp_path: Path) -> No
     report = replay_trace(trace)
     assert report.instances[0].imports > 10
     assert replay_trace(trace).digest == report.digest
-    closing = [r for r in read_trace(trace).records() if r["k"] == "close"][0]
+    closing = next(r for r in read_trace(trace).records() if r["k"] == "close")
     assert closing["stdout"].count(b" ") == 3
     assert json.loads(value.value)[0] == "file text"
 
@@ -205,7 +208,7 @@ def test_probe_run_replays_byte_for_byte(probe_wasm: Path, tmp_path: Path) -> No
 def test_interrupted_call_replays_up_to_the_interruption(probe_wasm: Path, tmp_path: Path) -> None:
     """A call stopped by its deadline replays every import it made, then stops there too."""
     trace = tmp_path / "t.bin"
-    [outcome, after] = record(
+    [outcome, _after] = record(
         trace,
         probe_wasm,
         [("run", ("while True: time.monotonic_ns()",)), ("run", ("result = 1",))],
@@ -251,3 +254,64 @@ def test_cli_record_show_replay(wat: Callable[[str], bytes], tmp_path: Path) -> 
     assert diverged.exit_code == 1
     error = json.loads(diverged.stdout)["error"]
     assert error["kind"] == "nondeterminism"
+
+
+def test_debugger_scripted_session(wat: Callable[[str], bytes], tmp_path: Path) -> None:
+    """`mty debug` takes commands on stdin: break, continue, print, bt, step, list, next, peek."""
+    trace = tmp_path / "t.bin"
+    record(trace, random_sum(wat, tmp_path, "v1"), [("run", (2,)), ("run", (1,))])
+    script = "break get-random-u64\ncontinue\nprint msg\nbt\nstep\nlist\nnext\npeek 1\ndelete get-random-u64\ncontinue\nstep\nbogus\nquit\n"
+    result = CliRunner().invoke(main, ["debug", str(trace)], input=script)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "#1 instance 1 step 1: call run(2,)" in out
+    assert "(mty) continue\n#2 instance 1 step 2: wasi:random/random#get-random-u64() -> " in out
+    assert "  function:  get-random-u64" in out
+    assert "instance 1\n  export run(2,)\n    import wasi:random/random#get-random-u64" in out
+    assert "=> #3 instance 1 step 3" in out
+    assert "(mty) next\n#5 instance 1 step 5: call run(1,)" in out
+    assert "recent imports:" in out
+    assert "replay finished: ok, digest" in out
+    assert "the replay has finished" in out
+    assert "unknown command 'bogus'" in out
+    assert out.rstrip().endswith("bye")
+
+
+def test_debugger_shows_divergence_where_it_happens(
+    wat: Callable[[str], bytes], tmp_path: Path
+) -> None:
+    """Stepping a tampered trace stops with the NondeterminismError at the divergent point."""
+    from mighty.trace import Debugger
+
+    trace, tampered = tmp_path / "t.bin", tmp_path / "x.bin"
+    record(trace, random_sum(wat, tmp_path, "v1"), [("run", (2,))])
+
+    def change(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for r in records:
+            if r["k"] == "import":
+                r["fn"] = "get-random-bytes"
+                break
+        return records
+
+    rewrite(trace, tampered, change)
+    debugger = Debugger(tampered)
+    debugger.start()
+    lines, done = debugger.command("continue")
+    assert not done
+    assert any("NondeterminismError" in line and "get-random-bytes" in line for line in lines)
+    debugger.command("quit")
+
+
+def test_debugger_quit_mid_replay_stops_the_guest(
+    wat: Callable[[str], bytes], tmp_path: Path
+) -> None:
+    """Quitting while the guest is paused inside an import ends the replay thread."""
+    from mighty.trace import Debugger
+
+    trace = tmp_path / "t.bin"
+    record(trace, random_sum(wat, tmp_path, "v1"), [("run", (50,))])
+    debugger = Debugger(trace)
+    debugger.start()
+    debugger.command("step")
+    debugger.command("quit")
+    assert not debugger._thread.is_alive()
