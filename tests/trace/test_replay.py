@@ -315,3 +315,18 @@ def test_debugger_quit_mid_replay_stops_the_guest(
     debugger.command("step")
     debugger.command("quit")
     assert not debugger._thread.is_alive()
+
+
+@pytest.mark.slow
+def test_hello_example_records_and_replays_from_the_cli(hello_wasm: Path, tmp_path: Path) -> None:
+    """The README's example records and replays byte-identically through `mty`."""
+    runner = CliRunner()
+    trace = tmp_path / "hello.bin"
+    called = runner.invoke(
+        main, ["call", str(hello_wasm), "word-stats", '"a b a"', "--record", str(trace)]
+    )
+    assert called.exit_code == 0, called.output
+    first = runner.invoke(main, ["replay", str(trace), "--json"])
+    second = runner.invoke(main, ["replay", str(trace), "--json"])
+    assert first.exit_code == second.exit_code == 0
+    assert json.loads(first.stdout)["digest"] == json.loads(second.stdout)["digest"]

@@ -1,0 +1,91 @@
+"""Recording and replay costs on an import-heavy guest, against the same run unrecorded.
+
+Run: .venv/bin/python benchmarks/bench_trace.py [--json]
+
+The probe guest prints 300 lines and reads the clocks and random bytes 300 times per call
+(about 2700 imports). Reported: recording overhead (recorded / plain, target <= 1.10), replay
+time against recording time, and trace bytes per import.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from _common import ROOT, median, report, samples
+
+from mighty import Component, Instance
+from mighty.build import build_component
+from mighty.trace import Recorder, replay_trace
+
+LINES = 300
+CHURN = 300
+
+
+def work(instance: Instance) -> None:
+    instance.call("spam", "hello mighty", LINES)
+    instance.call("churn", CHURN)
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp())
+    out = tmp / "probe.wasm"
+    build_component(ROOT / "guests" / "testing" / "probe" / "probe.py", output=out)
+    component = Component.load(out)
+
+    plain = Instance(component)
+    plain_t = median(samples(lambda: work(plain), repeat=15, warmup=2))
+
+    traces: list[Path] = []
+    recorder = Recorder(tmp / "warm.bin")
+    recorded = Instance(component, record=recorder)
+    work(recorded)
+    imports_before = recorded.context.calls
+    work(recorded)
+    imports = recorded.context.calls - imports_before
+    recorded_t = median(samples(lambda: work(recorded), repeat=15, warmup=2))
+    recorded.close()
+    recorder.close()
+
+    one = tmp / "one.bin"
+    with Recorder(one) as single, Instance(component, record=single) as instance:
+        work(instance)
+    traces.append(one)
+    size = one.stat().st_size
+    replay_t = median(samples(lambda: replay_trace(one), repeat=7, warmup=1))
+    record_once = median(samples(lambda: _record_once(component, tmp), repeat=7, warmup=1))
+    report(
+        [
+            {
+                "name": "recording overhead: recorded / plain",
+                "ratio": round(recorded_t / plain_t, 2),
+                "recorded_ms": round(recorded_t * 1e3, 2),
+                "plain_ms": round(plain_t * 1e3, 2),
+                "imports": imports,
+                "extra_us_per_import": round((recorded_t - plain_t) / imports * 1e6, 2),
+                "target": "<= 1.10",
+            },
+            {
+                "name": "replay / record (whole run incl. instantiate)",
+                "ratio": round(replay_t / record_once, 2),
+                "replay_ms": round(replay_t * 1e3, 2),
+                "record_ms": round(record_once * 1e3, 2),
+            },
+            {
+                "name": "trace bytes per import",
+                "bytes_per_import": round(size / imports, 1),
+                "trace_bytes": size,
+            },
+        ]
+    )
+
+
+def _record_once(component: Component, tmp: Path) -> None:
+    path = tmp / "again.bin"
+    path.unlink(missing_ok=True)
+    with Recorder(path) as recorder, Instance(component, record=recorder) as instance:
+        work(instance)
+
+
+if __name__ == "__main__":
+    main()
