@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty.abi import Err, Ok, Variant
-from mighty.gate import _gate
+from mighty.gate import GuestExitRequest
 from mighty.wasi import _cli
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import OutputPolicy, Policy
@@ -35,14 +35,14 @@ def test_default_policy_shows_nothing() -> None:
 @pytest.mark.parametrize(("status", "code"), [(Ok(None), 0), (Err(None), 1)])
 def test_exit_requests_exit(status: object, code: int) -> None:
     """exit(ok) exits 0 and exit(err) exits 1, through the gate's exit request."""
-    with pytest.raises(_gate._GuestExit) as info:
+    with pytest.raises(GuestExitRequest) as info:
         call(make_ctx(), "wasi:cli/exit", "exit", status)
     assert info.value.code == code
 
 
 def test_exit_with_code() -> None:
     """exit-with-code exits with the given status."""
-    with pytest.raises(_gate._GuestExit) as info:
+    with pytest.raises(GuestExitRequest) as info:
         call(make_ctx(), "wasi:cli/exit", "exit-with-code", 42)
     assert info.value.code == 42
 
