@@ -528,7 +528,10 @@ class Gate:
         self._linkers: dict[tuple[str, ...], wc.Linker] = {}
         self._bindings: dict[str, dict[str, Binding]] = {}
         self._resources: dict[str, dict[str, ResourceKind]] = {}
+        self._type_only: set[str] = set()
         for provider in self.providers:
+            # Interfaces that only define types (WIT records, variants) still get imported.
+            self._type_only.update(getattr(provider, "type_interfaces", ()))
             for kind in provider.resources():
                 self._resources.setdefault(kind.interface, {})[kind.name] = kind
                 _KINDS[kind.type_id] = kind
@@ -537,7 +540,7 @@ class Gate:
 
     def interfaces(self) -> frozenset[str]:
         """Every interface some provider implements (unversioned)."""
-        return frozenset(self._bindings) | frozenset(self._resources)
+        return frozenset(self._bindings) | frozenset(self._resources) | frozenset(self._type_only)
 
     def missing(self, imports: Iterable[str]) -> list[str]:
         """The imports of a component that no provider implements."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,12 +67,14 @@ class Instance:
         gate: Gate | None = None,
         hooks: Sequence[CallHook] = (),
         record: Recorder | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> None:
         """Instantiate ``component`` under ``budget`` (instantiation runs guest code too).
 
         Every import is served by ``gate`` (default: mighty's Python WASI) under ``policy``
         (default: nothing granted). ``hooks`` wrap every import call (telemetry, replay).
         With ``record``, every import and export call of this instance goes into that trace.
+        ``state`` seeds the gate context's provider state (e.g. which agent this instance is).
         """
         self.component = component
         self.budget = budget or Budget()
@@ -89,7 +91,9 @@ class Instance:
             self._recording.fuel_limit = self.budget.fuel
             hooks = (self._recording, *hooks)
         self._meter = Meter(self.budget)
-        self._ctx = self._gate.context(self._meter.store, hooks, state={"wasi.policy": self.policy})
+        self._ctx = self._gate.context(
+            self._meter.store, hooks, state={**(state or {}), "wasi.policy": self.policy}
+        )
         self._closed = False
 
         def instantiate() -> wc.Instance:
