@@ -1,3 +1,45 @@
-"""mighty.sandbox: code mode (untrusted Python in a fresh wasm interpreter per run)."""
+"""mighty.sandbox: code mode (untrusted Python in a fresh wasm interpreter per run).
 
-__all__: list[str] = []
+```python
+from mighty.sandbox import Limits, Sandbox
+
+def add(a: int, b: int) -> int:
+    '''Add two numbers.'''
+    return a + b
+
+with Sandbox(tools=[add], limits=Limits(timeout=2.0)) as sandbox:
+    result = sandbox.run("total = add(1, 2)\\ntotal * 10")
+    assert result.ok and result.value == 30
+```
+
+See docs/sandbox.md for limits, error kinds, tools and the threat model.
+"""
+
+from mighty.budget import CancelScope
+from mighty.sandbox._api import (
+    ERROR_KINDS,
+    Limits,
+    RunError,
+    RunResult,
+    RunUsage,
+    Sandbox,
+    Session,
+)
+from mighty.sandbox._interpreter import interpreter_component
+from mighty.sandbox._tools import Tool
+from mighty.wasi import DirGrant, MemoryDir
+
+__all__ = [
+    "ERROR_KINDS",
+    "CancelScope",
+    "DirGrant",
+    "Limits",
+    "MemoryDir",
+    "RunError",
+    "RunResult",
+    "RunUsage",
+    "Sandbox",
+    "Session",
+    "Tool",
+    "interpreter_component",
+]

@@ -1,5 +1,11 @@
 """The `mty` command line."""
 
 from mighty.cli._main import main, parse_size
+from mighty.cli._mcp import sandbox_group
+from mighty.cli._sandbox import exec_command
+
+# Commands living in their own modules join the group here, once `main` exists.
+main.add_command(exec_command, "exec")
+main.add_command(sandbox_group, "sandbox")
 
 __all__ = ["main", "parse_size"]

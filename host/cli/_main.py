@@ -491,7 +491,3 @@ def _echo_guest_output(instance: Instance) -> None:
     sys.stdout.flush()
     sys.stderr.buffer.write(instance.stderr.getvalue())
     sys.stderr.flush()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

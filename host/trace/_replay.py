@@ -30,6 +30,7 @@ from mighty.budget import Budget
 from mighty.engine import Component
 from mighty.gate import (
     Binding,
+    Gate,
     GuestContext,
     GuestViolation,
     ResourceKind,
@@ -367,7 +368,7 @@ def replay_trace(
         while steps and steps[0]["k"] == "import":
             replayer.expected.append(steps.popleft())
         budget = Budget(**head["budget"])
-        live = Instance(component, budget=budget, hooks=[replayer])
+        live = Instance(component, budget=budget, hooks=[replayer], gate=_replay_gate(component))
         live.context.replaying = True
         try:
             _replay_calls(live, replayer, steps, report)
@@ -376,6 +377,55 @@ def replay_trace(
         total.update(replayer.digest.digest())
         reports.append(report)
     return ReplayReport(Path(path), total.hexdigest(), reports, trace.truncated)
+
+
+def _unanswerable(ctx: GuestContext, *args: Any) -> Any:
+    raise HostError("an import outside the trace reached its stand-in host function")
+
+
+class _StandIns:
+    """Stand-in functions for imports no provider implements (``mighty:sandbox/tools``, ...):
+    the replayer answers every import from the trace, so they only have to exist to link."""
+
+    name = "replay.stand-ins"
+
+    def __init__(self, component: Component, missing: Sequence[str]) -> None:
+        from wasmtime import component as wc
+
+        from mighty.engine import get_engine
+        from mighty.gate import unversioned
+
+        engine = get_engine()
+        imports = component.wasm.type.imports(engine)
+        self._bindings: list[Binding] = []
+        for name in missing:
+            item = imports[name].ty if hasattr(imports[name], "ty") else imports[name]
+            if not isinstance(item, wc.ComponentInstanceType):
+                continue
+            for func, extern in item.exports(engine).items():
+                ty = extern.ty if hasattr(extern, "ty") else extern
+                if isinstance(ty, wc.FuncType):
+                    self._bindings.append(Binding(unversioned(name), func, _unanswerable))
+
+    def resources(self) -> list[ResourceKind]:
+        return []
+
+    def bindings(self) -> list[Binding]:
+        return self._bindings
+
+    def setup(self, ctx: GuestContext) -> None:
+        pass
+
+
+def _replay_gate(component: Component) -> Gate | None:
+    """The default gate, plus stand-ins for whatever else the component imports."""
+    from mighty.instance import default_gate
+
+    base = default_gate()
+    missing = base.missing(component.imports)
+    if not missing:
+        return None
+    return Gate([*base.providers, _StandIns(component, missing)])
 
 
 def _replay_calls(

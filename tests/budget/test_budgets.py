@@ -201,3 +201,22 @@ def test_threads_run_guests_in_parallel(budget_wasm: bytes) -> None:
     for thread in threads:
         thread.join()
     assert results == {n: 200_000 + n for n in range(4)}
+
+
+def test_budget_pause_moves_the_deadline(guest: Instance) -> None:
+    """Time spent inside ``ctx.state["budget.pause"]()`` is not charged to the call's deadline."""
+    from mighty.budget import Meter
+    from mighty.gate import Gate
+
+    meter = Meter(Budget(timeout=0.2))
+    ctx = Gate([]).context(meter.store)
+
+    def work() -> str:
+        with ctx.state["budget.pause"]():
+            time.sleep(0.3)
+        ctx.state["wasi.io.interrupt"]()  # raises if the deadline had passed
+        return "done"
+
+    result, usage = meter.run(work, Budget(timeout=0.2), ctx=ctx)
+    assert result == "done"
+    assert usage.wall_time >= 0.3

@@ -159,7 +159,8 @@ def test_cut_trace_never_crashes_replay(
         report = replay_trace(cut_path)
     except MightyError:
         return
-    assert report.truncated or int(len(data) * cut) == len(data)
+    # Either the reader saw the cut, or the cut fell between two frames (a shorter valid trace).
+    assert report.truncated or read_trace(cut_path).readable_bytes == int(len(data) * cut)
 
 
 def test_two_instances_and_agent_selection(wat: Callable[[str], bytes], tmp_path: Path) -> None:

@@ -1,0 +1,5 @@
+"""`python -m mighty.cli` is `mty`."""
+
+from mighty.cli import main
+
+main()

@@ -1,0 +1,88 @@
+"""`mty sandbox serve`: code mode as an MCP server on stdio.
+
+Stdout is the MCP channel, so this command writes nothing there itself: messages and errors go
+to stderr, and setup runs with file descriptor 1 pointed at stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from mighty._errors import MightyError
+
+__all__ = ["sandbox_group"]
+
+_EXIT_USAGE = 2
+
+
+class _Bytes(click.ParamType):  # type: ignore[type-arg] # generic only in newer stubs
+    name = "BYTES"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from mighty.cli._main import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+def _fail(message: str, cause: BaseException | None = None) -> NoReturn:
+    if cause is not None and os.environ.get("MTY_DEBUG") == "1":
+        raise cause
+    click.echo(f"mty: error: {message}", err=True)
+    sys.exit(_EXIT_USAGE)
+
+
+@click.group("sandbox")
+def sandbox_group() -> None:
+    """Code mode: run untrusted Python in a fresh WebAssembly sandbox."""
+
+
+@sandbox_group.command("serve")
+@click.option(
+    "--tools",
+    "tools_spec",
+    metavar="MODULE:ATTR",
+    help="A list or dict of host callables the code may call (imported; trusted).",
+)
+@click.option("--fuel", type=click.IntRange(min=1), help="Fuel per call (default: the sandbox's).")
+@click.option("--memory", type=_Bytes(), help="Linear memory ceiling per call, e.g. 256MiB.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Wall-clock seconds per call (default: the sandbox's).",
+)
+def serve(
+    tools_spec: str | None, fuel: int | None, memory: int | None, timeout: float | None
+) -> None:
+    """Serve the MCP tool `run_python` on stdio; each call runs in a fresh sandbox."""
+    try:
+        from mighty.sandbox import _mcp
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
+            raise
+        _fail(f"the MCP SDK is not installed ({exc}); pip install 'mighty-host[mcp]'", exc)
+
+    try:
+        with _mcp.stdout_to_stderr():
+            server = _mcp.build_sandbox_server(
+                tools=_mcp.load_tools(tools_spec) if tools_spec else None,
+                fuel=fuel,
+                memory=memory,
+                timeout=timeout,
+                progress=lambda message: click.echo(f"mty: {message}", err=True),
+            )
+    except MightyError as exc:
+        _fail(exc.message, exc)
+    click.echo(f"mty: serving MCP tool {_mcp.RUN_PYTHON!r} on stdio", err=True)
+    try:
+        _mcp.serve_stdio(server)
+    except KeyboardInterrupt:
+        sys.exit(130)

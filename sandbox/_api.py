@@ -1,0 +1,696 @@
+"""Code mode: run untrusted Python in a fresh wasm interpreter per run.
+
+``Sandbox.run`` takes an instance of the interpreter component that has never run anything,
+calls its ``run`` export once under the run's budget, and closes it: nothing a run does (globals,
+modules it patched, files it wrote in memory, a crash) can be seen by the next one. Instantiating
+costs a few milliseconds (the interpreter's memory image is copied), so each sandbox keeps
+``prewarm`` spare instances made ahead of time on a background thread; a run takes a spare and
+the thread makes the next. A ``Session`` is the explicit opposite: one instance whose globals
+persist across runs, for REPL use.
+
+How each way a run can end is reported (``RunResult.error.kind``):
+- the guest's own report: ``exception`` (an uncaught exception, ``SystemExit`` included),
+  ``tool_error`` (an uncaught ``ToolError``), ``out_of_memory`` (an uncaught ``MemoryError``) and
+  ``output_limit`` (a result over the limit). User code runs in the same interpreter as the code
+  that reports, so any other kind the guest claims is treated as ``exception``, and the host
+  re-checks the value's size and JSON itself;
+- the budget's typed errors: ``out_of_fuel``, ``out_of_memory``, ``deadline_exceeded``,
+  ``cancelled``;
+- a host function that stopped the guest on purpose (``StopRun``): ``output_limit`` (the output
+  sink, as soon as the limit is passed, so a print flood ends at once rather than at its
+  deadline), ``tool_limit``, ``not_allowed``;
+- anything else that ends the interpreter (``os._exit``, a stack overflow, a crash) is
+  ``exception`` with a message saying so.
+
+Rejected: checking the output limit after the run (a flood would run to its deadline), and one
+instance reset between runs (CPython state cannot be reset reliably from inside).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from mighty._errors import (
+    BadInput,
+    Cancelled,
+    DeadlineExceeded,
+    GuestError,
+    GuestExit,
+    GuestTrap,
+    OutOfFuel,
+    OutOfMemory,
+)
+from mighty.budget import Budget, CancelScope, Usage
+from mighty.engine import Component
+from mighty.gate import Gate
+from mighty.instance import Instance
+from mighty.sandbox._interpreter import Progress, interpreter_component
+from mighty.sandbox._tools import Tool, ToolHost, ToolsProvider, describe_tools, tools_from
+from mighty.trace import Recorder
+from mighty.wasi import DirGrant, MemoryDir, OutputPolicy, Policy, WasiProvider
+
+__all__ = [
+    "ERROR_KINDS",
+    "Limits",
+    "RunError",
+    "RunResult",
+    "RunUsage",
+    "Sandbox",
+    "Session",
+]
+
+ERROR_KINDS = frozenset(
+    {
+        "exception",
+        "out_of_fuel",
+        "out_of_memory",
+        "deadline_exceeded",
+        "cancelled",
+        "output_limit",
+        "tool_error",
+        "tool_limit",
+        "not_allowed",
+    }
+)
+_GUEST_REPORTED = frozenset({"exception", "tool_error", "out_of_memory", "output_limit"})
+_MIN_MEMORY = 32 << 20
+_INSTANTIATE = Budget(fuel=2_000_000_000, timeout=30.0)
+"""Instantiating runs the interpreter's start-up, not user code: its own fuel and time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one run may use. Frozen; ``replace`` returns a changed copy.
+
+    - ``fuel``: wasm fuel (10**10 is about 1 s of pure-Python work in the interpreter);
+    - ``memory``: bytes of linear memory, the interpreter included (it needs about 16 MiB);
+    - ``timeout``: wall-clock seconds for the run, not counting time spent inside tools;
+    - ``output``: bytes of stdout and stderr together, and of the result's JSON;
+    - ``tool_calls``: tool calls per run;
+    - ``tool_timeout``: seconds one tool call may take (a ``Tool`` may override it).
+    """
+
+    fuel: int = 10_000_000_000
+    memory: int = 128 << 20
+    timeout: float = 5.0
+    output: int = 1 << 20
+    tool_calls: int = 100
+    tool_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("fuel", "memory", "output", "tool_calls"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
+        for name in ("timeout", "tool_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"Limits.{name} must be a number, got {type(value).__name__}")
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"Limits.{name} must be a positive number of seconds")
+        if self.fuel <= 0:
+            raise ValueError(f"Limits.fuel must be positive, got {self.fuel}")
+        if self.memory < _MIN_MEMORY:
+            raise ValueError(
+                f"Limits.memory must be at least {_MIN_MEMORY} bytes (the interpreter alone "
+                f"needs about 16 MiB), got {self.memory}"
+            )
+        if self.output < 0 or self.tool_calls < 0:
+            raise ValueError("Limits.output and Limits.tool_calls must be >= 0")
+
+    def replace(self, **changes: Any) -> Limits:
+        """A copy with the given fields changed (validated like the original)."""
+        return replace(self, **changes)
+
+    def budget(self) -> Budget:
+        return Budget(fuel=self.fuel, memory=self.memory, timeout=self.timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class RunError:
+    """Why a run failed: ``kind`` (one of :data:`ERROR_KINDS`), a message, and for exceptions
+    the traceback of the user's own frames."""
+
+    kind: str
+    message: str
+    traceback: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "message": self.message, "traceback": self.traceback}
+
+
+@dataclass(frozen=True, slots=True)
+class RunUsage:
+    """What a run used. ``wall_time`` includes ``tool_time`` (which the deadline does not)."""
+
+    fuel: int = 0
+    memory_peak: int = 0
+    wall_time: float = 0.0
+    tool_calls: int = 0
+    tool_time: float = 0.0
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "fuel": self.fuel,
+            "memory_peak": self.memory_peak,
+            "wall_ms": round(self.wall_time * 1000, 3),
+            "tool_calls": self.tool_calls,
+            "tool_ms": round(self.tool_time * 1000, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """How a run ended. ``value`` is JSON-compatible data (``None`` on failure)."""
+
+    ok: bool
+    value: Any = None
+    stdout: str = ""
+    stderr: str = ""
+    error: RunError | None = None
+    usage: RunUsage = field(default_factory=RunUsage)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object ``mty exec --json`` prints."""
+        return {
+            "ok": self.ok,
+            "value": self.value,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "error": None if self.error is None else self.error.to_json(),
+            "usage": self.usage.to_json(),
+        }
+
+
+# -- one instance ---------------------------------------------------------------------------
+
+
+class _Output:
+    """The run's stdout and stderr, kept up to the output limit; passing it ends the run."""
+
+    def __init__(self, limit: int, host: ToolHost) -> None:
+        self.limit = limit
+        self.host = host
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.total = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Output:
+        # A trace describes the policy with dataclasses.asdict, which deep-copies the sinks.
+        return self
+
+    def reset(self) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.total = 0
+
+    def _write(self, into: bytearray, chunk: bytes) -> None:
+        room = self.limit - self.total
+        if room > 0:
+            into += chunk[:room]
+        self.total += len(chunk)
+        if self.total > self.limit:
+            raise self.host.stop(
+                "output_limit",
+                f"the code wrote more than {self.limit} bytes to stdout and stderr",
+            )
+
+    def to_stdout(self, chunk: bytes) -> None:
+        self._write(self.stdout, chunk)
+
+    def to_stderr(self, chunk: bytes) -> None:
+        self._write(self.stderr, chunk)
+
+
+_GATE: Gate | None = None
+_GATE_LOCK = threading.Lock()
+
+
+def _gate() -> Gate:
+    # One gate for every sandbox of the process: the tools provider keeps no state of its own
+    # (each instance's tools are in its context), so one linker serves them all.
+    global _GATE  # noqa: PLW0603
+    with _GATE_LOCK:
+        if _GATE is None:
+            _GATE = Gate([WasiProvider(), ToolsProvider()])
+        return _GATE
+
+
+@dataclass(frozen=True)
+class _Config:
+    component: Component
+    limits: Limits
+    tools: Mapping[str, Tool]
+    files: tuple[DirGrant | MemoryDir, ...]
+    background_loop: Callable[[], asyncio.AbstractEventLoop]
+
+
+class _Live:
+    """One interpreter instance with its tool host and output capture."""
+
+    def __init__(self, config: _Config, recorder: Recorder | None = None) -> None:
+        limits = config.limits
+        self.limits = limits
+        self.host = ToolHost(
+            config.tools,
+            max_calls=limits.tool_calls,
+            timeout=limits.tool_timeout,
+            background_loop=config.background_loop,
+        )
+        self.output = _Output(limits.output, self.host)
+        policy = Policy(
+            stdout=OutputPolicy(cap=limits.output, sink=self.output.to_stdout),
+            stderr=OutputPolicy(cap=limits.output, sink=self.output.to_stderr),
+            dirs=config.files,
+        )
+        self.instance = Instance(
+            config.component,
+            budget=_INSTANTIATE.replace(memory=limits.memory),
+            policy=policy,
+            gate=_gate(),
+            record=recorder,
+        )
+        self.instance.context.state["sandbox.tools"] = self.host
+
+    @property
+    def dead(self) -> bool:
+        return self.instance._poisoned is not None
+
+    def close(self) -> None:
+        self.instance.close()
+
+    def execute(
+        self,
+        code: str,
+        payload: bytes,
+        cancel: CancelScope | None,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> RunResult:
+        scope = cancel
+        self.host.begin(
+            (lambda: scope.cancel_called) if scope is not None else (lambda: False), loop
+        )
+        self.output.reset()
+        limits = self.limits
+        try:
+            outcome, usage = self.instance.call_with_usage(
+                "run", code, payload, budget=limits.budget(), cancel=cancel
+            )
+        except GuestError as exc:
+            kind, message = self._failure(exc)
+            return self._result(False, None, RunError(kind, message), exc.usage)
+        if not outcome["ok"]:
+            kind = str(outcome["error-kind"])
+            error = RunError(
+                kind if kind in _GUEST_REPORTED else "exception",
+                str(outcome["message"]),
+                str(outcome["traceback"]),
+            )
+            return self._result(False, None, error, usage)
+        data = bytes(outcome["value"])
+        if len(data) > limits.output:
+            error = RunError(
+                "output_limit",
+                f"the result is {len(data)} bytes of JSON, over the {limits.output}-byte limit",
+            )
+            return self._result(False, None, error, usage)
+        try:
+            value = json.loads(data, parse_constant=_not_json)
+        except (ValueError, RecursionError) as exc:
+            error = RunError("exception", f"TypeError: the result is not JSON data: {exc}")
+            return self._result(False, None, error, usage)
+        return self._result(True, value, None, usage)
+
+    def _failure(self, exc: GuestError) -> tuple[str, str]:
+        stopped = self.host.stopped
+        if stopped is not None:
+            return stopped.kind, stopped.message
+        if isinstance(exc, OutOfFuel):
+            return "out_of_fuel", f"the code used all of its {exc.fuel_limit} fuel"
+        if isinstance(exc, OutOfMemory):
+            return "out_of_memory", (
+                f"the code tried to use {exc.requested} bytes of memory; the limit is {exc.limit}"
+            )
+        if isinstance(exc, DeadlineExceeded):
+            return "deadline_exceeded", f"the code ran past its {exc.timeout:g} s timeout"
+        if isinstance(exc, Cancelled):
+            return "cancelled", f"the run was cancelled: {exc.reason}"
+        if isinstance(exc, GuestExit):
+            return "exception", (
+                f"the code ended the interpreter (os._exit or abort; exit status {exc.code})"
+            )
+        if isinstance(exc, GuestTrap) and exc.trap_code == "stack_overflow":
+            return "exception", "RecursionError: the interpreter's stack overflowed"
+        first = exc.message.splitlines()[0] if exc.message else type(exc).__name__
+        return "exception", f"the interpreter crashed: {first}"
+
+    def _result(
+        self, ok: bool, value: Any, error: RunError | None, usage: Usage | None
+    ) -> RunResult:
+        run_usage = RunUsage(
+            fuel=usage.fuel if usage is not None else 0,
+            memory_peak=usage.memory_peak if usage is not None else 0,
+            wall_time=usage.wall_time if usage is not None else 0.0,
+            tool_calls=min(self.host.calls, self.limits.tool_calls),
+            tool_time=self.host.tool_time,
+        )
+        return RunResult(
+            ok=ok,
+            value=value,
+            stdout=bytes(self.output.stdout).decode("utf-8", "replace"),
+            stderr=bytes(self.output.stderr).decode("utf-8", "replace"),
+            error=error,
+            usage=run_usage,
+        )
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON data")
+
+
+def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: int) -> bytes:
+    names = dict(inputs or {})
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise BadInput(f"input names must be Python identifiers, got {name!r}")
+    try:
+        return json.dumps(
+            {"globals": names, "keep": keep, "max-value": max_value},
+            allow_nan=False,
+            separators=(",", ":"),
+        ).encode()
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"inputs must be JSON-compatible data: {exc}") from None
+
+
+# -- spares ---------------------------------------------------------------------------------
+
+
+class _Spares:
+    """Instances made ahead of time on a background thread, so a run does not wait for one."""
+
+    def __init__(self, config: _Config, count: int) -> None:
+        self._config = config
+        self._count = count
+        self._ready: deque[_Live] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._failed = False
+        self._thread: threading.Thread | None = None
+
+    def take(self) -> _Live | None:
+        if self._count <= 0:
+            return None
+        with self._cond:
+            live = self._ready.popleft() if self._ready else None
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._fill, name="mighty-sandbox-spares", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        return live
+
+    def _fill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self._count:
+                    self._cond.wait()
+                if self._closed or self._failed:
+                    return
+            try:
+                live = _Live(self._config)
+            except Exception:  # noqa: BLE001 - a run makes its own and reports the failure
+                with self._cond:
+                    self._failed = True
+                return
+            with self._cond:
+                if self._closed:
+                    live.close()
+                    return
+                self._ready.append(live)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            ready = list(self._ready)
+            self._ready.clear()
+            self._cond.notify_all()
+        for live in ready:
+            live.close()
+
+
+class _LoopThread:
+    """An event loop on its own thread, for async tools called from a synchronous run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=loop.run_forever, name="mighty-sandbox-tools-loop", daemon=True
+                )
+                self._thread.start()
+                self._loop = loop
+            return self._loop
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            loop.close()
+
+
+# -- the public API -------------------------------------------------------------------------
+
+
+class Sandbox:
+    """Runs untrusted Python code, each run in a fresh interpreter instance.
+
+    ``tools``: callables (or :class:`Tool`) the code may call, as a list or a name->callable
+    dict. ``limits``: per run (safe defaults). ``files``: directories to grant
+    (``DirGrant``, ``MemoryDir``; none by default). ``network``: must be ``None`` (no network).
+    ``prewarm``: spare instances made ahead of time (0 to make each on demand). ``progress``
+    receives status lines while the interpreter is built on first use.
+
+    Thread-safe: several threads may run code at once. Close it (or use ``with``) to free the
+    spare instances.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Callable[..., Any] | Tool]
+        | Mapping[str, Callable[..., Any] | Tool]
+        | None = None,
+        *,
+        limits: Limits | None = None,
+        files: Sequence[DirGrant | MemoryDir] = (),
+        network: None = None,
+        prewarm: int = 1,
+        progress: Progress | None = None,
+    ) -> None:
+        if network not in (None, False):
+            raise BadInput("mighty.sandbox grants no network access; pass network=None")
+        files = tuple(files)
+        for grant in files:
+            if not isinstance(grant, DirGrant | MemoryDir):
+                raise BadInput(f"files must be DirGrant or MemoryDir, got {type(grant).__name__}")
+        self.limits = limits or Limits()
+        self.tools = tools_from(tools)
+        self._loop = _LoopThread()
+        self._config = _Config(
+            component=interpreter_component(progress),
+            limits=self.limits,
+            tools=self.tools,
+            files=files,
+            background_loop=self._loop.get,
+        )
+        self._spares = _Spares(self._config, prewarm)
+        self._closed = False
+        weakref.finalize(self, _Spares.close, self._spares)
+        weakref.finalize(self, _LoopThread.close, self._loop)
+
+    def describe_tools(self) -> str:
+        """A typed Python stub of every tool (signatures and docstrings) for a model's prompt."""
+        return describe_tools(self.tools)
+
+    def run(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        cancel: CancelScope | None = None,
+        record: str | Path | None = None,
+    ) -> RunResult:
+        """Run ``code`` in a fresh interpreter; ``inputs`` become its global variables.
+
+        The value is the ``result`` variable if the code sets one, else the value of its last
+        expression. ``cancel`` stops the run from any thread. ``record`` writes a trace of the
+        run (replay it with ``mty replay``).
+        """
+        return self._run(code, inputs, cancel=cancel, record=record, loop=None)
+
+    async def run_async(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        cancel: CancelScope | None = None,
+        record: str | Path | None = None,
+    ) -> RunResult:
+        """``run`` for asyncio hosts: runs on a worker thread; async tools run on this loop.
+        Cancelling the awaiting task cancels the run."""
+        scope = cancel or CancelScope()
+        loop = asyncio.get_running_loop()
+        work = functools.partial(self._run, code, inputs, cancel=scope, record=record, loop=loop)
+        future = loop.run_in_executor(None, work)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            scope.cancel("the awaiting task was cancelled")
+            await asyncio.wait([future])
+            raise
+
+    def session(self) -> Session:
+        """A REPL-style session: one interpreter whose globals persist across runs."""
+        return Session(self)
+
+    def _run(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None,
+        *,
+        cancel: CancelScope | None,
+        record: str | Path | None,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> RunResult:
+        if self._closed:
+            raise ValueError("sandbox is closed")
+        if not isinstance(code, str):
+            raise BadInput(f"code must be a str, got {type(code).__name__}")
+        payload = _encode_inputs(inputs, keep=False, max_value=self.limits.output)
+        with self._instance(record) as live:
+            return live.execute(code, payload, cancel, loop)
+
+    @contextmanager
+    def _instance(self, record: str | Path | None) -> Iterator[_Live]:
+        recorder = Recorder(record) if record is not None else None
+        try:
+            live = None if recorder is not None else self._spares.take()
+            if live is None:
+                live = _Live(self._config, recorder)
+            try:
+                yield live
+            finally:
+                live.close()
+        finally:
+            if recorder is not None:
+                recorder.close()
+
+    def close(self) -> None:
+        """Free the spare instances and the tools' event loop. Idempotent."""
+        self._closed = True
+        self._spares.close()
+        self._loop.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Session:
+    """One interpreter whose globals persist from run to run (explicitly not isolated).
+
+    A run that ends the interpreter (any kind but ``exception`` and ``tool_error``) loses the
+    state: the next run starts in a fresh interpreter, and ``restarts`` counts how often.
+    """
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._live: _Live | None = None
+        self._lock = threading.Lock()
+        self.restarts = 0
+
+    def run(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        cancel: CancelScope | None = None,
+    ) -> RunResult:
+        """Run ``code`` in the session's globals (``inputs`` are added to them)."""
+        if not isinstance(code, str):
+            raise BadInput(f"code must be a str, got {type(code).__name__}")
+        payload = _encode_inputs(inputs, keep=True, max_value=self._sandbox.limits.output)
+        with self._lock:
+            if self._live is None:
+                self._live = _Live(self._sandbox._config)
+            live = self._live
+            result = live.execute(code, payload, cancel, None)
+            if live.dead:
+                live.close()
+                self._live = None
+                self.restarts += 1
+            return result
+
+    async def run_async(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        cancel: CancelScope | None = None,
+    ) -> RunResult:
+        """``run`` on a worker thread; cancelling the awaiting task cancels the run."""
+        scope = cancel or CancelScope()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, functools.partial(self.run, code, inputs, cancel=scope))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            scope.cancel("the awaiting task was cancelled")
+            await asyncio.wait([future])
+            raise
+
+    def reset(self) -> None:
+        """Forget every global the session's runs defined."""
+        with self._lock:
+            if self._live is not None:
+                try:
+                    self._live.instance.call("reset")
+                except GuestError:
+                    self._live.close()
+                    self._live = None
+
+    def close(self) -> None:
+        """Free the interpreter. Idempotent."""
+        with self._lock:
+            if self._live is not None:
+                self._live.close()
+                self._live = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

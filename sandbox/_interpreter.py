@@ -1,0 +1,66 @@
+"""The interpreter component: built from ``guests/interpreter`` on first use, then cached.
+
+The build goes through :func:`mighty.build.build_component` (content-hash cache: an unchanged
+interpreter is never rebuilt) and the compiled form through the engine's compiled cache. The
+component is published as ``<cache>/sandbox/interpreter-<sha256>.wasm`` so a trace names a file
+that keeps those exact bytes, whatever later builds do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from mighty._cachedir import cache_root
+from mighty.build import build_component
+from mighty.engine import Component
+
+__all__ = ["INTERPRETER_SOURCE", "INTERPRETER_WIT", "interpreter_component"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+INTERPRETER_SOURCE = _ROOT / "guests" / "interpreter" / "interpreter.py"
+INTERPRETER_WIT = _ROOT / "wit" / "sandbox"
+
+_lock = threading.Lock()
+_loaded: Component | None = None
+
+Progress = Callable[[str], None]
+
+
+def _default_progress(message: str) -> None:
+    if sys.stderr.isatty():
+        print(f"mighty.sandbox: {message}", file=sys.stderr, flush=True)
+
+
+def interpreter_component(progress: Progress | None = None) -> Component:
+    """The compiled interpreter, building and compiling it the first time (tens of seconds,
+    reported through ``progress``; default: to stderr when it is a terminal)."""
+    global _loaded  # noqa: PLW0603 - one compiled interpreter per process
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        report = progress or _default_progress
+        directory = cache_root() / "sandbox"
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=".interpreter.", suffix=".wasm", dir=directory)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            built = build_component(
+                INTERPRETER_SOURCE,
+                output=tmp,
+                wit=INTERPRETER_WIT,
+                world="interpreter",
+                progress=report,
+            )
+            final = directory / f"interpreter-{built.component_sha256}.wasm"
+            if not final.exists():
+                os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _loaded = Component.load(final, progress=report)
+        return _loaded

@@ -1,0 +1,1 @@
+"""Tests of `mty sandbox serve`, code mode's MCP server."""
