@@ -1,0 +1,241 @@
+"""The guest SDK: write a mighty agent as an ordinary Python class.
+
+    from mighty_agent import Agent, on, export, send, ask
+
+    class Counter(Agent):
+        count: int = 0                      # state fields: snapshot/restore and a schema hash
+
+        @on("incr")
+        def incr(self, body, sender):
+            self.count += body.get("by", 1)
+            return {"count": self.count}    # the reply (None: no reply)
+
+    WitWorld = export(Counter)
+
+Build it with `mty build counter.py --wit <mighty>/wit/agent -p <mighty>/guests/sdk -o counter.wasm`
+(`mty build` finds both by itself when the handler imports `mighty_agent`).
+
+Bodies are CBOR on the wire and plain Python data here (dict, list, str, int, float, bytes,
+bool, None). Errors from the host arrive as :class:`AgentError` subclasses (``NoProc``,
+``Timeout``, ...); an exception escaping a handler fails that message (the sender sees
+``failed``) and the agent keeps running unless its supervisor decides otherwise.
+"""
+
+import hashlib
+import json
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import host, types
+
+from mighty_agent import _cbor
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "BadSpawn",
+    "CircuitOpen",
+    "Cycle",
+    "Failed",
+    "MailboxFull",
+    "NoProc",
+    "Refused",
+    "Timeout",
+    "ask",
+    "emit",
+    "export",
+    "log",
+    "on",
+    "self_address",
+    "send",
+    "spawn",
+]
+
+
+class AgentError(Exception):
+    """A send, ask or spawn did not happen; ``str(e)`` says why."""
+
+
+class NoProc(AgentError):
+    """No live agent has that address."""
+
+
+class MailboxFull(AgentError):
+    """The target's mailbox is full."""
+
+
+class Refused(AgentError):
+    """The target does not accept that message."""
+
+
+class Failed(AgentError):
+    """The target's handler failed on the message."""
+
+
+class Timeout(AgentError):
+    """No reply came in time."""
+
+
+class Cycle(AgentError):
+    """The ask would wait on itself."""
+
+
+class CircuitOpen(AgentError):
+    """The target's circuit breaker is open."""
+
+
+class BadSpawn(AgentError):
+    """The agent type is unknown or could not start."""
+
+
+_ERRORS = {
+    types.AgentError_Noproc: NoProc,
+    types.AgentError_MailboxFull: MailboxFull,
+    types.AgentError_Refused: Refused,
+    types.AgentError_Failed: Failed,
+    types.AgentError_Timeout: Timeout,
+    types.AgentError_Cycle: Cycle,
+    types.AgentError_CircuitOpen: CircuitOpen,
+    types.AgentError_BadSpawn: BadSpawn,
+}
+
+
+def _raise(err):
+    value = err.value
+    cls = _ERRORS.get(type(value), AgentError)
+    raise cls(getattr(value, "value", "timed out")) from None
+
+
+def self_address():
+    """This agent's address, ``type:pid``."""
+    return host.self_address()
+
+
+def send(to, name, body=None):
+    """Put message ``name`` with ``body`` in ``to``'s mailbox."""
+    try:
+        host.send(to, types.Message(name, _cbor.dumps(body)))
+    except Err as err:
+        _raise(err)
+
+
+def ask(to, name, body=None, timeout=5.0):
+    """Send and wait for the reply body (at most ``timeout`` seconds)."""
+    try:
+        reply = host.ask(to, types.Message(name, _cbor.dumps(body)), int(timeout * 1000))
+    except Err as err:
+        _raise(err)
+    return _cbor.loads(reply.body) if reply.body else None
+
+
+def spawn(agent_type, init=None):
+    """Start an agent of a declared type; returns its address."""
+    try:
+        return host.spawn(agent_type, _cbor.dumps(init))
+    except Err as err:
+        _raise(err)
+
+
+def log(text, level="info"):
+    host.log(level, str(text))
+
+
+def emit(name, body=None):
+    """A structured event for the host's event stream."""
+    host.emit(name, _cbor.dumps(body))
+
+
+def on(name):
+    """Mark a method as the handler of message ``name``: ``method(self, body, sender)``."""
+
+    def mark(method):
+        method._mighty_message = name
+        return method
+
+    return mark
+
+
+class Agent:
+    """Base class for agents. Class-level annotated attributes are the agent's state."""
+
+    def setup(self, init):
+        """Called once with the spawn's init body (override to use it)."""
+
+
+def _state_fields(cls):
+    fields = {}
+    for klass in reversed(cls.__mro__):
+        for name, annotation in getattr(klass, "__annotations__", {}).items():
+            if not name.startswith("_"):
+                fields[name] = annotation if isinstance(annotation, str) else annotation.__name__
+    return fields
+
+
+def export(cls):
+    """Turn an Agent subclass into the ``WitWorld`` class componentize-py exports."""
+    handlers = {}
+    for klass in reversed(cls.__mro__):
+        for attr in vars(klass).values():
+            name = getattr(attr, "_mighty_message", None)
+            if name is not None:
+                handlers[name] = attr
+    fields = _state_fields(cls)
+    schema = json.dumps({"fields": fields}, sort_keys=True)
+    schema_hash = hashlib.sha256(schema.encode()).hexdigest()
+
+    holder = []
+
+    def the_agent():
+        # componentize-py makes a new WitWorld object for every export call, so the agent
+        # (and its state) lives here, once per instance.
+        if not holder:
+            agent = cls()
+            for field in fields:
+                if not hasattr(agent, field):
+                    setattr(agent, field, None)
+            holder.append(agent)
+        return holder[0]
+
+    class World(wit_world.WitWorld):
+        @property
+        def agent(self):
+            return the_agent()
+
+        def init(self, args):
+            try:
+                self.agent.setup(_cbor.loads(args) if args else None)
+            except Exception as exc:
+                raise Err(f"{type(exc).__name__}: {exc}") from None
+
+        def handle(self, sender, msg):
+            method = handlers.get(msg.name)
+            if method is None:
+                raise Err(f"refused: no handler for message {msg.name!r}")
+            try:
+                body = _cbor.loads(msg.body) if msg.body else None
+                reply = method(self.agent, body, sender)
+            except AgentError as exc:
+                raise Err(f"{type(exc).__name__}: {exc}") from None
+            except Exception as exc:
+                raise Err(f"{type(exc).__name__}: {exc}") from None
+            if reply is None:
+                return None
+            return types.Message("reply", _cbor.dumps(reply))
+
+        def snapshot(self):
+            return _cbor.dumps({field: getattr(self.agent, field) for field in fields})
+
+        def restore(self, state):
+            try:
+                data = _cbor.loads(state) if state else {}
+                for field in fields:
+                    if field in data:
+                        setattr(self.agent, field, data[field])
+            except Exception as exc:
+                raise Err(f"cannot restore state: {type(exc).__name__}: {exc}") from None
+
+        def state_schema(self):
+            return json.dumps({"hash": schema_hash, "fields": fields}, sort_keys=True)
+
+    World.__name__ = "WitWorld"
+    return World

@@ -1,0 +1,49 @@
+"""Agents: components as supervised actors with mailboxes that send and ask one another."""
+
+from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
+from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._types import (
+    AgentCrashed,
+    AgentError,
+    AgentEvent,
+    AgentType,
+    AskCycle,
+    AskTimeout,
+    BadSpawn,
+    CircuitOpenError,
+    Envelope,
+    HandlerFailed,
+    MailboxFullError,
+    MailboxSettings,
+    NoProc,
+    Refused,
+)
+
+__all__ = [
+    "AgentCrashed",
+    "AgentError",
+    "AgentEvent",
+    "AgentProcess",
+    "AgentStats",
+    "AgentType",
+    "AskCycle",
+    "AskTimeout",
+    "BadSpawn",
+    "CircuitOpenError",
+    "Envelope",
+    "HandlerFailed",
+    "Mailbox",
+    "MailboxClosed",
+    "MailboxEmpty",
+    "MailboxFull",
+    "MailboxFullError",
+    "MailboxSettings",
+    "NoProc",
+    "Refused",
+    "Runtime",
+    "Scheduler",
+    "WorkerStats",
+    "decode_body",
+    "encode_body",
+]

@@ -1,0 +1,290 @@
+"""The mailbox of one agent: a bounded, thread-safe FIFO of envelopes.
+
+One queue per agent, so messages leave in the order they arrived. That gives Erlang's guarantee
+(order is kept per sender) and a little more: the order is kept across senders too. Everything
+accepted is delivered exactly once by ``get`` unless ``drain`` takes it, and ``drain`` returns it.
+
+What happens when the mailbox is full is a policy chosen at construction:
+``"block"`` waits for space up to a timeout and then raises ``MailboxFull``; ``"drop"`` refuses the
+envelope, counts it, and returns False; ``"fail"`` raises ``MailboxFull`` at once.
+
+``pause`` holds consumers back while a hot swap replaces the agent's code; producers keep
+sending (within capacity), so nothing sent during the swap is lost.
+
+The mailbox errors are ``HostError``: the guest did nothing wrong when its mailbox fills up or
+closes; the host could not deliver or fetch.
+
+Rejected designs: ``queue.Queue`` (no close, no pause, no drain that leaves the waiting threads
+in a defined state); one lock plus polling (busy waiting, and timeouts that depend on the poll
+interval).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, Literal, TypeVar
+
+from mighty._errors import BadInput, HostError
+
+__all__ = [
+    "Mailbox",
+    "MailboxClosed",
+    "MailboxEmpty",
+    "MailboxError",
+    "MailboxFull",
+    "OnFull",
+]
+
+T = TypeVar("T")
+
+OnFull = Literal["block", "drop", "fail"]
+"""What ``Mailbox.put`` does when the mailbox is full."""
+
+_POLICIES: tuple[OnFull, ...] = ("block", "drop", "fail")
+
+
+class MailboxError(HostError):
+    """A mailbox could not take or give an envelope."""
+
+    kind = "mailbox_error"
+
+
+class MailboxFull(MailboxError):
+    """The mailbox is at capacity and its policy refused the envelope."""
+
+    kind = "mailbox_full"
+
+    def __init__(self, message: str, *, capacity: int) -> None:
+        super().__init__(message)
+        self.capacity = capacity
+
+
+class MailboxEmpty(MailboxError):
+    """Nothing arrived (or the mailbox stayed paused) before the timeout."""
+
+    kind = "mailbox_empty"
+
+
+class MailboxClosed(MailboxError):
+    """The mailbox is closed: it takes nothing, and has nothing left to give."""
+
+    kind = "mailbox_closed"
+
+
+class Mailbox(Generic[T]):
+    """A bounded FIFO of envelopes for one agent; every method may be called from any thread.
+
+    ``clock`` measures how much of a timeout is left after a wake-up that did not help (another
+    producer took the space first); the wait itself is ``threading.Condition.wait``, so each wait
+    is bounded by real time even with a clock that does not move.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        on_full: OnFull = "block",
+        block_timeout: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity < 1:
+            raise BadInput(f"a mailbox needs a capacity of at least 1, not {capacity}")
+        if on_full not in _POLICIES:
+            raise BadInput(f"on_full must be one of {', '.join(_POLICIES)}, not {on_full!r}")
+        if block_timeout < 0:
+            raise BadInput(f"block_timeout must be >= 0, not {block_timeout}")
+        self._capacity = capacity
+        self._on_full: OnFull = on_full
+        self._block_timeout = block_timeout
+        self._clock = clock
+        self._items: deque[T] = deque()
+        self._lock = threading.Lock()
+        # Two conditions on one lock: producers wait for space, consumers for items, and each
+        # side wakes only the other.
+        self._not_full = threading.Condition(self._lock)
+        self._not_empty = threading.Condition(self._lock)
+        self._closed = False
+        self._paused = False
+        self._high_water = 0
+        self._accepted = 0
+        self._dropped = 0
+        self._rejected = 0
+
+    # -- producers ------------------------------------------------------------------------
+
+    def put(self, item: T, *, timeout: float | None = None) -> bool:
+        """Append ``item``; True when accepted, False when the ``"drop"`` policy dropped it.
+
+        ``timeout`` applies to the ``"block"`` policy only (default: ``block_timeout``).
+        Raises ``MailboxFull`` (``"block"`` after the timeout, ``"fail"`` at once) and
+        ``MailboxClosed``.
+        """
+        with self._lock:
+            self._check_open()
+            if len(self._items) >= self._capacity:
+                if self._on_full == "drop":
+                    self._dropped += 1
+                    return False
+                if self._on_full == "fail":
+                    self._rejected += 1
+                    raise MailboxFull(
+                        f"mailbox is full (capacity {self._capacity})", capacity=self._capacity
+                    )
+                self._wait_for_space(self._block_timeout if timeout is None else timeout)
+            self._items.append(item)
+            self._accepted += 1
+            self._high_water = max(self._high_water, len(self._items))
+            self._not_empty.notify()
+            return True
+
+    def _wait_for_space(self, timeout: float) -> None:
+        """Wait (lock held) until there is room; raise on timeout or close."""
+        deadline = self._clock() + timeout
+        while len(self._items) >= self._capacity:
+            remaining = deadline - self._clock()
+            if remaining <= 0 or not self._not_full.wait(remaining):
+                # A notify can land on a waiter that is timing out; taking the space here
+                # keeps that wake-up from being lost.
+                self._check_open()
+                if len(self._items) < self._capacity:
+                    break
+                self._rejected += 1
+                raise MailboxFull(
+                    f"mailbox stayed full (capacity {self._capacity}) for {timeout}s",
+                    capacity=self._capacity,
+                )
+            self._check_open()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MailboxClosed("mailbox is closed")
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> T:
+        """Take the oldest envelope, waiting up to ``timeout`` seconds (None: until one comes).
+
+        Raises ``MailboxEmpty`` on timeout and ``MailboxClosed`` once the mailbox is closed and
+        empty. A paused mailbox gives nothing until resumed, unless it is closed: closing ends
+        the pause so consumers can drain and stop.
+        """
+        with self._lock:
+            deadline = None if timeout is None else self._clock() + timeout
+            while not self._ready():
+                if self._closed:
+                    raise MailboxClosed("mailbox is closed")
+                if deadline is None:
+                    self._not_empty.wait()
+                    continue
+                remaining = deadline - self._clock()
+                if remaining <= 0 or not self._not_empty.wait(remaining):
+                    # One last look: the wake-up and the timeout may have crossed.
+                    if self._ready():
+                        break
+                    if self._closed:
+                        raise MailboxClosed("mailbox is closed")
+                    state = "paused" if self._paused else "empty"
+                    raise MailboxEmpty(f"mailbox stayed {state} for {timeout}s")
+            item = self._items.popleft()
+            self._not_full.notify()
+            return item
+
+    def get_nowait(self) -> T:
+        """Take the oldest envelope now, or raise ``MailboxEmpty`` / ``MailboxClosed``."""
+        return self.get(timeout=0)
+
+    def _ready(self) -> bool:
+        """An envelope can be handed out now (lock held)."""
+        return bool(self._items) and (self._closed or not self._paused)
+
+    def drain(self) -> list[T]:
+        """Take every envelope at once, oldest first, paused or closed (shutdown, hot swap)."""
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self._not_full.notify_all()
+            return items
+
+    # -- control --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse further puts; consumers drain what is left, then get ``MailboxClosed``.
+
+        Idempotent. Producers waiting for space raise ``MailboxClosed``.
+        """
+        with self._lock:
+            self._closed = True
+            self._not_full.notify_all()
+            self._not_empty.notify_all()
+
+    def pause(self) -> None:
+        """Hold consumers back; puts are still accepted up to capacity."""
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Let consumers take envelopes again."""
+        with self._lock:
+            self._paused = False
+            self._not_empty.notify_all()
+
+    # -- state ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return (
+                f"Mailbox(len={len(self._items)}, capacity={self._capacity}, "
+                f"on_full={self._on_full!r}, closed={self._closed}, paused={self._paused})"
+            )
+
+    @property
+    def capacity(self) -> int:
+        """The most envelopes the mailbox holds at once."""
+        return self._capacity
+
+    @property
+    def on_full(self) -> OnFull:
+        """The policy applied when a put finds the mailbox full."""
+        return self._on_full
+
+    @property
+    def closed(self) -> bool:
+        """``close`` was called."""
+        with self._lock:
+            return self._closed
+
+    @property
+    def paused(self) -> bool:
+        """Consumers are held back (``pause`` without a ``resume`` yet)."""
+        with self._lock:
+            return self._paused
+
+    @property
+    def high_water(self) -> int:
+        """The greatest length the mailbox has reached."""
+        with self._lock:
+            return self._high_water
+
+    @property
+    def accepted(self) -> int:
+        """Puts that were accepted."""
+        with self._lock:
+            return self._accepted
+
+    @property
+    def dropped(self) -> int:
+        """Puts the ``"drop"`` policy refused."""
+        with self._lock:
+            return self._dropped
+
+    @property
+    def rejected(self) -> int:
+        """Puts that raised ``MailboxFull`` (``"block"`` timeouts and ``"fail"``)."""
+        with self._lock:
+            return self._rejected

@@ -1,0 +1,611 @@
+"""The embedded agent runtime: spawn, send, ask; mailboxes; worker threads; crashes.
+
+Each agent is one component instance in its own store, with its own budget and mailbox, served
+by the gate (WASI under the type's policy, plus ``mighty:agent/host``). Agents talk only by
+messages. An agent runs on one worker at a time; a message is handled by calling the guest's
+``handle`` export under the type's per-message budget.
+
+What a message can do to its agent:
+- the handler returns a reply (or none): the agent goes on;
+- the handler returns an error: the sender gets ``HandlerFailed``; the agent goes on;
+- the guest traps or exhausts a budget: the agent has crashed. The sender gets
+  ``AgentCrashed``; a ``budget.exhausted`` event is emitted when a budget ran out. A supervised
+  agent is revived by its supervisor (a fresh instance, ``init`` again, the same address and
+  the same mailbox, so nothing queued is lost); an unsupervised one is dead: queued asks fail
+  with ``NoProc``, queued sends are counted as dropped and reported in an event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+from pydantic import ValidationError
+
+from mighty._errors import BudgetExceeded, GuestError, HostError, MightyError
+from mighty.abi import Err, Ok, Variant
+from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._types import (
+    AgentCrashed,
+    AgentError,
+    AgentEvent,
+    AgentType,
+    AskCycle,
+    AskTimeout,
+    BadSpawn,
+    CircuitOpenError,
+    Envelope,
+    HandlerFailed,
+    MailboxFullError,
+    NoProc,
+    Refused,
+)
+from mighty.gate import Binding, Gate, GuestContext, ResourceKind
+from mighty.instance import Instance
+from mighty.wasi import WasiProvider
+
+__all__ = ["AgentProcess", "AgentStats", "Runtime"]
+
+_BATCH = 16
+_INTERFACE = "mighty:agent/host"
+_EVENTS_KEPT = 10_000
+HOST = "host"
+
+
+def encode_body(body: Any) -> bytes:
+    """A message body as CBOR (None is the empty body)."""
+    return b"" if body is None else cbor2.dumps(body)
+
+
+def decode_body(data: bytes | None) -> Any:
+    return None if not data else cbor2.loads(data)
+
+
+@dataclass
+class AgentStats:
+    """Counters of one agent."""
+
+    handled: int = 0
+    failed: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    fuel: int = 0
+    dropped: int = 0
+
+
+@dataclass(eq=False)
+class AgentProcess:
+    """One live agent: its instance, mailbox and counters."""
+
+    runtime: Runtime
+    address: str
+    type: AgentType
+    init: bytes
+    mailbox: Mailbox[Envelope]
+    name: str | None = None
+    instance: Instance | None = None
+    alive: bool = False
+    stats: AgentStats = field(default_factory=AgentStats)
+    on_exit: Callable[[AgentProcess, bool, str], None] | None = None
+    current: Envelope | None = None
+    _scheduled: bool = False
+    _state: threading.Lock = field(default_factory=threading.Lock)
+    _run: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- life ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Instantiate the component and run ``init``; BadSpawn if either fails."""
+        try:
+            instance = Instance(
+                self.type.component,
+                budget=self.type.budget,
+                policy=self.type.policy,
+                gate=self.runtime.gate,
+                record=self.runtime.recorder,
+                state={"agent.process": self},
+            )
+        except MightyError as exc:
+            raise BadSpawn(f"cannot start {self.address}: {exc}") from exc
+        try:
+            outcome = instance.call("init", self.init)
+        except MightyError as exc:
+            instance.close()
+            raise BadSpawn(f"{self.address} failed in init: {exc}") from exc
+        if isinstance(outcome, Err):
+            instance.close()
+            raise BadSpawn(f"{self.address} refused its init: {outcome.value}")
+        self.instance = instance
+        self.alive = True
+        self.mailbox.resume()
+        self._wake()
+
+    def stop(self) -> None:
+        """Stop the agent (idempotent): no more messages are taken; pending asks fail."""
+        with self._run:
+            self.alive = False
+            instance, self.instance = self.instance, None
+            if instance is not None:
+                instance.close()
+
+    def _wake(self) -> None:
+        with self._state:
+            if self._scheduled or not self.alive or not len(self.mailbox):
+                return
+            self._scheduled = True
+        self.runtime.scheduler.schedule(self)
+
+    def deliver(self, envelope: Envelope, timeout: float | None = None) -> None:
+        """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full)."""
+        try:
+            accepted = self.mailbox.put(envelope, timeout=timeout)
+        except MailboxFull as exc:
+            raise MailboxFullError(f"{self.address}: {exc}") from None
+        except MailboxClosed:
+            raise NoProc(f"{self.address} is not running") from None
+        if not accepted:
+            self.stats.dropped += 1
+            self.runtime.emit("message.dropped", self.address, {"message": envelope.name})
+            if envelope.reply is not None:
+                envelope.reply.set_exception(MailboxFullError(f"{self.address}: dropped"))
+            return
+        self._wake()
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run_batch(self) -> bool:
+        with self._run:
+            for _ in range(_BATCH):
+                if not self.alive:
+                    break
+                try:
+                    envelope = self.mailbox.get_nowait()
+                except (MailboxEmpty, MailboxClosed):
+                    break
+                self._handle(envelope)
+        with self._state:
+            more = self.alive and len(self.mailbox) > 0
+            if not more:
+                self._scheduled = False
+            return more
+
+    def _handle(self, envelope: Envelope) -> None:
+        refusal = self._check_protocol(envelope)
+        if refusal is not None:
+            self.stats.failed += 1
+            _settle(envelope, error=refusal)
+            return
+        instance = self.instance
+        assert instance is not None
+        self.current = envelope
+        try:
+            outcome = instance.call(
+                "handle", envelope.sender, {"name": envelope.name, "body": envelope.body}
+            )
+        except (GuestError, HostError) as exc:
+            self._crashed(envelope, exc)
+            return
+        finally:
+            self.current = None
+        if instance.last_usage is not None:
+            self.stats.fuel += instance.last_usage.fuel
+        if isinstance(outcome, Ok):
+            self.stats.handled += 1
+            reply = outcome.value
+            _settle(envelope, value=None if reply is None else bytes(reply["body"]))
+        else:
+            self.stats.failed += 1
+            text = str(outcome.value if isinstance(outcome, Err) else outcome)
+            error: AgentError = (
+                Refused(f"{self.address}: {text[len('refused: ') :]}")
+                if text.startswith("refused: ")
+                else HandlerFailed(f"{self.address} failed on {envelope.name!r}: {text}")
+            )
+            _settle(envelope, error=error)
+        limit = self.type.lifetime_fuel
+        if limit is not None and self.stats.fuel > limit:
+            self.runtime.emit(
+                "budget.exhausted", self.address, {"reason": "lifetime_fuel", "limit": limit}
+            )
+            self._crashed(None, HostError(f"{self.address} used its lifetime fuel of {limit}"))
+
+    def _check_protocol(self, envelope: Envelope) -> AgentError | None:
+        accepts = self.type.accepts
+        if accepts is None:
+            return None
+        if envelope.name not in accepts:
+            names = ", ".join(sorted(accepts)) or "nothing"
+            return Refused(
+                f"{self.address} does not accept {envelope.name!r} (it accepts: {names})"
+            )
+        model = accepts[envelope.name]
+        if model is None:
+            return None
+        try:
+            model.model_validate(decode_body(envelope.body))
+        except (ValidationError, ValueError, cbor2.CBORDecodeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return Refused(f"{self.address}: invalid {envelope.name!r} body: {first}")
+        return None
+
+    def _crashed(self, envelope: Envelope | None, exc: MightyError) -> None:
+        self.stats.crashes += 1
+        reason = f"{exc.kind}: {exc.message}"
+        if isinstance(exc, BudgetExceeded):
+            self.runtime.emit("budget.exhausted", self.address, {"reason": exc.kind})
+        self.runtime.emit("agent.crashed", self.address, {"reason": reason})
+        if envelope is not None:
+            _settle(envelope, error=AgentCrashed(f"{self.address} crashed: {reason}"))
+        self.alive = False
+        instance, self.instance = self.instance, None
+        if instance is not None:
+            instance.close()
+        if self.on_exit is not None:
+            self.on_exit(self, True, reason)
+        else:
+            self.runtime._bury(self, reason)
+
+    def revive(self) -> None:
+        """Start again after a crash: a fresh instance, ``init`` again, the same mailbox."""
+        self.stats.restarts += 1
+        self.start()
+        self.runtime.emit("agent.restarted", self.address, {"restarts": self.stats.restarts})
+
+
+def _settle(
+    envelope: Envelope, *, value: bytes | None = None, error: Exception | None = None
+) -> None:
+    future = envelope.reply
+    if future is None or future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+class Runtime:
+    """Agents in this process: registry, scheduler, send/ask, events.
+
+    Use as a context manager, or call :meth:`shutdown`.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int | None = None,
+        recorder: Any = None,
+        on_event: Callable[[AgentEvent], None] | None = None,
+    ) -> None:
+        self.scheduler = Scheduler(workers or os.cpu_count() or 1)
+        self.recorder = recorder
+        self.gate = Gate([WasiProvider(), AgentHostProvider(self)])
+        self._types: dict[str, AgentType] = {}
+        self._agents: dict[str, AgentProcess] = {}
+        self._names: dict[str, str] = {}
+        self._pids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._breakers: dict[str, Any] = {}
+        self.events: deque[AgentEvent] = deque(maxlen=_EVENTS_KEPT)
+        self._on_event = on_event
+
+    # -- types and processes ---------------------------------------------------------------
+
+    def register(self, agent_type: AgentType) -> None:
+        with self._lock:
+            self._types[agent_type.name] = agent_type
+
+    def agent_type(self, name: str) -> AgentType:
+        try:
+            return self._types[name]
+        except KeyError:
+            known = ", ".join(sorted(self._types)) or "none"
+            raise BadSpawn(f"unknown agent type {name!r} (registered: {known})") from None
+
+    def spawn(self, type_name: str, init: Any = None, *, name: str | None = None) -> str:
+        """Start an agent; returns its address ``type:pid``. ``name`` registers it too."""
+        return self.spawn_process(type_name, encode_body(init), name=name).address
+
+    def spawn_process(
+        self, type_name: str, init: bytes, *, name: str | None = None
+    ) -> AgentProcess:
+        agent_type = self.agent_type(type_name)
+        address = f"{type_name}:{next(self._pids)}"
+        settings = agent_type.mailbox
+        process = AgentProcess(
+            self,
+            address,
+            agent_type,
+            init,
+            Mailbox(settings.capacity, settings.on_full, settings.block_timeout),
+            name=name,
+        )
+        with self._lock:
+            if name is not None and name in self._names:
+                raise BadSpawn(f"the name {name!r} is already registered")
+            self._agents[address] = process
+            if name is not None:
+                self._names[name] = address
+        try:
+            process.start()
+        except BaseException:
+            self._forget(process)
+            raise
+        return process
+
+    def whereis(self, name: str) -> str | None:
+        """The address registered under ``name``, if any."""
+        with self._lock:
+            return self._names.get(name)
+
+    def process(self, address: str) -> AgentProcess:
+        with self._lock:
+            target = self._names.get(address, address)
+            process = self._agents.get(target)
+        if process is None or (not process.alive and process.on_exit is None):
+            raise NoProc(f"no agent at {address!r}")
+        return process
+
+    def agents(self) -> list[AgentProcess]:
+        with self._lock:
+            return list(self._agents.values())
+
+    def _forget(self, process: AgentProcess) -> None:
+        with self._lock:
+            self._agents.pop(process.address, None)
+            if process.name is not None and self._names.get(process.name) == process.address:
+                del self._names[process.name]
+
+    def _bury(self, process: AgentProcess, reason: str) -> None:
+        self._forget(process)
+        process.mailbox.close()
+        dropped = 0
+        for envelope in process.mailbox.drain():
+            if envelope.reply is not None:
+                _settle(envelope, error=NoProc(f"{process.address} crashed: {reason}"))
+            else:
+                dropped += 1
+        if dropped:
+            self.emit("message.dropped", process.address, {"count": dropped, "reason": reason})
+
+    def stop(self, address: str) -> None:
+        """Stop one agent; queued asks fail with NoProc."""
+        process = self.process(address)
+        process.stop()
+        self._bury(process, "stopped")
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def set_breaker(self, address: str, breaker: Any) -> None:
+        """Sends to ``address`` consult ``breaker`` (see supervisors' circuit breakers)."""
+        with self._lock:
+            self._breakers[address] = breaker
+
+    def _check_breaker(self, address: str) -> Any:
+        breaker = self._breakers.get(address)
+        if breaker is not None and not breaker.allow():
+            raise CircuitOpenError(f"{address}: circuit open")
+        return breaker
+
+    def send(
+        self,
+        to: str,
+        name: str,
+        body: Any = None,
+        *,
+        sender: str = HOST,
+        timeout: float | None = None,
+    ) -> None:
+        """Put a message in ``to``'s mailbox; returns when it is accepted."""
+        process = self.process(to)
+        self._check_breaker(process.address)
+        process.deliver(Envelope(sender, name, encode_body(body)), timeout)
+
+    def ask(
+        self, to: str, name: str, body: Any = None, *, timeout: float = 5.0, sender: str = HOST
+    ) -> Any:
+        """Send and wait for the reply body (decoded)."""
+        return decode_body(
+            self.ask_raw(to, name, encode_body(body), timeout=timeout, sender=sender)
+        )
+
+    def ask_future(
+        self, to: str, name: str, body: Any = None, *, sender: str = HOST
+    ) -> Future[bytes | None]:
+        """Send an ask and return at once; the future holds the raw reply body."""
+        process = self.process(to)
+        self._check_breaker(process.address)
+        future: Future[bytes | None] = Future()
+        process.deliver(Envelope(sender, name, encode_body(body), future))
+        return future
+
+    def ask_raw(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        *,
+        timeout: float,
+        sender: str = HOST,
+        chain: tuple[str, ...] = (),
+        wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
+    ) -> bytes | None:
+        process = self.process(to)
+        if process.address in chain:
+            path = " -> ".join((*chain, process.address))
+            raise AskCycle(f"ask cycle: {path}")
+        breaker = self._check_breaker(process.address)
+        future: Future[bytes | None] = Future()
+        process.deliver(Envelope(sender, name, body, future, asker_chain=chain), timeout)
+        try:
+            result = wait(future, timeout) if wait is not None else future.result(timeout)
+        except FutureTimeout:
+            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s") from None
+        except (HandlerFailed, AgentCrashed):
+            if breaker is not None:
+                breaker.record_failure()
+            raise
+        if breaker is not None:
+            breaker.record_success()
+        return result
+
+    # -- events -----------------------------------------------------------------------------
+
+    def emit(self, kind: str, address: str, data: Mapping[str, Any]) -> None:
+        event = AgentEvent(kind, address, dict(data))
+        self.events.append(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def events_of(self, kind: str) -> Iterator[AgentEvent]:
+        return (e for e in list(self.events) if e.kind == kind)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def worker_stats(self) -> list[WorkerStats]:
+        return self.scheduler.stats()
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every mailbox is empty and no agent is running; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = [
+                p for p in self.agents() if p.alive and (len(p.mailbox) or p.current is not None)
+            ]
+            if not busy:
+                return True
+            time.sleep(0.005)
+        return False
+
+    def shutdown(self, *, drain: bool = True, timeout: float = 10.0) -> None:
+        """Drain (optionally), stop every agent in reverse start order, stop the workers."""
+        if drain:
+            self.drain(timeout)
+        for process in reversed(self.agents()):
+            process.stop()
+            self._bury(process, "shutdown")
+        self.scheduler.stop()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+# -- the mighty:agent/host interface -------------------------------------------------------
+
+
+def _process(ctx: GuestContext) -> AgentProcess:
+    process = ctx.state.get("agent.process")
+    if not isinstance(process, AgentProcess):
+        raise HostError("mighty:agent/host called by an instance that is not an agent")
+    return process
+
+
+def _agent_error(exc: AgentError) -> Err:
+    if isinstance(exc, AskTimeout):
+        return Err(Variant("timeout"))
+    return Err(Variant(exc.code, exc.message))
+
+
+class AgentHostProvider:
+    """The host side of ``mighty:agent/host``, bound to one runtime."""
+
+    name = "agent"
+    type_interfaces = ("mighty:agent/types",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def resources(self) -> list[ResourceKind]:
+        return []
+
+    def setup(self, ctx: GuestContext) -> None:
+        return None
+
+    def bindings(self) -> list[Binding]:
+        runtime = self.runtime
+
+        def self_address(ctx: GuestContext) -> str:
+            return _process(ctx).address
+
+        def send_raw(ctx: GuestContext, to: str, msg: dict[str, Any]) -> Any:
+            process = _process(ctx)
+            try:
+                target = runtime.process(to)
+                runtime._check_breaker(target.address)
+                target.deliver(Envelope(process.address, msg["name"], bytes(msg["body"])))
+            except AgentError as exc:
+                return _agent_error(exc)
+            return Ok(None)
+
+        def ask(ctx: GuestContext, to: str, msg: dict[str, Any], timeout_ms: int) -> Any:
+            process = _process(ctx)
+            current = process.current
+            chain = (*(current.asker_chain if current is not None else ()), process.address)
+            interrupt = ctx.state.get("wasi.io.interrupt")
+
+            def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
+                # Wait in slices so the asking agent's own deadline and cancellation apply.
+                deadline = time.monotonic() + timeout
+                with runtime.scheduler.blocking():
+                    while True:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise FutureTimeout
+                        try:
+                            return future.result(min(left, 0.05))
+                        except FutureTimeout:
+                            if callable(interrupt):
+                                interrupt()
+
+            try:
+                reply = runtime.ask_raw(
+                    to,
+                    msg["name"],
+                    bytes(msg["body"]),
+                    timeout=timeout_ms / 1000,
+                    sender=process.address,
+                    chain=chain,
+                    wait=wait,
+                )
+            except AgentError as exc:
+                return _agent_error(exc)
+            return Ok({"name": "reply", "body": reply or b""})
+
+        def spawn(ctx: GuestContext, agent_type: str, init: bytes) -> Any:
+            _process(ctx)
+            try:
+                return Ok(runtime.spawn_process(agent_type, bytes(init)).address)
+            except AgentError as exc:
+                return _agent_error(exc)
+
+        def log(ctx: GuestContext, level: str, text: str) -> None:
+            runtime.emit("log", _process(ctx).address, {"level": level[:16], "text": text[:8192]})
+
+        def emit(ctx: GuestContext, name: str, body: bytes) -> None:
+            try:
+                data = decode_body(bytes(body))
+            except (ValueError, cbor2.CBORDecodeError):
+                data = bytes(body)
+            runtime.emit(f"agent.{name[:64]}", _process(ctx).address, {"body": data})
+
+        return [
+            Binding(_INTERFACE, "self-address", self_address),
+            Binding(_INTERFACE, "send", send_raw),
+            Binding(_INTERFACE, "ask", ask),
+            Binding(_INTERFACE, "spawn", spawn),
+            Binding(_INTERFACE, "log", log),
+            Binding(_INTERFACE, "emit", emit),
+        ]

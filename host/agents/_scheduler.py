@@ -1,0 +1,151 @@
+"""Worker threads that run agents: per-worker run queues, work stealing, and compensation.
+
+An agent is runnable when its mailbox has messages; it is placed on one worker's queue and runs
+on one worker at a time (a batch of messages, then back in line). An idle worker takes from its
+own queue first, then steals the oldest runnable agent from the busiest other queue. Wasm runs
+with the GIL released, so CPU-bound agents really run in parallel.
+
+A worker whose agent is blocked in an ``ask`` is not doing work: while it waits, the scheduler
+may start a compensating worker (up to ``max_workers``) so that the agent being asked can run
+even when every regular worker is waiting. Without this, N agents asking N others would
+deadlock N workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Runnable", "Scheduler", "WorkerStats"]
+
+
+class Runnable(Protocol):
+    def run_batch(self) -> bool:
+        """Process some messages; True if the agent has more to do right away."""
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker."""
+
+    name: str
+    batches: int = 0
+    steals: int = 0
+
+
+class Scheduler:
+    """A pool of worker threads running :class:`Runnable` agents."""
+
+    def __init__(self, workers: int, *, max_workers: int | None = None) -> None:
+        if workers < 1:
+            raise ValueError("a scheduler needs at least one worker")
+        self.workers = workers
+        self.max_workers = max_workers if max_workers is not None else workers * 8
+        self._lock = threading.Condition()
+        self._queues: list[deque[Runnable]] = []
+        self._stats: list[WorkerStats] = []
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._blocked = 0
+        self._stopping = False
+        self._next = 0
+        for _ in range(workers):
+            self._add_worker()
+
+    def _add_worker(self) -> None:
+        index = len(self._queues)
+        self._queues.append(deque())
+        self._stats.append(WorkerStats(f"worker-{index}"))
+        thread = threading.Thread(
+            target=self._work, args=(index,), name=f"mighty-worker-{index}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def schedule(self, agent: Runnable) -> None:
+        """Make ``agent`` runnable (callers ensure it is queued at most once)."""
+        with self._lock:
+            if self._stopping:
+                return
+            queue = self._queues[self._next % len(self._queues)]
+            self._next += 1
+            queue.append(agent)
+            self._maybe_compensate()
+            self._lock.notify()
+
+    def _maybe_compensate(self) -> None:
+        pending = sum(len(q) for q in self._queues)
+        if (
+            pending
+            and self._idle == 0
+            and self._blocked > 0
+            and len(self._threads) - self._blocked < self.workers
+            and len(self._threads) < self.max_workers
+        ):
+            self._add_worker()
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Mark the current worker as waiting (in an ask) for the duration of the block."""
+        with self._lock:
+            self._blocked += 1
+            self._maybe_compensate()
+            self._lock.notify_all()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._blocked -= 1
+
+    def _take(self, index: int) -> Runnable | None:
+        own = self._queues[index]
+        if own:
+            return own.popleft()
+        victim = max(range(len(self._queues)), key=lambda i: len(self._queues[i]))
+        if self._queues[victim]:
+            self._stats[index].steals += 1
+            return self._queues[victim].popleft()
+        return None
+
+    def _work(self, index: int) -> None:
+        while True:
+            with self._lock:
+                agent = self._take(index)
+                while agent is None:
+                    if self._stopping:
+                        return
+                    self._idle += 1
+                    self._lock.wait(timeout=0.5)
+                    self._idle -= 1
+                    agent = self._take(index)
+            self._stats[index].batches += 1
+            again = agent.run_batch()
+            if again:
+                with self._lock:
+                    self._queues[index].append(agent)
+
+    def stats(self) -> list[WorkerStats]:
+        with self._lock:
+            return [WorkerStats(s.name, s.batches, s.steals) for s in self._stats]
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop taking work; wait for workers to finish their current batch."""
+        with self._lock:
+            self._stopping = True
+            for queue in self._queues:
+                queue.clear()
+            self._lock.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
+
+Callback = Callable[[], None]

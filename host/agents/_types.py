@@ -1,0 +1,148 @@
+"""Agent types, envelopes, events and the errors senders see."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from mighty._errors import HostError
+from mighty.budget import Budget
+from mighty.engine import Component
+from mighty.wasi import Policy
+
+__all__ = [
+    "AgentCrashed",
+    "AgentError",
+    "AgentEvent",
+    "AgentType",
+    "AskCycle",
+    "AskTimeout",
+    "BadSpawn",
+    "CircuitOpenError",
+    "Envelope",
+    "HandlerFailed",
+    "MailboxFullError",
+    "MailboxSettings",
+    "NoProc",
+    "Refused",
+]
+
+
+class AgentError(HostError):
+    """A send, ask or spawn did not happen; ``code`` is the WIT ``agent-error`` case."""
+
+    kind = "agent_error"
+    code = "failed"
+
+
+class NoProc(AgentError):
+    """No live agent has that address."""
+
+    code = "noproc"
+
+
+class MailboxFullError(AgentError):
+    """The target's mailbox is full and its policy is to fail (or blocking timed out)."""
+
+    code = "mailbox-full"
+
+
+class Refused(AgentError):
+    """The target's protocol does not accept the message (unknown name or invalid body)."""
+
+    code = "refused"
+
+
+class HandlerFailed(AgentError):
+    """The handler returned an error for this message; the agent is still running."""
+
+    code = "failed"
+
+
+class AgentCrashed(AgentError):
+    """The agent crashed on this message (trap, budget); ``reason`` says how."""
+
+    code = "failed"
+
+
+class AskTimeout(AgentError):
+    """No reply within the timeout."""
+
+    code = "timeout"
+
+
+class AskCycle(AgentError):
+    """The ask would wait on itself (A asks B which asks A)."""
+
+    code = "cycle"
+
+
+class CircuitOpenError(AgentError):
+    """The target's supervisor has opened its circuit breaker; sends fail fast."""
+
+    code = "circuit-open"
+
+
+class BadSpawn(AgentError):
+    """The agent type is unknown or its init failed."""
+
+    code = "bad-spawn"
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxSettings:
+    """A mailbox's bound and what happens when it is full."""
+
+    capacity: int = 1024
+    on_full: Literal["block", "drop", "fail"] = "block"
+    block_timeout: float = 1.0
+
+
+@dataclass(frozen=True)
+class AgentType:
+    """A kind of agent: its component, protocol, budgets, mailbox and grants.
+
+    ``accepts`` maps message names to a pydantic model validating the decoded body (or None
+    for any body); when ``accepts`` is None the guest decides what it accepts.
+    ``budget`` applies to each message; ``lifetime_fuel`` caps the fuel of the agent's life.
+    """
+
+    name: str
+    component: Component
+    accepts: Mapping[str, type[BaseModel] | None] | None = None
+    budget: Budget = field(default_factory=Budget)
+    lifetime_fuel: int | None = None
+    mailbox: MailboxSettings = field(default_factory=MailboxSettings)
+    policy: Policy = field(default_factory=Policy)
+
+    def __post_init__(self) -> None:
+        if not self.name or ":" in self.name:
+            raise ValueError(f"agent type names are non-empty and have no ':', got {self.name!r}")
+
+
+@dataclass(eq=False)
+class Envelope:
+    """One message in a mailbox. ``reply`` is set for asks."""
+
+    sender: str
+    name: str
+    body: bytes
+    reply: Future[bytes | None] | None = None
+    sent_at: float = field(default_factory=time.monotonic)
+    asker_chain: tuple[str, ...] = ()
+    """The addresses waiting on this reply, innermost last (for cycle detection)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """Something that happened to an agent: ``kind`` e.g. ``budget.exhausted``, ``log``."""
+
+    kind: str
+    address: str
+    data: Mapping[str, Any]
+    time: float = field(default_factory=time.time)
