@@ -1,8 +1,19 @@
 """Agents: components as supervised actors with mailboxes that send and ask one another."""
 
+from mighty.agents._compose import broadcast, pipe
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
 from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._supervisor import (
+    ChildSpec,
+    CircuitBreaker,
+    CircuitOpen,
+    Supervisor,
+    SupervisorEvent,
+    SupervisorFailed,
+    SupervisorStartFailed,
+)
+from mighty.agents._tree import AgentChild, BreakerSettings, SupervisorSpec, start_tree
 from mighty.agents._types import (
     AgentCrashed,
     AgentError,
@@ -21,6 +32,7 @@ from mighty.agents._types import (
 )
 
 __all__ = [
+    "AgentChild",
     "AgentCrashed",
     "AgentError",
     "AgentEvent",
@@ -30,6 +42,10 @@ __all__ = [
     "AskCycle",
     "AskTimeout",
     "BadSpawn",
+    "BreakerSettings",
+    "ChildSpec",
+    "CircuitBreaker",
+    "CircuitOpen",
     "CircuitOpenError",
     "Envelope",
     "HandlerFailed",
@@ -43,7 +59,15 @@ __all__ = [
     "Refused",
     "Runtime",
     "Scheduler",
+    "Supervisor",
+    "SupervisorEvent",
+    "SupervisorFailed",
+    "SupervisorSpec",
+    "SupervisorStartFailed",
     "WorkerStats",
+    "broadcast",
     "decode_body",
     "encode_body",
+    "pipe",
+    "start_tree",
 ]

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from mighty._errors import BudgetExceeded, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok, Variant
+from mighty.budget import Budget
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._types import (
@@ -107,9 +108,11 @@ class AgentProcess:
     def start(self) -> None:
         """Instantiate the component and run ``init``; BadSpawn if either fails."""
         try:
+            # Instantiation and init run under the default budget; the type's budget is for
+            # each message (a tight per-message fuel must not make the agent unable to start).
             instance = Instance(
                 self.type.component,
-                budget=self.type.budget,
+                budget=Budget(memory=self.type.budget.memory),
                 policy=self.type.policy,
                 gate=self.runtime.gate,
                 record=self.runtime.recorder,
@@ -190,7 +193,10 @@ class AgentProcess:
         self.current = envelope
         try:
             outcome = instance.call(
-                "handle", envelope.sender, {"name": envelope.name, "body": envelope.body}
+                "handle",
+                envelope.sender,
+                {"name": envelope.name, "body": envelope.body},
+                budget=self.type.budget,
             )
         except (GuestError, HostError) as exc:
             self._crashed(envelope, exc)
@@ -317,7 +323,12 @@ class Runtime:
         return self.spawn_process(type_name, encode_body(init), name=name).address
 
     def spawn_process(
-        self, type_name: str, init: bytes, *, name: str | None = None
+        self,
+        type_name: str,
+        init: bytes,
+        *,
+        name: str | None = None,
+        on_exit: Callable[[AgentProcess, bool, str], None] | None = None,
     ) -> AgentProcess:
         agent_type = self.agent_type(type_name)
         address = f"{type_name}:{next(self._pids)}"
@@ -329,6 +340,7 @@ class Runtime:
             init,
             Mailbox(settings.capacity, settings.on_full, settings.block_timeout),
             name=name,
+            on_exit=on_exit,
         )
         with self._lock:
             if name is not None and name in self._names:

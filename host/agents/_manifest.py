@@ -1,0 +1,252 @@
+"""`mighty.toml`: agent types, the supervision tree and the messages to send at start.
+
+workers = 2
+
+[agents.kv]
+source = "kvstore.py"              # a handler, built with `mty build` (cached); or
+# component = "kvstore.wasm"       # a component built elsewhere
+fuel = 1_000_000_000               # per message
+memory = "128MiB"
+timeout = 5.0
+accepts = ["put", "get", "crash"]  # anything else is refused before the guest sees it
+dirs = ["data:/data:ro"]           # HOST:GUEST[:ro], HOST relative to this file
+mailbox = { capacity = 256, on_full = "block" }
+
+[supervisor]
+strategy = "one_for_one"
+intensity = 3
+period = 5.0
+children = [ { name = "kv", type = "kv", init = { seed = 1 } } ]
+
+[[start]]
+to = "kv"
+message = "put"
+body = { key = "a", value = 1 }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mighty._errors import BadInput
+from mighty.agents._tree import AgentChild, BreakerSettings, SupervisorSpec
+from mighty.agents._types import AgentType, MailboxSettings
+from mighty.budget import Budget
+from mighty.engine import Component
+from mighty.wasi import Policy
+
+__all__ = ["Manifest", "load_manifest"]
+
+_REPO = Path(__file__).resolve().parent.parent.parent
+_UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
+_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
+
+
+def _size(value: int | str) -> int:
+    if isinstance(value, int):
+        return value
+    text = value.strip().lower()
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(digits) :].strip()
+    if not digits.strip().isdigit() or unit not in _UNITS:
+        raise ValueError(f"{value!r} is not a size (examples: 67108864, 64MiB, 1G)")
+    return int(digits) * _UNITS[unit]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MailboxModel(_Model):
+    capacity: int = Field(1024, ge=1)
+    on_full: Literal["block", "drop", "fail"] = "block"
+    block_timeout: float = Field(1.0, gt=0)
+
+
+class AgentTypeModel(_Model):
+    source: str | None = None
+    component: str | None = None
+    fuel: int | None = Field(None, gt=0)
+    memory: int | str | None = None
+    timeout: float | None = Field(None, gt=0)
+    lifetime_fuel: int | None = Field(None, gt=0)
+    accepts: list[str] | None = None
+    dirs: list[str] = []
+    env: dict[str, str] = {}
+    mailbox: MailboxModel = MailboxModel()
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: int | str | None) -> int | str | None:
+        if value is not None:
+            _size(value)
+        return value
+
+
+class BreakerModel(_Model):
+    failure_threshold: int = Field(5, ge=1)
+    window: float = Field(10.0, gt=0)
+    cooldown: float = Field(5.0, gt=0)
+
+
+class ChildModel(_Model):
+    name: str
+    type: str | None = None
+    init: Any = None
+    restart: Literal["permanent", "transient", "temporary"] = "permanent"
+    supervisor: SupervisorModel | None = None
+
+
+class SupervisorModel(_Model):
+    name: str = "root"
+    strategy: Literal["one_for_one", "rest_for_one", "one_for_all"] = "one_for_one"
+    intensity: int = Field(3, ge=0)
+    period: float = Field(5.0, gt=0)
+    circuit_breaker: BreakerModel | None = None
+    children: list[ChildModel] = []
+
+
+class StartModel(_Model):
+    to: str
+    message: str
+    body: Any = None
+    ask: bool = True
+    timeout: float = Field(30.0, gt=0)
+
+
+class Manifest(_Model):
+    """A parsed, validated `mighty.toml`."""
+
+    workers: int | None = Field(None, ge=1)
+    agents: dict[str, AgentTypeModel]
+    supervisor: SupervisorModel = SupervisorModel()
+    start: list[StartModel] = []
+
+
+ChildModel.model_rebuild()
+
+
+def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
+    """Parse and validate a manifest; BadInput naming the problem otherwise."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"{path} is not valid TOML: {exc}") from None
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise BadInput(f"{path}: {problems}") from None
+    _check_tree(manifest, manifest.supervisor)
+    return manifest, path.resolve().parent
+
+
+def _check_tree(manifest: Manifest, node: SupervisorModel) -> None:
+    for child in node.children:
+        if child.supervisor is not None:
+            _check_tree(manifest, child.supervisor)
+        elif child.type is None:
+            raise BadInput(f"child {child.name!r} needs a type (or a nested supervisor)")
+        elif child.type not in manifest.agents:
+            known = ", ".join(sorted(manifest.agents))
+            raise BadInput(f"child {child.name!r} has unknown type {child.type!r} ({known})")
+
+
+def agent_types(
+    manifest: Manifest, base: Path, progress: Callable[[str], None] | None = None
+) -> list[AgentType]:
+    """Build or load every agent type's component and turn the settings into AgentTypes."""
+    from mighty.build import build_component
+
+    types: list[AgentType] = []
+    for name, spec in manifest.agents.items():
+        if (spec.source is None) == (spec.component is None):
+            raise BadInput(f"agent type {name!r} needs exactly one of source or component")
+        if spec.source is not None:
+            source = (base / spec.source).resolve()
+            out = base / ".mighty" / f"{name}.wasm"
+            out.parent.mkdir(exist_ok=True)
+            built = build_component(
+                source,
+                output=out,
+                wit=_REPO / "wit" / "agent",
+                python_path=[_REPO / "guests" / "sdk"],
+                progress=progress,
+            )
+            component = Component.load(built.path, progress=progress)
+        else:
+            component = Component.load(base / str(spec.component), progress=progress)
+        budget = Budget()
+        changes: dict[str, Any] = {}
+        if spec.fuel is not None:
+            changes["fuel"] = spec.fuel
+        if spec.memory is not None:
+            changes["memory"] = _size(spec.memory)
+        if spec.timeout is not None:
+            changes["timeout"] = spec.timeout
+        policy = Policy(env=tuple(spec.env.items()))
+        for grant in spec.dirs:
+            parts = grant.split(":")
+            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise BadInput(f"agent type {name!r}: dirs takes HOST:GUEST[:ro], got {grant!r}")
+            host = (base / parts[0]).resolve()
+            if not host.is_dir():
+                raise BadInput(f"agent type {name!r}: {host} is not a directory")
+            policy = policy.with_dir(host, parts[1], readonly=len(parts) == 3 and parts[2] == "ro")
+        types.append(
+            AgentType(
+                name,
+                component,
+                accepts=None if spec.accepts is None else dict.fromkeys(spec.accepts),
+                budget=budget.replace(**changes) if changes else budget,
+                lifetime_fuel=spec.lifetime_fuel,
+                mailbox=MailboxSettings(
+                    spec.mailbox.capacity, spec.mailbox.on_full, spec.mailbox.block_timeout
+                ),
+                policy=policy,
+            )
+        )
+    return types
+
+
+def supervisor_spec(node: SupervisorModel) -> SupervisorSpec:
+    """The runtime's SupervisorSpec for a manifest's supervisor section."""
+    children: list[AgentChild | SupervisorSpec] = []
+    for child in node.children:
+        if child.supervisor is not None:
+            nested = supervisor_spec(child.supervisor)
+            children.append(
+                SupervisorSpec(
+                    child.name,
+                    nested.children,
+                    nested.strategy,
+                    nested.intensity,
+                    nested.period,
+                    child.restart,
+                    nested.circuit_breaker,
+                )
+            )
+        else:
+            assert child.type is not None
+            children.append(AgentChild(child.name, child.type, child.init, child.restart))
+    breaker = node.circuit_breaker
+    return SupervisorSpec(
+        node.name,
+        children,
+        node.strategy,
+        node.intensity,
+        node.period,
+        circuit_breaker=None
+        if breaker is None
+        else BreakerSettings(breaker.failure_threshold, breaker.window, breaker.cooldown),
+    )

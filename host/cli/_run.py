@@ -1,0 +1,139 @@
+"""`mty run mighty.toml`: run an agent system until its start messages are done (or Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from mighty.cli._main import _errors, _progress
+
+__all__ = ["run_command"]
+
+
+@click.command("run")
+@click.argument("manifest", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--record",
+    "record",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[TRACE]",
+    help="Record every agent to TRACE.",
+)
+@click.option("--keep-running", is_flag=True, help="After the start messages, run until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def run_command(manifest: Path, record: str | None, keep_running: bool, as_json: bool) -> None:
+    """Run the agents, supervision tree and start messages of MANIFEST."""
+    from mighty.agents import AgentError, Runtime, start_tree
+    from mighty.agents._manifest import agent_types, load_manifest, supervisor_spec
+    from mighty.trace import Recorder
+
+    with _errors(as_json):
+        spec, base = load_manifest(manifest)
+        show = _progress(sys.stderr.isatty() and not as_json)
+        types = agent_types(spec, base, show)
+        recorder = Recorder(Path(record) if record else None) if record is not None else None
+        failures: list[str] = []
+        replies: list[dict[str, Any]] = []
+        stop = threading.Event()
+        runtime = Runtime(workers=spec.workers, recorder=recorder)
+        try:
+            for agent_type in types:
+                runtime.register(agent_type)
+            root = start_tree(
+                runtime, supervisor_spec(spec.supervisor), on_failed=lambda why: stop.set()
+            )
+            for item in spec.start:
+                try:
+                    if item.ask:
+                        reply = runtime.ask(item.to, item.message, item.body, timeout=item.timeout)
+                        replies.append({"to": item.to, "message": item.message, "reply": reply})
+                        if not as_json:
+                            click.echo(
+                                f"{item.to} <- {item.message}: {json.dumps(reply, default=repr)}"
+                            )
+                    else:
+                        runtime.send(item.to, item.message, item.body)
+                except AgentError as exc:
+                    failures.append(f"{item.to} <- {item.message}: {exc.message}")
+                    if not as_json:
+                        click.echo(f"{item.to} <- {item.message}: error: {exc.message}", err=True)
+            if keep_running:
+                _wait_for_interrupt(stop)
+            runtime.drain()
+        finally:
+            summary = _summary(runtime)
+            runtime.shutdown(drain=False)
+            if recorder is not None:
+                recorder.close()
+        failed = root.state == "failed" or bool(failures)
+        if as_json:
+            click.echo(
+                json.dumps(
+                    {"ok": not failed, "replies": replies, "failures": failures, **summary},
+                    default=repr,
+                )
+            )
+        else:
+            _print_summary(summary, root.state)
+        sys.exit(1 if failed else 0)
+
+
+def _wait_for_interrupt(stop: threading.Event) -> None:
+    def interrupted(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        click.echo("mty: running; Ctrl-C to stop", err=True)
+        while not stop.wait(0.2):
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _summary(runtime: Any) -> dict[str, Any]:
+    agents = [
+        {
+            "address": p.address,
+            "name": p.name,
+            "handled": p.stats.handled,
+            "failed": p.stats.failed,
+            "crashes": p.stats.crashes,
+            "restarts": p.stats.restarts,
+            "fuel": p.stats.fuel,
+            "mailbox_high_water": p.mailbox.high_water,
+        }
+        for p in runtime.agents()
+    ]
+    workers = [
+        {"name": w.name, "batches": w.batches, "steals": w.steals} for w in runtime.worker_stats()
+    ]
+    events: dict[str, int] = {}
+    for event in list(runtime.events):
+        events[event.kind] = events.get(event.kind, 0) + 1
+    return {"agents": agents, "workers": workers, "events": events}
+
+
+def _print_summary(summary: dict[str, Any], state: str) -> None:
+    click.echo(f"supervisor: {state}")
+    for agent in summary["agents"]:
+        name = f" ({agent['name']})" if agent["name"] else ""
+        click.echo(
+            f"  {agent['address']}{name}: handled {agent['handled']}, failed {agent['failed']}, "
+            f"crashes {agent['crashes']}, restarts {agent['restarts']}, fuel {agent['fuel']}"
+        )
+    for worker in summary["workers"]:
+        click.echo(f"  {worker['name']}: {worker['batches']} batches, {worker['steals']} steals")
+    if summary["events"]:
+        click.echo(
+            "  events: " + ", ".join(f"{k} x{v}" for k, v in sorted(summary["events"].items()))
+        )
