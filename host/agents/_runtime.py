@@ -33,7 +33,6 @@ from pydantic import ValidationError
 
 from mighty._errors import BudgetExceeded, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok, Variant
-from mighty.budget import Budget
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._types import (
@@ -51,6 +50,7 @@ from mighty.agents._types import (
     NoProc,
     Refused,
 )
+from mighty.budget import Budget
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind
 from mighty.instance import Instance
 from mighty.wasi import WasiProvider
