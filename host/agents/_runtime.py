@@ -166,7 +166,8 @@ class AgentProcess:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run_batch(self) -> bool:
+    def run_batch(self) -> tuple[int, bool]:
+        handled = 0
         with self._run:
             for _ in range(_BATCH):
                 if not self.alive:
@@ -176,11 +177,12 @@ class AgentProcess:
                 except (MailboxEmpty, MailboxClosed):
                     break
                 self._handle(envelope)
+                handled += 1
         with self._state:
             more = self.alive and len(self.mailbox) > 0
             if not more:
                 self._scheduled = False
-            return more
+            return handled, more
 
     def _handle(self, envelope: Envelope) -> None:
         refusal = self._check_protocol(envelope)

@@ -24,8 +24,8 @@ __all__ = ["Runnable", "Scheduler", "WorkerStats"]
 
 
 class Runnable(Protocol):
-    def run_batch(self) -> bool:
-        """Process some messages; True if the agent has more to do right away."""
+    def run_batch(self) -> tuple[int, bool]:
+        """Process some messages: (how many, whether the agent has more to do right away)."""
 
 
 @dataclass
@@ -34,6 +34,7 @@ class WorkerStats:
 
     name: str
     batches: int = 0
+    messages: int = 0
     steals: int = 0
 
 
@@ -122,15 +123,17 @@ class Scheduler:
                     self._lock.wait(timeout=0.5)
                     self._idle -= 1
                     agent = self._take(index)
-            self._stats[index].batches += 1
-            again = agent.run_batch()
+            handled, again = agent.run_batch()
+            stats = self._stats[index]
+            stats.batches += 1
+            stats.messages += handled
             if again:
                 with self._lock:
                     self._queues[index].append(agent)
 
     def stats(self) -> list[WorkerStats]:
         with self._lock:
-            return [WorkerStats(s.name, s.batches, s.steals) for s in self._stats]
+            return [WorkerStats(s.name, s.batches, s.messages, s.steals) for s in self._stats]
 
     @property
     def threads(self) -> int:

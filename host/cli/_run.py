@@ -115,7 +115,8 @@ def _summary(runtime: Any) -> dict[str, Any]:
         for p in runtime.agents()
     ]
     workers = [
-        {"name": w.name, "batches": w.batches, "steals": w.steals} for w in runtime.worker_stats()
+        {"name": w.name, "messages": w.messages, "batches": w.batches, "steals": w.steals}
+        for w in runtime.worker_stats()
     ]
     events: dict[str, int] = {}
     for event in list(runtime.events):
@@ -132,7 +133,10 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
             f"crashes {agent['crashes']}, restarts {agent['restarts']}, fuel {agent['fuel']}"
         )
     for worker in summary["workers"]:
-        click.echo(f"  {worker['name']}: {worker['batches']} batches, {worker['steals']} steals")
+        click.echo(
+            f"  {worker['name']}: {worker['messages']} messages in {worker['batches']} batches, "
+            f"{worker['steals']} steals"
+        )
     if summary["events"]:
         click.echo(
             "  events: " + ", ".join(f"{k} x{v}" for k, v in sorted(summary["events"].items()))
