@@ -398,6 +398,8 @@ class _StandIns:
         engine = get_engine()
         imports = component.wasm.type.imports(engine)
         self._bindings: list[Binding] = []
+        # Interfaces that only define types (mighty:agent/types) link as empty instances.
+        self.type_interfaces = tuple(unversioned(name) for name in missing)
         for name in missing:
             item = imports[name].ty if hasattr(imports[name], "ty") else imports[name]
             if not isinstance(item, wc.ComponentInstanceType):

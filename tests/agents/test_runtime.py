@@ -259,3 +259,19 @@ def test_mty_run_examples(example: str) -> None:
     if example == "kvstore":
         assert doc["replies"][-1]["reply"] == {"size": 2}
         assert doc["events"]["agent.restarted"] == 1
+
+
+def test_mty_run_records_and_each_agent_replays(tmp_path: Path) -> None:
+    """`mty run --record` records every agent; the trace replays whole and one agent alone."""
+    trace = tmp_path / "pp.bin"
+    runner = CliRunner()
+    manifest = str(ROOT / "examples" / "agents" / "pingpong.toml")
+    ran = runner.invoke(main, ["run", manifest, "--record", str(trace), "--json"])
+    assert ran.exit_code == 0, ran.output
+    whole = runner.invoke(main, ["replay", str(trace), "--json"])
+    assert whole.exit_code == 0, whole.output
+    report = json.loads(whole.stdout)
+    assert [i["instance"] for i in report["instances"]] == [1, 2]
+    asker = runner.invoke(main, ["replay", str(trace), "--agent", "2", "--json"])
+    assert asker.exit_code == 0, asker.output
+    assert json.loads(asker.stdout)["instances"][0]["imports"] > 10
