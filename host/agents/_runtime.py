@@ -143,7 +143,7 @@ class AgentProcess:
 
     def _wake(self) -> None:
         with self._state:
-            if self._scheduled or not self.alive or not len(self.mailbox):
+            if self._scheduled or not self.alive or self.mailbox.paused or not len(self.mailbox):
                 return
             self._scheduled = True
         self.runtime.scheduler.schedule(self)
@@ -179,7 +179,8 @@ class AgentProcess:
                 self._handle(envelope)
                 handled += 1
         with self._state:
-            more = self.alive and len(self.mailbox) > 0
+            # A paused mailbox (hot swap in progress) is woken again when it resumes.
+            more = self.alive and not self.mailbox.paused and len(self.mailbox) > 0
             if not more:
                 self._scheduled = False
             return handled, more
@@ -472,6 +473,18 @@ class Runtime:
         if breaker is not None:
             breaker.record_success()
         return result
+
+    def reload(
+        self, agent_type: str, source: str | os.PathLike[str] | bytes, *, drain_timeout: float = 5.0
+    ) -> Any:
+        """Hot-swap every live agent of ``agent_type`` to the component in ``source``.
+
+        Returns a ReloadReport, or raises ReloadRefused (incompatible schema; nothing touched)
+        or ReloadFailed (rolled back; every agent runs its old version).
+        """
+        from mighty.reload import reload_agent_type
+
+        return reload_agent_type(self, agent_type, source, drain_timeout=drain_timeout)
 
     # -- events -----------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ __all__ = [
     "emit",
     "export",
     "log",
+    "migrates_from",
     "on",
     "self_address",
     "send",
@@ -162,13 +163,44 @@ class Agent:
         """Called once with the spawn's init body (override to use it)."""
 
 
+def migrates_from(schema_hash):
+    """Mark a static function ``(old_state: dict) -> dict`` that maps the state saved by the
+    version whose schema hash is ``schema_hash`` to this version's fields."""
+
+    def mark(function):
+        function._mighty_migrates_from = schema_hash
+        return function
+
+    return mark
+
+
 def _state_fields(cls):
     fields = {}
+    renamed = {}
     for klass in reversed(cls.__mro__):
+        renamed.update(getattr(klass, "__renamed__", {}))
         for name, annotation in getattr(klass, "__annotations__", {}).items():
-            if not name.startswith("_"):
-                fields[name] = annotation if isinstance(annotation, str) else annotation.__name__
+            if name.startswith("_"):
+                continue
+            text = annotation if isinstance(annotation, str) else getattr(
+                annotation, "__name__", repr(annotation)
+            )
+            info = {"type": text, "default": any(name in vars(k) for k in cls.__mro__)}
+            if name in renamed:
+                info["renamed_from"] = renamed[name]
+            fields[name] = info
     return fields
+
+
+def _migrations(cls):
+    found = {}
+    for klass in reversed(cls.__mro__):
+        for attr in vars(klass).values():
+            function = getattr(attr, "__func__", attr)
+            source = getattr(function, "_mighty_migrates_from", None)
+            if source is not None:
+                found[source] = function
+    return found
 
 
 def export(cls):
@@ -180,8 +212,9 @@ def export(cls):
             if name is not None:
                 handlers[name] = attr
     fields = _state_fields(cls)
-    schema = json.dumps({"fields": fields}, sort_keys=True)
-    schema_hash = hashlib.sha256(schema.encode()).hexdigest()
+    migrations = _migrations(cls)
+    schema_hash = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    renames = {info["renamed_from"]: name for name, info in fields.items() if "renamed_from" in info}
 
     holder = []
 
@@ -223,19 +256,33 @@ def export(cls):
             return types.Message("reply", _cbor.dumps(reply))
 
         def snapshot(self):
-            return _cbor.dumps({field: getattr(self.agent, field) for field in fields})
+            state = {field: getattr(self.agent, field) for field in fields}
+            return _cbor.dumps({"schema": schema_hash, "state": state})
 
         def restore(self, state):
             try:
-                data = _cbor.loads(state) if state else {}
+                saved = _cbor.loads(state) if state else {}
+                values = saved.get("state", {})
+                if saved.get("schema") not in (None, schema_hash):
+                    migrate = migrations.get(saved.get("schema"))
+                    if migrate is not None:
+                        values = migrate(dict(values))
+                    else:
+                        # Compatible by the host's rules: carry kept and renamed fields over;
+                        # new fields keep their defaults; removed ones are dropped.
+                        values = {renames.get(k, k): v for k, v in values.items()}
+                agent = self.agent
                 for field in fields:
-                    if field in data:
-                        setattr(self.agent, field, data[field])
+                    if field in values:
+                        setattr(agent, field, values[field])
             except Exception as exc:
                 raise Err(f"cannot restore state: {type(exc).__name__}: {exc}") from None
 
         def state_schema(self):
-            return json.dumps({"hash": schema_hash, "fields": fields}, sort_keys=True)
+            return json.dumps(
+                {"hash": schema_hash, "fields": fields, "migrates_from": sorted(migrations)},
+                sort_keys=True,
+            )
 
     World.__name__ = "WitWorld"
     return World

@@ -1,0 +1,24 @@
+"""Hot reload: swap a running agent type's component behind a compatible state schema."""
+
+from mighty.reload._schema import (
+    Compatibility,
+    FieldInfo,
+    SchemaError,
+    StateSchema,
+    check_compatible,
+    parse_schema,
+)
+from mighty.reload._swap import ReloadFailed, ReloadRefused, ReloadReport, reload_agent_type
+
+__all__ = [
+    "Compatibility",
+    "FieldInfo",
+    "ReloadFailed",
+    "ReloadRefused",
+    "ReloadReport",
+    "SchemaError",
+    "StateSchema",
+    "check_compatible",
+    "parse_schema",
+    "reload_agent_type",
+]
