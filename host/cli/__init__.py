@@ -2,12 +2,13 @@
 
 from mighty.cli._main import main, parse_size
 from mighty.cli._mcp import sandbox_group
-from mighty.cli._run import run_command
+from mighty.cli._run import reload_command, run_command
 from mighty.cli._sandbox import exec_command
 
 # Commands living in their own modules join the group here, once `main` exists.
 main.add_command(exec_command, "exec")
 main.add_command(sandbox_group, "sandbox")
 main.add_command(run_command, "run")
+main.add_command(reload_command, "reload")
 
 __all__ = ["main", "parse_size"]

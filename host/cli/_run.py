@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 
+from mighty._errors import BadInput
 from mighty.cli._main import _errors, _progress
 
 __all__ = ["run_command"]
@@ -45,6 +47,7 @@ def run_command(manifest: Path, record: str | None, keep_running: bool, as_json:
         replies: list[dict[str, Any]] = []
         stop = threading.Event()
         runtime = Runtime(workers=spec.workers, recorder=recorder)
+        control = _control_server(runtime)
         try:
             for agent_type in types:
                 runtime.register(agent_type)
@@ -70,6 +73,8 @@ def run_command(manifest: Path, record: str | None, keep_running: bool, as_json:
                 _wait_for_interrupt(stop)
             runtime.drain()
         finally:
+            if control is not None:
+                control.stop()
             summary = _summary(runtime)
             runtime.shutdown(drain=False)
             if recorder is not None:
@@ -85,6 +90,29 @@ def run_command(manifest: Path, record: str | None, keep_running: bool, as_json:
         else:
             _print_summary(summary, root.state)
         sys.exit(1 if failed else 0)
+
+
+def _control_server(runtime: Any) -> Any:
+    """The local control socket, when RUNTIME_CONTROL_SOCK names a path (opt-in)."""
+    from mighty.control import ENV_VAR, ControlServer
+
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+
+    def reload(args: dict[str, Any]) -> Any:
+        agent_type, component = args.get("agent_type"), args.get("component")
+        if not isinstance(agent_type, str) or not isinstance(component, str):
+            raise BadInput("reload takes {agent_type: str, component: path}")
+        timeout = float(args.get("drain_timeout", 5.0))
+        return runtime.reload(agent_type, component, drain_timeout=timeout).to_json()
+
+    def status(_args: dict[str, Any]) -> Any:
+        return _summary(runtime)
+
+    server = ControlServer(path, {"reload": reload, "status": status}).start()
+    click.echo(f"mty: control socket at {path}", err=True)
+    return server
 
 
 def _wait_for_interrupt(stop: threading.Event) -> None:
@@ -141,3 +169,66 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
         click.echo(
             "  events: " + ", ".join(f"{k} x{v}" for k, v in sorted(summary["events"].items()))
         )
+
+
+@click.command("reload")
+@click.argument("agent_type")
+@click.option(
+    "--from",
+    "source",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The new component.",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path),
+    help="Control socket (default: $RUNTIME_CONTROL_SOCK).",
+)
+@click.option(
+    "--drain-timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for in-flight messages.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def reload_command(
+    agent_type: str, source: Path, socket_path: Path | None, drain_timeout: float, as_json: bool
+) -> None:
+    """Hot-swap AGENT_TYPE in a running `mty run` to the component --from NEW.wasm."""
+    from mighty.control import ENV_VAR, ControlError, request
+
+    with _errors(as_json):
+        path = socket_path or os.environ.get(ENV_VAR)
+        if not path:
+            raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
+        if not source.is_file():
+            raise BadInput(f"{source}: no such file")
+        try:
+            result = request(
+                path,
+                "reload",
+                {
+                    "agent_type": agent_type,
+                    "component": str(source.resolve()),
+                    "drain_timeout": drain_timeout,
+                },
+                timeout=drain_timeout + 120,
+            )
+        except ControlError as exc:
+            if as_json:
+                click.echo(
+                    json.dumps({"ok": False, "error": {"kind": exc.kind, "message": str(exc)}})
+                )
+            else:
+                click.echo(f"mty: reload refused: {exc}", err=True)
+            sys.exit(1)
+        if as_json:
+            click.echo(json.dumps({"ok": True, "result": result}))
+        else:
+            click.echo(
+                f"{agent_type}: swapped {len(result['agents'])} agent(s) to "
+                f"{result['new_component'][:12]} (longest pause {result['max_pause_ms']} ms)"
+            )

@@ -182,9 +182,13 @@ def _state_fields(cls):
         for name, annotation in getattr(klass, "__annotations__", {}).items():
             if name.startswith("_"):
                 continue
-            text = annotation if isinstance(annotation, str) else getattr(
-                annotation, "__name__", repr(annotation)
-            )
+            # A plain class by its name; anything generic (list[int], Optional[str]) in full.
+            if isinstance(annotation, str):
+                text = annotation
+            elif isinstance(annotation, type):
+                text = annotation.__name__
+            else:
+                text = repr(annotation)
             info = {"type": text, "default": any(name in vars(k) for k in cls.__mro__)}
             if name in renamed:
                 info["renamed_from"] = renamed[name]

@@ -1,0 +1,18 @@
+"""The local control socket of a running ``mty run``: JSON lines over a Unix socket.
+
+Opt in by setting ``RUNTIME_CONTROL_SOCK`` to a path; the runtime serves its ops there
+(:class:`ControlServer`) and tools call them with :func:`request`.
+"""
+
+from mighty.control._client import request
+from mighty.control._protocol import ENV_VAR, PROTOCOL_VERSION, ControlError
+from mighty.control._server import ControlServer, ControlSocketError
+
+__all__ = [
+    "ENV_VAR",
+    "PROTOCOL_VERSION",
+    "ControlError",
+    "ControlServer",
+    "ControlSocketError",
+    "request",
+]
