@@ -25,6 +25,7 @@ import ctypes
 import itertools
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -214,7 +215,8 @@ class GuestContext:
 # -- the trampoline -------------------------------------------------------------------------
 
 
-_CONTEXTS: dict[int, GuestContext] = {}
+# Weak: an instance dropped without close() must not keep its store (and memory) alive here.
+_CONTEXTS: weakref.WeakValueDictionary[int, GuestContext] = weakref.WeakValueDictionary()
 _NEXT_STORE_KEY = itertools.count(1)
 _contexts_lock = threading.Lock()
 

@@ -119,3 +119,24 @@ def test_swap_of_many_agents_under_a_flood(counters: dict[str, Path]) -> None:
         assert rt.drain(60)
         assert [rt.ask(f"c{i}", "get")["count"] for i in range(10)] == sent
         assert len(report.agents) == 10
+
+
+@pytest.mark.slow
+def test_a_trace_spanning_a_swap_replays_each_version(
+    counters: dict[str, Path], tmp_path: Path
+) -> None:
+    """Recording across a swap: the old and the new instance each replay with their own version."""
+    from mighty.trace import Recorder, read_trace, replay_trace
+
+    trace = tmp_path / "swap.bin"
+    with Recorder(trace) as recorder, Runtime(workers=2, recorder=recorder) as rt:
+        rt.register(AgentType("counter", Component.load(counters["v1"])))
+        start_tree(rt, SupervisorSpec("root", [AgentChild("c", "counter")]))
+        rt.ask("c", "incr", {"by": 4})
+        rt.reload("counter", counters["v2"])
+        assert rt.ask("c", "incr", {"by": 1}) == {"count": 5, "version": 2}
+    records = list(read_trace(trace).records())
+    assert any(r["k"] == "swap" for r in records)
+    report = replay_trace(trace)
+    components = [i.component for i in report.instances]
+    assert len(set(components)) == 2  # v1 before the swap, v2 after
