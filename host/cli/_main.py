@@ -160,12 +160,32 @@ def build(
 
     with _errors(as_json=False):
         show = _progress(not quiet and sys.stderr.isatty())
+        wit, python_path = _agent_defaults(source, wit, python_path)
         result = build_component(
             source, output=output, wit=wit, world=world, python_path=python_path, progress=show
         )
         note = "cached" if result.cached else f"built in {result.seconds:.1f} s"
         if not quiet:
             click.echo(f"{result.path} ({note}, sha256 {result.component_sha256[:12]})")
+
+
+_REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def _agent_defaults(
+    source: Path, wit: Path | None, python_path: Sequence[Path]
+) -> tuple[Path | None, Sequence[Path]]:
+    """An agent handler (it imports mighty_agent) with no WIT of its own gets the agent world
+    and the guest SDK without being told where they are."""
+    if wit is not None or (source.parent / "wit").is_dir():
+        return wit, python_path
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError:
+        return wit, python_path
+    if "mighty_agent" not in text:
+        return wit, python_path
+    return _REPO / "wit" / "agent", [*python_path, _REPO / "guests" / "sdk"]
 
 
 # Negative numbers are JSON arguments, not options: `mty call x.wasm add 1 -5`.

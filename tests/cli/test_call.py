@@ -151,3 +151,14 @@ def test_bad_size_is_usage_error(budget_wasm_path: Path) -> None:
     code, _, err = run("call", str(budget_wasm_path), "add", "1", "2", "--memory", "lots")
     assert code == 2
     assert "not a size" in err
+
+
+@pytest.mark.slow
+def test_mty_build_finds_the_agent_world_and_sdk(tmp_path: Path) -> None:
+    """An agent handler builds with no --wit or -p: the agent world and SDK are found."""
+    source = Path(__file__).resolve().parents[2] / "guests" / "testing" / "counter" / "v2.py"
+    out = tmp_path / "v2.wasm"
+    code, stdout, err = run("build", str(source), "-o", str(out))
+    assert code == 0, err
+    assert out.read_bytes()[:4] == b"\x00asm"
+    assert str(out) in stdout
