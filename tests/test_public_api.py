@@ -1,0 +1,55 @@
+"""The public names of each package are explicit, resolve, and are pinned here."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PINNED = {
+    "mighty": {
+        "ArgumentError", "BadInput", "Budget", "BudgetExceeded", "BuildError", "CancelScope",
+        "Cancelled", "CompileError", "Component", "DeadlineExceeded", "Err", "ExportNotFound",
+        "GuestError", "GuestExit", "GuestTrap", "HostError", "Instance", "InvalidComponent",
+        "MightyError", "MissingImports", "Ok", "OutOfFuel", "OutOfMemory", "Some", "Usage",
+        "Variant", "__version__", "call_once",
+    },
+    "mighty.reload": {
+        "Compatibility", "FieldInfo", "ReloadFailed", "ReloadRefused", "ReloadReport",
+        "SchemaError", "StateSchema", "check_compatible", "parse_schema", "reload_agent_type",
+    },
+}  # fmt: skip
+
+PACKAGES = [
+    "mighty",
+    "mighty.abi",
+    "mighty.agents",
+    "mighty.budget",
+    "mighty.build",
+    "mighty.cli",
+    "mighty.control",
+    "mighty.engine",
+    "mighty.gate",
+    "mighty.instance",
+    "mighty.reload",
+    "mighty.sandbox",
+    "mighty.trace",
+    "mighty.wasi",
+]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_exported_name_resolves(name: str) -> None:
+    """Each package declares __all__ and every name in it exists."""
+    module = importlib.import_module(name)
+    exported = module.__all__
+    assert exported, name
+    assert len(set(exported)) == len(exported)
+    for item in exported:
+        assert hasattr(module, item), f"{name}.{item}"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_pinned_names(name: str) -> None:
+    """The top-level API does not change by accident."""
+    assert set(importlib.import_module(name).__all__) == PINNED[name]
