@@ -276,7 +276,11 @@ def call(
         loaded = Component.load(component, progress=show)
         recorder = _recorder(record)
         try:
-            instance = Instance(loaded, budget=budget, policy=policy, record=recorder)
+            # --fuel/--timeout are for the call; instantiation (which runs guest start-up code)
+            # gets the default budget under the same memory ceiling.
+            instance = Instance(
+                loaded, budget=Budget(memory=budget.memory), policy=policy, record=recorder
+            )
         except BaseException:
             if recorder is not None:
                 recorder.close()
@@ -294,7 +298,7 @@ def call(
                 for (name, ty), value in zip(params, decoded, strict=True)
             ]
             try:
-                result, usage = instance.call_with_usage(func, *values)
+                result, usage = instance.call_with_usage(func, *values, budget=budget)
             except GuestError as exc:
                 if as_json:
                     _guest_failure_json(exc, instance)

@@ -128,3 +128,16 @@ def test_mty_build_and_call_end_to_end(tmp_path: Path) -> None:
     assert doc["ok"] is True
     assert doc["result"] == {"words": 3, "lines": 1, "chars": 5, "top-word": "x"}
     assert doc["usage"]["memory_peak"] > 10_000_000
+
+
+def test_mty_call_fuel_applies_to_the_call(hello_wasm: Path) -> None:
+    """--fuel limits the call itself (instantiation has its own default budget): the JSON
+    error carries the call's usage and the guest's output."""
+    result = CliRunner().invoke(
+        main, ["call", str(hello_wasm), "fib", "90000", "--fuel", "1000000", "--json"]
+    )
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["error"]["kind"] == "out_of_fuel"
+    assert doc["usage"]["fuel"] == 1_000_000
+    assert doc["stdout"] == ""
