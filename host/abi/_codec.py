@@ -37,6 +37,7 @@ import functools
 import math
 import reprlib
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -175,7 +176,7 @@ def _view(data_ptr: Any, nbytes: int) -> memoryview:
     return memoryview((_c_char * nbytes).from_address(addr)).cast("B")  # type: ignore[arg-type]  # addr is non-NULL for a non-empty vec
 
 
-class _Codec:
+class _Codec(ABC):
     """Converts one WIT type; see the module note for the slot contract."""
 
     __slots__ = ("wit",)
@@ -183,11 +184,13 @@ class _Codec:
     def __init__(self, wit: WitType) -> None:
         self.wit = wit
 
+    @abstractmethod
     def lower(self, store: Any, v: Any, dst: Any) -> None:
-        raise NotImplementedError
+        """Write ``v`` into the zeroed slot ``dst``; on failure leave it deletable."""
 
+    @abstractmethod
     def lift(self, src: Any) -> Any:
-        raise NotImplementedError
+        """Read the value in ``src`` (reading only; the owner frees it)."""
 
 
 class _BoolCodec(_Codec):
