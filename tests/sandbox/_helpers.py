@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import strategies as st
+
 from mighty.sandbox import RunResult, Sandbox
+
+
+def json_values(size: int) -> st.SearchStrategy[Any]:
+    """JSON-compatible values: what crosses into and out of the sandbox as data."""
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text()
+    )
+    return st.recursive(
+        scalars,
+        lambda children: (
+            st.lists(children, max_size=size) | st.dictionaries(st.text(), children, max_size=size)
+        ),
+        max_leaves=size * 5,
+    )
+
 
 PROBE = "result = sorted(k for k in globals() if not k.startswith('__'))"
 

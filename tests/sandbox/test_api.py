@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import mighty.sandbox
 from mighty.sandbox import CancelScope, DirGrant, Limits, MemoryDir, RunResult, Sandbox
-from tests.sandbox._helpers import assert_clean, failed
+from tests.sandbox._helpers import assert_clean, failed, json_values
 
 
 def test_public_names() -> None:
@@ -256,19 +255,7 @@ def test_record_and_replay(interpreter: object, tmp_path: Path) -> None:
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    st.recursive(
-        st.none()
-        | st.booleans()
-        | st.integers()
-        | st.floats(allow_nan=False, allow_infinity=False)
-        | st.text(),
-        lambda children: (
-            st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4)
-        ),
-        max_leaves=20,
-    )
-)
+@given(json_values(4))
 def test_json_values_round_trip(sandbox: Sandbox, value: object) -> None:
     """JSON-compatible values go into the guest as inputs and come back unchanged."""
     result = sandbox.run("result = v", {"v": value})

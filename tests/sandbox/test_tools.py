@@ -8,11 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from mighty.sandbox import Limits, Sandbox, Tool
-from tests.sandbox._helpers import assert_clean, failed
+from tests.sandbox._helpers import assert_clean, failed, json_values
 
 pytestmark = pytest.mark.slow
 
@@ -186,19 +185,7 @@ def test_dict_registration(interpreter: object) -> None:
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    st.recursive(
-        st.none()
-        | st.booleans()
-        | st.integers()
-        | st.floats(allow_nan=False, allow_infinity=False)
-        | st.text(),
-        lambda children: (
-            st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3)
-        ),
-        max_leaves=15,
-    )
-)
+@given(json_values(3))
 def test_tool_arguments_round_trip(box: Sandbox, value: object) -> None:
     """Any JSON value crosses to a tool and back unchanged."""
     result = box.run("result = echo(v)", {"v": value})
