@@ -197,7 +197,13 @@ class RunResult:
 
 
 class _Output:
-    """The run's stdout and stderr, kept up to the output limit; passing it ends the run."""
+    """The run's stdout and stderr, kept up to the output limit; passing it ends the run.
+
+    ``to_stdout`` and ``to_stderr`` are the policy's sinks, limited sinks in the sense of
+    mighty.wasi's capture (``LimitedSink``): the capture asks them how much room is left and
+    never grants a write more than one byte past it, so a write that passes the limit arrives
+    (and ends the run with ``output_limit``) instead of being cut short by the guest, unseen.
+    """
 
     def __init__(self, limit: int, host: ToolHost) -> None:
         self.limit = limit
@@ -205,6 +211,8 @@ class _Output:
         self.stdout = bytearray()
         self.stderr = bytearray()
         self.total = 0
+        self.to_stdout = _Output.Sink(self, "stdout")
+        self.to_stderr = _Output.Sink(self, "stderr")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Output:
         # A trace describes the policy with dataclasses.asdict, which deep-copies the sinks.
@@ -215,7 +223,12 @@ class _Output:
         self.stderr = bytearray()
         self.total = 0
 
-    def _write(self, into: bytearray, chunk: bytes) -> None:
+    def room(self) -> int:
+        """Bytes either stream may still write before the run ends."""
+        return max(0, self.limit - self.total)
+
+    def write(self, stream: str, chunk: bytes) -> None:
+        into = self.stdout if stream == "stdout" else self.stderr
         room = self.limit - self.total
         if room > 0:
             into += chunk[:room]
@@ -226,11 +239,22 @@ class _Output:
                 f"the code wrote more than {self.limit} bytes to stdout and stderr",
             )
 
-    def to_stdout(self, chunk: bytes) -> None:
-        self._write(self.stdout, chunk)
+    class Sink:
+        """One stream's sink into the output (a ``LimitedSink``: it reports its room)."""
 
-    def to_stderr(self, chunk: bytes) -> None:
-        self._write(self.stderr, chunk)
+        def __init__(self, output: _Output, stream: str) -> None:
+            self.output = output
+            self.stream = stream
+
+        def __deepcopy__(self, memo: dict[int, Any]) -> _Output.Sink:
+            return self
+
+        def __call__(self, chunk: bytes, /) -> None:
+            self.output.write(self.stream, chunk)
+
+        def room(self) -> int:
+            """What the shared limit still allows."""
+            return self.output.room()
 
 
 _GATE: Gate | None = None

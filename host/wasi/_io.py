@@ -20,6 +20,11 @@ one ready index, and guests (wasi-libc's ``poll``) would spin on it.
 
 One deliberate difference from the WIT: a ``write`` beyond the ``check-write`` permit is the
 error ``last-operation-failed`` rather than a trap, so a careless guest gets a readable error.
+
+Permits must cover every write a guest makes: CPython's unbuffered stdio drops what a short
+write leaves over (see ``_output``), so the captures grant more than any single write can carry.
+``blocking-write-and-flush`` takes any size and feeds the stream in chunks of its permit; only the
+zeroes of the ``*-zeroes`` calls are made by the host, so those are bounded by ``max_read``.
 """
 
 from __future__ import annotations
@@ -268,17 +273,25 @@ def _write(ctx: GuestContext, stream: OutputStream, contents: bytes) -> Ok | Err
 
 
 def _write_all(
-    ctx: GuestContext, stream: OutputStream, size: int, chunk: Callable[[int], bytes]
+    ctx: GuestContext,
+    stream: OutputStream,
+    size: int,
+    chunk: Callable[[int], bytes],
+    most: int,
 ) -> None:
-    """Write ``size`` bytes made by ``chunk(n)`` within the stream's permits; wait for room."""
+    """Write ``size`` bytes made by ``chunk(n)`` (``n <= most``) within the stream's permits,
+    waiting for room; every byte is written or the stream's error is raised."""
     done = 0
     while done < size:
         permit = stream.check_write()
         if permit <= 0:
             wait_any(ctx, [StreamPollable(stream)])
             continue
-        n = min(permit, size - done, len(_ZEROES))
-        stream.write(chunk(n))
+        n = min(permit, size - done, most)
+        piece = chunk(n)
+        if len(piece) != n:
+            raise RuntimeError(f"write chunk of {n} bytes came out {len(piece)} bytes long")
+        stream.write(piece)
         done += n
     stream.flush()
 
@@ -296,7 +309,7 @@ def _blocking_write_and_flush(ctx: GuestContext, stream: OutputStream, contents:
         return piece
 
     try:
-        _write_all(ctx, stream, len(data), chunk)
+        _write_all(ctx, stream, len(data), chunk, len(data))
         return Ok(None)
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)
@@ -320,6 +333,11 @@ def _zeroes(n: int) -> bytes:
 
 
 def _write_zeroes(ctx: GuestContext, stream: OutputStream, length: int) -> Ok | Err:
+    limit = _policy(ctx).max_read
+    if length > limit:
+        # The zeroes are made by the host: a permit of gigabytes must not become gigabytes of
+        # host work for one call.
+        return _failed(ctx, f"write-zeroes of {length} bytes exceeds {limit}")
     try:
         permit = stream.check_write()
         if length > permit:
@@ -343,7 +361,7 @@ def _blocking_write_zeroes_and_flush(
         # 4096 bytes, the policy's max_read is a more generous bound.
         return _failed(ctx, f"blocking-write-zeroes-and-flush of {length} bytes exceeds {limit}")
     try:
-        _write_all(ctx, stream, length, _zeroes)
+        _write_all(ctx, stream, length, _zeroes, len(_ZEROES))
         return Ok(None)
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)

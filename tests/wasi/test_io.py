@@ -125,8 +125,9 @@ def test_write_within_permit_is_captured() -> None:
 def test_write_beyond_check_write_fails() -> None:
     """A write larger than the permit is last-operation-failed with a readable error."""
     ctx = make_ctx()
-    out = CaptureOutput(10)
+    out = CaptureOutput(10, permit=16)
     permit = call(ctx, S, "[method]output-stream.check-write", out).value
+    assert permit == 16
     result = call(ctx, S, "[method]output-stream.write", out, bytes(permit + 1))
     assert "exceeds the check-write permit" in _debug(ctx, result)
     assert out.total == 0
