@@ -24,7 +24,7 @@ def _cpython_print(ctx: GuestContext, out: CaptureOutput, data: bytes) -> int:
     layer ignores. Returns the count libc reported."""
     permit = call(ctx, S, "[method]output-stream.check-write", out)
     assert isinstance(permit, Ok)
-    count = min(permit.value, len(data))
+    count: int = min(permit.value, len(data))
     assert call(ctx, S, "[method]output-stream.write", out, data[:count]) == Ok(None)
     assert call(ctx, S, "[method]output-stream.blocking-flush", out) == Ok(None)
     return count
