@@ -98,13 +98,15 @@ class DeadlineExceeded(BudgetExceeded):
 
 
 class Cancelled(BudgetExceeded):
-    """The call was cancelled from outside (``CancelHandle.cancel``)."""
+    """The call was cancelled from outside: ``CancelScope.cancel`` or a signal (Ctrl-C)."""
 
     kind = "cancelled"
 
-    def __init__(self, message: str, *, reason: str) -> None:
+    def __init__(self, message: str, *, reason: str, signal: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.signal = signal
+        """The signal that interrupted the call (reason ``"interrupted"``), else None."""
 
 
 class GuestTrap(GuestError):

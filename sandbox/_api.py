@@ -332,6 +332,10 @@ class _Live:
                 "run", code, payload, budget=limits.budget(), cancel=cancel
             )
         except GuestError as exc:
+            if isinstance(exc, Cancelled) and exc.signal is not None:
+                # A signal (Ctrl-C) is the host's, not something the code did: the run stopped
+                # cleanly, and the caller gets the signal, as from Instance.call.
+                raise
             kind, message = self._failure(exc)
             return self._result(False, None, RunError(kind, message), exc.usage)
         if not outcome["ok"]:

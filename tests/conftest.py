@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mighty.engine import Component
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -81,3 +83,11 @@ def probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("probe") / "probe.wasm"
     build_component(ROOT / "guests" / "testing" / "probe" / "probe.py", output=out)
     return out
+
+
+@pytest.fixture(scope="session")
+def interpreter() -> Component:
+    """The code-mode interpreter, built with componentize-py and compiled once per session."""
+    from mighty.sandbox import interpreter_component
+
+    return interpreter_component()

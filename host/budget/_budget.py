@@ -24,6 +24,7 @@ import ctypes
 import itertools
 import math
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ from mighty._errors import (
     OutOfFuel,
     OutOfMemory,
 )
-from mighty.engine import MemoryAccount, get_engine
+from mighty.engine import MemoryAccount, SignalShield, get_engine
 from mighty.engine._native import immortal
 from mighty.gate import GuestContext, GuestViolation, HostFunctionFailed
 
@@ -149,7 +150,15 @@ class _CallState:
     deadline: float
     cancel: CancelScope | None
     account: MemoryAccount
-    stopped: str | None = None  # "deadline" | "cancel" | "memory", set by the epoch callback
+    # "deadline" | "cancel" | "interrupt" | "memory" | "failure", set by the epoch callback
+    stopped: str | None = None
+    interrupted: int | None = None  # the signal whose handler raised during the call
+    failure: BaseException | None = None  # a bug in the epoch callback itself
+
+    def interrupt(self, signum: int) -> None:
+        """A signal's handler raised: stop the call at the next epoch tick (or host wait)."""
+        if self.interrupted is None:
+            self.interrupted = signum
 
 
 _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
@@ -170,6 +179,9 @@ class _Interrupted(Exception):
 
 
 def _interrupt_check(state: _CallState) -> None:
+    if state.interrupted is not None:
+        state.stopped = "interrupt"
+        raise _Interrupted("interrupted")
     if state.cancel is not None and state.cancel.cancel_called:
         state.stopped = "cancel"
         raise _Interrupted("cancelled")
@@ -194,21 +206,32 @@ def _stop(message: str) -> int:
 
 
 def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
-    state = _ACTIVE.get(key or 0)
-    if state is not None:
-        if state.account.denied is not None:
-            # The guest saw its grow fail (-1) and carried on; the ceiling is a hard limit.
-            state.stopped = "memory"
-            return _stop("mighty: memory limit exceeded")
-        if state.cancel is not None and state.cancel.cancel_called:
-            state.stopped = "cancel"
-            return _stop("mighty: call cancelled")
-        if _now() >= state.deadline:
-            state.stopped = "deadline"
-            return _stop("mighty: deadline exceeded")
-    delta[0] = 1
-    kind[0] = _UPDATE_DEADLINE_CONTINUE
-    return 0
+    state = None
+    try:
+        state = _ACTIVE.get(key or 0)
+        if state is not None:
+            if state.account.denied is not None:
+                # The guest saw its grow fail (-1) and carried on; the ceiling is a hard limit.
+                state.stopped = "memory"
+                return _stop("mighty: memory limit exceeded")
+            if state.interrupted is not None:
+                state.stopped = "interrupt"
+                return _stop("mighty: call interrupted by a signal")
+            if state.cancel is not None and state.cancel.cancel_called:
+                state.stopped = "cancel"
+                return _stop("mighty: call cancelled")
+            if _now() >= state.deadline:
+                state.stopped = "deadline"
+                return _stop("mighty: deadline exceeded")
+        delta[0] = 1
+        kind[0] = _UPDATE_DEADLINE_CONTINUE
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - nothing may unwind into wasmtime
+        # A bug here (or a signal the shield did not cover): stop the call, keep the cause.
+        if state is not None:
+            state.stopped = "failure"
+            state.failure = exc
+        return _stop(f"mighty: epoch check failed: {exc!r}")
 
 
 # Kept for the life of the process: every store's epoch callback points at it.
@@ -252,54 +275,76 @@ class Meter:
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("a mighty instance is being used by two threads at once")
         self.entered = False
+        state = _CallState(deadline=_now() + budget.timeout, cancel=cancel, account=self.account)
+        shield = SignalShield(state.interrupt)
         try:
-            state = _CallState(
-                deadline=_now() + budget.timeout, cancel=cancel, account=self.account
-            )
-            if cancel is not None and cancel.cancel_called:
-                cancel.cancelled_caught = True
-                err = Cancelled(
-                    f"call cancelled before it started: {cancel.reason}",
-                    reason=cancel.reason or "",
-                )
-                err.usage = Usage(0, self.account.current, 0.0)
-                raise err
-            store = self.store
-            store.set_fuel(budget.fuel)
-            self.account.start_call(budget.memory)
-            store.set_epoch_deadline(1)
-            if ctx is not None:
-                ctx.failure = None
-                ctx.exit_code = None
-                # A host function that waits (poll, sleep) calls this between slices: the epoch
-                # callback cannot run while the guest is blocked in the host.
-                ctx.state["wasi.io.interrupt"] = lambda: _interrupt_check(state)
-                # A host function that does slow work on the guest's behalf (a sandbox tool)
-                # runs it inside this: the time it takes is added back to the deadline.
-                ctx.state["budget.pause"] = lambda: _paused(state)
-            _ACTIVE[self._key] = state
-            started = _now()
-            self.entered = True
-            try:
-                result = work()
-            except wasmtime.WasmtimeError as exc:
-                usage = self._usage(budget, started)
-                failure = self._failure(exc, state, budget, usage, describe, ctx)
-                if isinstance(failure, GuestError):
-                    failure.usage = usage
-                raise failure from (failure.__cause__ or exc)
-            finally:
-                _ACTIVE.pop(self._key, None)
-            usage = self._usage(budget, started)
-            if self.account.denied is not None:
-                # Returned before the next epoch check noticed: same outcome, the result of a
-                # call that broke its memory ceiling is not trusted.
-                error = self._out_of_memory()
-                error.usage = usage
-                raise error
-            return result, usage
+            with shield:
+                outcome = self._run(work, state, budget, describe, ctx)
+        except BaseException as error:
+            if shield.pending is None:
+                raise
+            delivered = _delivered(shield.pending, error)
+            if delivered is error:
+                raise
+            raise delivered from None
         finally:
             self._busy.release()
+        if shield.pending is not None:
+            # The signal came after the last check: the call finished, the signal still counts.
+            raise shield.pending
+        return outcome
+
+    def _run(
+        self,
+        work: Callable[[], _T],
+        state: _CallState,
+        budget: Budget,
+        describe: Callable[[], str] | None,
+        ctx: GuestContext | None,
+    ) -> tuple[_T, Usage]:
+        cancel = state.cancel
+        if cancel is not None and cancel.cancel_called:
+            cancel.cancelled_caught = True
+            err = Cancelled(
+                f"call cancelled before it started: {cancel.reason}",
+                reason=cancel.reason or "",
+            )
+            err.usage = Usage(0, self.account.current, 0.0)
+            raise err
+        store = self.store
+        store.set_fuel(budget.fuel)
+        self.account.start_call(budget.memory)
+        store.set_epoch_deadline(1)
+        if ctx is not None:
+            ctx.failure = None
+            ctx.exit_code = None
+            # A host function that waits (poll, sleep) calls this between slices: the epoch
+            # callback cannot run while the guest is blocked in the host.
+            ctx.state["wasi.io.interrupt"] = lambda: _interrupt_check(state)
+            # A host function that does slow work on the guest's behalf (a sandbox tool)
+            # runs it inside this: the time it takes is added back to the deadline.
+            ctx.state["budget.pause"] = lambda: _paused(state)
+        _ACTIVE[self._key] = state
+        started = _now()
+        self.entered = True
+        try:
+            result = work()
+        except wasmtime.WasmtimeError as exc:
+            usage = self._usage(budget, started)
+            failure = self._failure(exc, state, budget, usage, describe, ctx)
+            if isinstance(failure, GuestError):
+                failure.usage = usage
+            raise failure from (failure.__cause__ or exc)
+        finally:
+            _ACTIVE.pop(self._key, None)
+        usage = self._usage(budget, started)
+        if self.account.denied is not None:
+            # Returned before the next epoch check noticed: same outcome, the result of a
+            # call that broke its memory ceiling is not trusted.
+            error = self._out_of_memory()
+            error.usage = usage
+            raise error
+        return result, usage
 
     def _failure(
         self,
@@ -316,12 +361,20 @@ class Meter:
             ctx.failure = None
         if isinstance(failure, _Interrupted):
             failure = None  # state.stopped says which budget ran out
+        if isinstance(failure, KeyboardInterrupt) and state.stopped is None:
+            # Raised inside a host function by a handler no shield covered (not the main
+            # thread's own): the same outcome as a shielded Ctrl-C.
+            failure = None
+            state.stopped = "interrupt"
+            state.interrupted = signal.SIGINT
         if isinstance(failure, GuestViolation):
             return GuestTrap(
                 f"guest broke an interface contract: {failure}",
                 trap_code="contract_violation",
                 wasm_backtrace=split_wasmtime_error(str(exc))[1],
             )
+        if failure is None and state.stopped == "failure":
+            failure = state.failure
         if failure is not None:
             error = HostFunctionFailed(
                 f"a host function failed while serving the guest: {failure!r}"
@@ -363,6 +416,10 @@ class Meter:
             state.cancel.cancelled_caught = True
             reason = state.cancel.reason or ""
             return Cancelled(f"call cancelled: {reason}", reason=reason)
+        if state.stopped == "interrupt":
+            signum = state.interrupted
+            name = _signal_name(signum)
+            return Cancelled(f"call interrupted by {name}", reason="interrupted", signal=signum)
         if state.stopped == "deadline":
             return DeadlineExceeded(
                 f"call exceeded its {budget.timeout:g} s deadline", timeout=budget.timeout
@@ -380,6 +437,27 @@ class Meter:
         if extra:
             text = f"{text}\n{extra}"
         return GuestTrap(text, trap_code=trap_code_of(message), wasm_backtrace=backtrace)
+
+
+def _signal_name(signum: int | None) -> str:
+    try:
+        return signal.Signals(signum or 0).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _delivered(pending: BaseException, error: BaseException) -> BaseException:
+    """What a call interrupted by a signal raises: the clean ``Cancelled`` for Ctrl-C, else
+    whatever the signal's own handler raised (a ``SystemExit`` from a SIGTERM handler), with
+    the call's own failure as its context."""
+    if (
+        isinstance(pending, KeyboardInterrupt)
+        and isinstance(error, Cancelled)
+        and error.reason == "interrupted"
+    ):
+        return error
+    pending.__context__ = error
+    return pending
 
 
 _TRAP_CODES = (

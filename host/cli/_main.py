@@ -1,7 +1,9 @@
 """`mty`: thin click commands over the library. Parse, call, render; no logic of their own.
 
-Exit status everywhere: 0 ok, 1 the guest failed, 2 bad usage or input. Errors are one line on
-stderr (``mty: error: ...``) and never a Python traceback, unless ``MTY_DEBUG=1``.
+Exit status everywhere: 0 ok, 1 the guest failed, 2 bad usage or input, 130 interrupted by
+Ctrl-C (SIGINT), 143 terminated (SIGTERM): the guest call is cancelled cleanly either way.
+Errors are one line on stderr (``mty: error: ...``) and never a Python traceback, unless
+``MTY_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -9,15 +11,24 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from mighty._errors import BadInput, CompileError, GuestError, HostError, MightyError
+from mighty._errors import (
+    BadInput,
+    Cancelled,
+    CompileError,
+    GuestError,
+    HostError,
+    MightyError,
+)
 
 if TYPE_CHECKING:
     from mighty.instance import Instance
@@ -80,11 +91,37 @@ def _fail(
     sys.exit(code)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: raised by the handler ``mty`` installs, to end like Ctrl-C does."""
+
+
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def _signal_exit(signum: int) -> int:
+    # Shells report a death by signal N as 128 + N; exiting with that code says the same thing
+    # without dying, so that every byte of output is flushed first.
+    with suppress(ValueError):  # not the main thread: no handler to change
+        # A second Ctrl-C while the first is being reported must not end in a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return 128 + signum
+
+
+def _fail_signal(signum: int, as_json: bool) -> NoReturn:
+    message = "interrupted" if signum == signal.SIGINT else "terminated"
+    _fail(message, as_json=as_json, kind="cancelled", code=_signal_exit(signum))
+
+
 @contextmanager
 def _errors(as_json: bool) -> Iterator[None]:
     """Render mighty's errors as one line (or one JSON object) and the right exit status."""
     try:
         yield
+    except Cancelled as exc:
+        code = EXIT_GUEST if exc.signal is None else _signal_exit(exc.signal)
+        _fail(exc.message, as_json=as_json, kind=exc.kind, code=code)
     except GuestError as exc:
         _fail(exc.message, as_json=as_json, kind=exc.kind, code=EXIT_GUEST)
     except (BadInput, CompileError) as exc:
@@ -94,7 +131,9 @@ def _errors(as_json: bool) -> Iterator[None]:
     except MightyError as exc:  # pragma: no cover - every family is handled above
         _fail(exc.message, as_json=as_json, kind=exc.kind)
     except KeyboardInterrupt:
-        _fail("interrupted", as_json=as_json, kind="cancelled", code=130)
+        _fail_signal(signal.SIGINT, as_json)
+    except Terminated:
+        _fail_signal(signal.SIGTERM, as_json)
     except Exception as exc:
         if os.environ.get("MTY_DEBUG"):
             raise
@@ -116,10 +155,30 @@ def _progress(enabled: bool) -> Callable[[str], None] | None:
     return show
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The `mty` group: a signal before a command's own error handling still ends cleanly."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # Commands render their own errors; this only covers the moments before they start
+        # (imports, argument parsing), where a Ctrl-C would otherwise print a traceback.
+        as_json = "--json" in ctx.args
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _fail_signal(signal.SIGINT, as_json)
+        except Terminated:
+            _fail_signal(signal.SIGTERM, as_json)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mighty-host", prog_name="mty")
 def main() -> None:
     """mighty: build and run handlers compiled to WebAssembly components."""
+    # SIGTERM ends a command the way Ctrl-C does: the guest call is cancelled cleanly, the
+    # command reports one line and exits 143. Commands that stop more gracefully (mty run)
+    # install their own handler.
+    with suppress(ValueError):  # not the main thread (click invoked from a test's thread)
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 @main.command()
@@ -506,8 +565,11 @@ def _guest_failure_json(exc: GuestError, instance: Instance) -> NoReturn:
     if exc.usage is not None:
         document["usage"] = exc.usage.to_json()
     document.update(_outputs_json(instance))
+    code = EXIT_GUEST
+    if isinstance(exc, Cancelled) and exc.signal is not None:
+        code = _signal_exit(exc.signal)
     click.echo(json.dumps(document))
-    sys.exit(EXIT_GUEST)
+    sys.exit(code)
 
 
 def _echo_guest_output(instance: Instance) -> None:

@@ -4,6 +4,7 @@ from mighty.engine._cache import CompiledCache
 from mighty.engine._component import Component, check_component_bytes
 from mighty.engine._engine import EPOCH_TICK, SETTINGS, EngineSettings, get_engine, wasmtime_version
 from mighty.engine._memory import MemoryAccount, instantiating_into, live_memories
+from mighty.engine._signals import SignalShield
 
 __all__ = [
     "EPOCH_TICK",
@@ -12,6 +13,7 @@ __all__ = [
     "Component",
     "EngineSettings",
     "MemoryAccount",
+    "SignalShield",
     "check_component_bytes",
     "get_engine",
     "instantiating_into",

@@ -168,7 +168,7 @@ def _grow_memory(env: int | None, new_size: int) -> int:
             return _error(f"mighty: mprotect failed: {os.strerror(ctypes.get_errno())}")
         memory.size = new_size
         return 0
-    except Exception as exc:  # noqa: BLE001 - a ctypes callback must never raise
+    except BaseException as exc:  # noqa: BLE001 - a ctypes callback must never raise
         return _error(f"mighty: memory grow failed: {exc!r}")
 
 
@@ -242,7 +242,7 @@ def _new_memory(
         result.grow_memory = _C_GROW_MEMORY
         result.finalizer = _C_FREE_MEMORY
         return 0
-    except Exception as exc:  # noqa: BLE001 - a ctypes callback must never raise
+    except BaseException as exc:  # noqa: BLE001 - a ctypes callback must never raise
         return _error(f"mighty: cannot create linear memory: {exc!r}")
 
 

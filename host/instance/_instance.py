@@ -22,7 +22,7 @@ from wasmtime.component._enter import maybe_raise_last_exn
 from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
-from mighty.engine import Component, get_engine, instantiating_into
+from mighty.engine import Component, SignalShield, get_engine, instantiating_into
 from mighty.gate import CallHook, Gate, GuestContext
 from mighty.trace._recorder import InstanceRecording, Recorder
 from mighty.wasi import Policy, WasiProvider
@@ -274,8 +274,13 @@ class Instance:
         self._exports.clear()
         if self._recording is not None:
             self._recording.close(self.stdout.getvalue(), self.stderr.getvalue())
-        self._meter.store.close()
+        # Freeing the store calls back into Python (memory finalizers): no signal handler may
+        # raise in there; what one raised comes out here instead.
+        with SignalShield() as shield:
+            self._meter.store.close()
         self._gate.release(self._ctx)
+        if shield.pending is not None:
+            raise shield.pending
 
     def __enter__(self) -> Instance:
         return self

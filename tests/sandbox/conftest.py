@@ -1,4 +1,4 @@
-"""Sandbox fixtures: the interpreter component is built (or taken from the cache) once."""
+"""Sandbox fixtures (the interpreter component itself is a session fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,6 @@ from collections.abc import Iterator
 import pytest
 
 from mighty.engine import Component
-
-
-@pytest.fixture(scope="session")
-def interpreter() -> Component:
-    """The code-mode interpreter, built with componentize-py and compiled once per session."""
-    from mighty.sandbox import interpreter_component
-
-    return interpreter_component()
 
 
 @pytest.fixture(scope="module")

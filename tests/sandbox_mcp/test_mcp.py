@@ -342,7 +342,8 @@ def test_serve_deadline_then_clean_call(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         with errlog_path.open("w") as errlog:
-            async with _serve("--timeout", "1", errlog=errlog) as session:
+            # Fuel far beyond what a second can burn: the deadline, not the fuel, must end it.
+            async with _serve("--timeout", "1", "--fuel", str(10**15), errlog=errlog) as session:
                 description = (await session.list_tools()).tools[0].description or ""
                 assert "timeout 1 s" in description
                 spun = await session.call_tool(

@@ -1,0 +1,126 @@
+"""Signals while wasmtime runs Python callbacks: handlers run, their exceptions wait.
+
+Python runs a signal's handler in the main thread at the next bytecode boundary. While the main
+thread is inside a guest call, the next bytecode is a ctypes callback that wasmtime entered (the
+epoch check, a host function, the memory creator). A handler that raises there, as the default
+SIGINT handler does with ``KeyboardInterrupt``, makes the exception escape the callback: ctypes
+prints "Exception ignored", hands wasmtime an uninitialised return value, and wasmtime frees
+a garbage pointer (glibc's "double free or corruption", exit 134).
+
+So while a guest call runs on the main thread, :class:`SignalShield` wraps every Python-level
+signal handler in one that runs the original, catches whatever it raises, keeps the first such
+exception and tells the shield's listener (the budget layer cancels the call at its next epoch
+tick). A handler that does not raise behaves exactly as before. When the outermost shield closes,
+the original handlers are back and the kept exception is the caller's to raise, outside every
+callback.
+
+Rejected:
+- catching ``BaseException`` in every callback alone: the exception would still be raised
+  in the middle of a host function (a trace record half written, a WASI stream half updated);
+  the callbacks catch it anyway, as the last line of defence;
+- installing the wrappers once for the life of the process: ``signal.getsignal`` would lie to
+  everyone else (asyncio installs its own Ctrl-C handling only when it sees the default one);
+- blocking signals with ``pthread_sigmask``: Python handlers would not run at all during a long
+  call, so nothing would notice the Ctrl-C until the call ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+__all__ = ["SignalShield"]
+
+# Signals whose Python handlers commonly raise to stop a program. Others keep their handlers.
+_CANDIDATES: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
+)
+_MAIN = threading.main_thread()
+_Handler = Callable[[int, FrameType | None], Any]
+_Listener = Callable[[int], None]
+
+
+class _State:
+    """The main thread's shield state (only the main thread ever touches it)."""
+
+    depth = 0
+    saved: dict[int, _Handler] = {}  # noqa: RUF012 - one mutable state object by design
+    listeners: list[_Listener] = []  # noqa: RUF012
+    pending: BaseException | None = None
+    signum: int | None = None
+
+
+def _deferring(signum: int, frame: FrameType | None) -> None:
+    original = _State.saved.get(signum)
+    try:
+        if original is signal.default_int_handler:
+            raise KeyboardInterrupt
+        if original is not None:
+            original(signum, frame)
+    except BaseException as exc:  # noqa: BLE001 - kept and raised once outside the callbacks
+        if _State.pending is None:
+            _State.pending = exc
+            _State.signum = signum
+        for listener in list(_State.listeners):
+            # A listener must not undo the deferral by raising in its turn.
+            with contextlib.suppress(BaseException):
+                listener(signum)
+
+
+class SignalShield:
+    """While open on the main thread, signal handlers cannot raise into a ctypes callback.
+
+    ``with SignalShield(on_signal) as shield: ...``: ``on_signal(signum)`` is called (inside
+    whatever callback was running) when a handler raised; after the block, ``shield.pending``
+    holds that exception (the first one, if several came) and ``shield.signum`` its signal,
+    for the caller to raise. Off the main thread the shield does nothing: Python runs handlers
+    only in the main thread. Shields nest; the outermost restores the handlers.
+    """
+
+    __slots__ = ("_active", "_listener", "pending", "signum")
+
+    def __init__(self, on_signal: _Listener | None = None) -> None:
+        self._listener = on_signal
+        self._active = False
+        self.pending: BaseException | None = None
+        self.signum: int | None = None
+
+    def __enter__(self) -> SignalShield:
+        if threading.current_thread() is not _MAIN:
+            return self
+        self._active = True
+        if self._listener is not None:
+            _State.listeners.append(self._listener)
+        if _State.depth == 0:
+            _State.pending = None
+            _State.signum = None
+            for signum in _CANDIDATES:
+                current = signal.getsignal(signum)
+                if callable(current) and current is not _deferring:
+                    _State.saved[signum] = current
+                    signal.signal(signum, _deferring)
+        _State.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._active:
+            return
+        self._active = False
+        if self._listener is not None:
+            _State.listeners.remove(self._listener)
+        _State.depth -= 1
+        if _State.depth == 0:
+            for signum, handler in _State.saved.items():
+                # Only put back what we replaced: the guarded code may have installed its own.
+                if signal.getsignal(signum) is _deferring:
+                    signal.signal(signum, handler)
+            _State.saved = {}
+            self.pending, _State.pending = _State.pending, None
+            self.signum, _State.signum = _State.signum, None
+        # An inner shield leaves the exception to the outermost: it is raised once.

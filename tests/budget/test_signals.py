@@ -1,0 +1,264 @@
+"""Signals during guest calls: a clean ``Cancelled`` or exit 130/143, never a crash of the host.
+
+Each process test starts a real ``mty`` (or Python) process, waits until it has installed its
+handlers (read from /proc), sends SIGINT or SIGTERM after a random delay and checks how it
+ended: never a death by signal, never "Exception ignored" from a ctypes callback, never a
+traceback, and one line (or one JSON object) saying what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mighty import Budget, Cancelled, Component, Instance
+from mighty.engine import SignalShield
+
+TRIES = 20
+_MTY = str(Path(sys.executable).parent / "mty")
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (SigCgt in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def _interrupt(
+    argv: list[str], signum: int, rng: random.Random, late: float
+) -> tuple[int, str, str]:
+    """Start ``argv``, signal it once it is past start-up plus up to ``late`` s; its outcome."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not _catches(proc.pid, signal.SIGTERM) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the process never installed its handlers"
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, late))
+        if proc.poll() is None:
+            proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _many(
+    make: Callable[[random.Random], tuple[int, str, str]], seed: int
+) -> list[tuple[int, str, str]]:
+    """TRIES outcomes of ``make``, a few processes at a time."""
+    rngs = [random.Random(seed * 1000 + i) for i in range(TRIES)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return list(pool.map(make, rngs))
+
+
+def _assert_clean(outcome: tuple[int, str, str], signum: int) -> None:
+    code, _out, err = outcome
+    assert code == 128 + signum, outcome
+    assert "Traceback" not in err, err
+    assert "Exception ignored" not in err, err
+    assert "corruption" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_mty_call_exits_130_or_143(budget_wasm_path: Path, signum: int) -> None:
+    """`mty call` of an endless loop, signalled at random moments: exit 128+N and one line."""
+
+    def once(rng: random.Random) -> tuple[int, str, str]:
+        argv = [_MTY, "call", str(budget_wasm_path), "spin", "--timeout", "60"]
+        return _interrupt(argv, signum, rng, 0.4)
+
+    for outcome in _many(once, signum):
+        _assert_clean(outcome, signum)
+        lines = [line for line in outcome[2].splitlines() if line.strip()]
+        assert len(lines) == 1, outcome
+        assert lines[0].startswith("mty: error: "), outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_mty_call_json_is_one_cancelled_object(budget_wasm_path: Path, signum: int) -> None:
+    """With --json a signalled `mty call` prints exactly one object of kind `cancelled`."""
+
+    def once(rng: random.Random) -> tuple[int, str, str]:
+        argv = [_MTY, "call", str(budget_wasm_path), "spin", "--timeout", "60", "--json"]
+        return _interrupt(argv, signum, rng, 0.4)
+
+    for outcome in _many(once, signum + 100):
+        _assert_clean(outcome, signum)
+        lines = [line for line in outcome[1].splitlines() if line.strip()]
+        assert len(lines) == 1, outcome
+        document = json.loads(lines[0])
+        assert document["ok"] is False
+        assert document["error"]["kind"] == "cancelled"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "while True: pass",  # only epoch checks: the signal lands in the epoch callback
+        "import time\nwhile True: time.sleep(0.001)",  # the signal lands in a host wait (poll)
+        "while True: print('x' * 100)",  # the signal lands in a host function (stdout)
+    ],
+    ids=["compute", "sleep", "print"],
+)
+def test_mty_exec_exits_130_or_143(
+    interpreter: Component, tmp_path: Path, signum: int, code: str
+) -> None:
+    """`mty exec` of code that spins, sleeps or prints, signalled at random: exit 128+N."""
+    script = tmp_path / "spin.py"
+    script.write_text(code)
+
+    def once(rng: random.Random) -> tuple[int, str, str]:
+        argv = [_MTY, "exec", str(script), "--timeout", "60", "--fuel", str(10**15), "--json"]
+        return _interrupt(argv, signum, rng, 0.6)
+
+    for outcome in _many(once, signum + 200):
+        _assert_clean(outcome, signum)
+        lines = [line for line in outcome[1].splitlines() if line.strip()]
+        assert len(lines) == 1, outcome
+        assert json.loads(lines[0])["error"]["kind"] == "cancelled"
+
+
+_SCRIPT = """
+import signal, sys
+from mighty import Budget, Cancelled, Component, Instance
+
+def terminate(signum, frame):
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, terminate)
+component = Component.load(sys.argv[1])
+try:
+    with Instance(component, budget=Budget(timeout=60)) as instance:
+        while True:
+            instance.call("spin")
+except Cancelled as exc:
+    print("cancelled", exc.reason, exc.signal, flush=True)
+    sys.exit(130)
+except KeyboardInterrupt:
+    print("keyboard-interrupt", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_python_instance_call_is_cancelled(budget_wasm_path: Path, signum: int) -> None:
+    """`Instance.call` from Python: SIGINT is `Cancelled("interrupted")`; a SIGTERM handler's exit runs."""
+
+    def once(rng: random.Random) -> tuple[int, str, str]:
+        argv = [sys.executable, "-c", _SCRIPT, str(budget_wasm_path)]
+        return _interrupt(argv, signum, rng, 0.3)
+
+    for outcome in _many(once, signum + 300):
+        _assert_clean(outcome, signum)
+        if signum == signal.SIGINT:
+            assert outcome[1].strip() in {"cancelled interrupted 2", "keyboard-interrupt"}
+    # The signal lands during the call far more often than between calls: most are Cancelled.
+
+
+def test_sigint_during_a_call_is_cancelled_with_its_signal(budget_wasm: bytes) -> None:
+    """In the main thread, SIGINT during a guest call ends it as Cancelled(reason='interrupted')."""
+    component = Component.load(budget_wasm)
+    with Instance(component, budget=Budget(timeout=30)) as instance:
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(Cancelled) as caught:
+            instance.call("spin")
+        timer.join()
+    assert caught.value.reason == "interrupted"
+    assert caught.value.signal == signal.SIGINT
+    assert time.monotonic() - started < 25  # stopped by the signal, not by the deadline
+    # The default handler is back: Ctrl-C outside a call is a KeyboardInterrupt again.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_handler_that_does_not_raise_leaves_the_call_running(budget_wasm: bytes) -> None:
+    """A signal whose handler only takes note runs the handler; the guest call goes on."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: seen.append(signum))
+    try:
+        component = Component.load(budget_wasm)
+        with Instance(component) as instance:
+            timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1))
+            timer.start()
+            assert instance.call("count", 200_000_000) == 200_000_000
+            timer.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == [signal.SIGUSR1]
+
+
+def test_a_raising_handler_gets_its_exception_out_after_the_call(budget_wasm: bytes) -> None:
+    """A handler that raises (SystemExit) stops the call; its exception comes out of `call`."""
+
+    def leave(_signum: int, _frame: object) -> None:
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGUSR1, leave)
+    try:
+        component = Component.load(budget_wasm)
+        with Instance(component, budget=Budget(timeout=30)) as instance:
+            timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+            timer.start()
+            with pytest.raises(SystemExit) as caught:
+                instance.call("spin")
+            timer.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert caught.value.code == 143
+    assert isinstance(caught.value.__context__, Cancelled)
+
+
+def test_shield_restores_handlers_and_nests() -> None:
+    """Shields nest; the outermost puts the handlers back and alone reports the exception."""
+    heard: list[int] = []
+    before = signal.getsignal(signal.SIGINT)
+    with SignalShield(heard.append) as outer:
+        with SignalShield() as inner:
+            assert signal.getsignal(signal.SIGINT) is not before
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, and does not raise
+        assert inner.pending is None
+    assert signal.getsignal(signal.SIGINT) is before
+    assert isinstance(outer.pending, KeyboardInterrupt)
+    assert outer.signum == signal.SIGINT
+    assert heard == [signal.SIGINT]
+
+
+def test_shield_off_the_main_thread_does_nothing() -> None:
+    """Python runs handlers only in the main thread: elsewhere the shield changes nothing."""
+    seen: list[object] = []
+
+    def body() -> None:
+        with SignalShield() as shield:
+            seen.append(signal.getsignal(signal.SIGINT))
+        seen.append(shield.pending)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [signal.default_int_handler, None]
