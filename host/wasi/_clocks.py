@@ -18,6 +18,7 @@ advances by the fixed step only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "VIRTUAL_STEP_NS",
     "VirtualClock",
     "bindings",
+    "file_clock",
     "resources",
     "setup",
 ]
@@ -135,8 +137,32 @@ def resources() -> list[ResourceKind]:
 
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
-    """A virtual clock at 0 for this instance."""
-    ctx.state[_STATE] = _ClockState(policy, VirtualClock())
+    """A virtual clock at 0 for this instance (kept if another module already made it)."""
+    _clock_state(ctx, policy)
+
+
+def _clock_state(ctx: GuestContext, policy: Policy) -> _ClockState:
+    state = ctx.state.get(_STATE)
+    if not isinstance(state, _ClockState):
+        state = _ClockState(policy, VirtualClock())
+        ctx.state[_STATE] = state
+    return state
+
+
+def file_clock(ctx: GuestContext, policy: Policy) -> Callable[[], int]:
+    """Wall-clock nanoseconds for file timestamps, on the instance's one guest clock.
+
+    ``real``: the host's time. ``fixed``: ``clock_start``. ``virtual``: ``clock_start`` plus the
+    virtual clock as the guest last saw it. A timestamp reads the clock without moving it: a
+    write must not change what the guest's next ``now`` returns, so a replay sees the same times.
+    """
+    if policy.clock == "real":
+        return time.time_ns
+    start = policy.clock_start
+    if policy.clock == "fixed":
+        return lambda: start
+    virtual = _clock_state(ctx, policy).virtual
+    return lambda: start + virtual.now_ns
 
 
 def _monotonic_now(ctx: GuestContext) -> int:

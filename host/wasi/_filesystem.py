@@ -19,6 +19,17 @@ Choices:
 - Directory entries whose names are not UTF-8 are skipped by ``read-directory``.
 - Stream failures carry ``wasi:filesystem error-code <code>: ...`` as their ``wasi:io/error``
   debug string, which is what ``filesystem-error-code`` reads back.
+
+Timestamps follow the instance's one guest clock (``_clocks.file_clock``). Under the ``real``
+clock a host file's stat is the host's. Under ``fixed`` and ``virtual`` the host's timestamps
+are never shown, since any of them (ctime above all, which no one can set) dates the run in real
+time: a host object the guest has not touched reports ``clock_start`` for all three times; once
+the guest writes, truncates, creates, renames or links it, or changes a directory's entries, or
+sets its times, the instance remembers its times on the guest clock (keyed by device and inode)
+and reports those. ``set-times`` writes the guest's values (``now`` on the guest clock) to the
+host file as well. Reads do not move the access time (as ``noatime``). Rejected: shifting host
+timestamps by an offset (differences between files still date them) and reporting zero (guests
+treat 1970 as "unknown" and some refuse it).
 """
 
 from __future__ import annotations
@@ -26,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat as st
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +45,7 @@ from typing import Any, Protocol
 from mighty._errors import HostError
 from mighty.abi import Err, Ok, Variant
 from mighty.gate import Binding, GuestContext, Handle, ResourceKind
+from mighty.wasi._clocks import file_clock
 from mighty.wasi._memfs import MemFs, MemNode
 from mighty.wasi._paths import FsError, errno_code, resolve, resolve_depth, stays_beneath
 from mighty.wasi._policy import DirGrant, MemoryDir, Policy
@@ -142,6 +153,48 @@ class FsState:
     clock: Callable[[], int]
     root_fds: list[int] = field(default_factory=list)
     open: set[_Closeable] = field(default_factory=set)
+    times: dict[tuple[int, int], list[int]] | None = None
+    """Under a non-real clock: (dev, ino) -> [atime, mtime, ctime] of host objects the guest
+    touched, on the guest clock. None under the real clock (the host's times are shown)."""
+    epoch: int = 0
+    """What an untouched host object reports under a non-real clock (``clock_start``)."""
+
+    def host_times(self, s: os.stat_result) -> tuple[int, int, int]:
+        """(atime, mtime, ctime) the guest sees for host object ``s``."""
+        if self.times is None:
+            return s.st_atime_ns, s.st_mtime_ns, s.st_ctime_ns
+        known = self.times.get((s.st_dev, s.st_ino))
+        if known is None:
+            return self.epoch, self.epoch, self.epoch
+        return known[0], known[1], known[2]
+
+    def touch(self, s: os.stat_result, *, data: bool) -> None:
+        """The guest changed ``s``: its contents or entries (``data``), or only its metadata."""
+        if self.times is None:
+            return
+        now = self.clock()
+        entry = self.times.setdefault((s.st_dev, s.st_ino), [self.epoch] * 3)
+        if data:
+            entry[1] = now
+        entry[2] = now
+
+    def touch_fd(self, fd: int, *, data: bool = True) -> None:
+        if self.times is not None:
+            self.touch(os.fstat(fd), data=data)
+
+    def set_host_times(self, s: os.stat_result, atime: int, mtime: int) -> None:
+        """The guest set these times on ``s`` (already applied to the host object)."""
+        if self.times is None:
+            return
+        self.times[(s.st_dev, s.st_ino)] = [atime, mtime, self.clock()]
+
+    def stat_record(self, s: os.stat_result) -> dict[str, Any]:
+        record = _stat_record(s)
+        atime, mtime, ctime = self.host_times(s)
+        record["data-access-timestamp"] = _datetime(atime)
+        record["data-modification-timestamp"] = _datetime(mtime)
+        record["status-change-timestamp"] = _datetime(ctime)
+        return record
 
 
 def _close_everything(objects: set[_Closeable], fds: list[int]) -> None:
@@ -155,11 +208,7 @@ def _close_everything(objects: set[_Closeable], fds: list[int]) -> None:
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
     """Open the policy's preopens for one instance (``ctx.state["wasi.fs"]``)."""
-    if policy.clock == "real":
-        clock: Callable[[], int] = time.time_ns
-    else:
-        start = policy.clock_start
-        clock = lambda: start  # noqa: E731 - a constant clock
+    clock = file_clock(ctx, policy)
     if policy.seed is None:
         secret = os.urandom(32)
     else:
@@ -180,7 +229,15 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
             assert isinstance(grant, MemoryDir)
             mem = MemFs(grant.files, max_bytes=grant.max_bytes, clock=clock)
             preopens.append(_Preopen(grant.guest, grant.readonly, mem=mem))
-    state = FsState(preopens, policy.max_read, secret, clock, fds)
+    state = FsState(
+        preopens,
+        policy.max_read,
+        secret,
+        clock,
+        fds,
+        times=None if policy.clock == "real" else {},
+        epoch=policy.clock_start,
+    )
     # Backstop for an instance dropped without close_all: close what the guest left open. Tied
     # to the context, not the state, which the open objects refer to.
     weakref.finalize(ctx, _close_everything, state.open, fds)
@@ -369,7 +426,9 @@ class HostDescriptor(Descriptor):
     def write(self, _ctx: GuestContext, buffer: bytes, offset: int) -> int:
         self.need_write()
         _offset(offset + len(buffer))
-        return os.pwrite(self.fd, buffer, offset)
+        done = os.pwrite(self.fd, buffer, offset)
+        self.state.touch_fd(self.fd)
+        return done
 
     def read_via_stream(self, ctx: GuestContext, offset: int) -> Handle:
         self.need_read()
@@ -400,15 +459,22 @@ class HostDescriptor(Descriptor):
         if size > MAX_OFFSET:
             raise FsError("file-too-large")
         os.ftruncate(self.fd, size)
+        self.state.touch_fd(self.fd)
 
     def set_times(self, _ctx: GuestContext, atime: Any, mtime: Any) -> None:
         self.need_modify()
         cur = os.fstat(self.fd)
-        ns = (
-            _new_time(atime, cur.st_atime_ns, time.time_ns),
-            _new_time(mtime, cur.st_mtime_ns, time.time_ns),
-        )
+        ns = self._new_times(cur, atime, mtime)
         os.utime(self.fd, ns=ns)
+        self.state.set_host_times(cur, *ns)
+
+    def _new_times(self, cur: os.stat_result, atime: Any, mtime: Any) -> tuple[int, int]:
+        """The (atime, mtime) a set-times asks for; ``now`` and ``no-change`` on the guest clock."""
+        old_atime, old_mtime, _ = self.state.host_times(cur)
+        return (
+            _new_time(atime, old_atime, self.state.clock),
+            _new_time(mtime, old_mtime, self.state.clock),
+        )
 
     # -- metadata --
 
@@ -416,12 +482,12 @@ class HostDescriptor(Descriptor):
         return _mode_type(os.fstat(self.fd).st_mode)
 
     def stat(self, _ctx: GuestContext) -> dict[str, Any]:
-        return _stat_record(os.fstat(self.fd))
+        return self.state.stat_record(os.fstat(self.fd))
 
     def stat_at(self, _ctx: GuestContext, path_flags: frozenset[str], path: str) -> dict[str, Any]:
         self.need_dir()
         with resolve(self.fd, path, follow="symlink-follow" in path_flags) as (d, name):
-            return _stat_record(os.stat(name, dir_fd=d, follow_symlinks=False))
+            return self.state.stat_record(os.stat(name, dir_fd=d, follow_symlinks=False))
 
     def set_times_at(
         self, _ctx: GuestContext, path_flags: frozenset[str], path: str, atime: Any, mtime: Any
@@ -429,11 +495,9 @@ class HostDescriptor(Descriptor):
         self.need_mutate()
         with resolve(self.fd, path, follow="symlink-follow" in path_flags) as (d, name):
             cur = os.stat(name, dir_fd=d, follow_symlinks=False)
-            ns = (
-                _new_time(atime, cur.st_atime_ns, time.time_ns),
-                _new_time(mtime, cur.st_mtime_ns, time.time_ns),
-            )
+            ns = self._new_times(cur, atime, mtime)
             os.utime(name, ns=ns, dir_fd=d, follow_symlinks=False)
+            self.state.set_host_times(cur, *ns)
 
     def is_same_object(self, _ctx: GuestContext, other: Descriptor) -> bool:
         if not isinstance(other, HostDescriptor):
@@ -442,7 +506,9 @@ class HostDescriptor(Descriptor):
         return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
     def _hash(self, s: os.stat_result) -> dict[str, int]:
-        return _hash(self.state.secret, s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        # The times the guest sees, not the host's: the hash must not date the run either.
+        _, mtime, ctime = self.state.host_times(s)
+        return _hash(self.state.secret, s.st_dev, s.st_ino, s.st_size, mtime, ctime)
 
     def metadata_hash(self, _ctx: GuestContext) -> dict[str, int]:
         return self._hash(os.fstat(self.fd))
@@ -481,8 +547,13 @@ class HostDescriptor(Descriptor):
         if "write" in flags:
             how |= os.O_RDWR if "read" in flags else os.O_WRONLY
         with resolve(self.fd, path, follow="symlink-follow" in path_flags) as (d, name):
+            created = "create" in open_flags and not _exists(name, d)
             fd = os.open(name, how, 0o666, dir_fd=d)
+            if created:
+                self.state.touch_fd(d)
         try:
+            if created or "truncate" in open_flags:
+                self.state.touch_fd(fd)
             mode = os.fstat(fd).st_mode
             if st.S_ISREG(mode):
                 os.set_blocking(fd, True)
@@ -502,11 +573,15 @@ class HostDescriptor(Descriptor):
         self.need_mutate()
         with resolve(self.fd, path, follow=False) as (d, name):
             os.mkdir(name, 0o777, dir_fd=d)
+            self.state.touch_fd(d)
+            if self.state.times is not None:
+                self.state.touch(os.stat(name, dir_fd=d, follow_symlinks=False), data=True)
 
     def remove_directory_at(self, _ctx: GuestContext, path: str) -> None:
         self.need_mutate()
         with resolve(self.fd, path, follow=False) as (d, name):
             os.rmdir(name, dir_fd=d)
+            self.state.touch_fd(d)
 
     def unlink_file_at(self, _ctx: GuestContext, path: str) -> None:
         self.need_mutate()
@@ -514,6 +589,7 @@ class HostDescriptor(Descriptor):
             if name == ".":
                 raise FsError("is-directory")
             os.unlink(name, dir_fd=d)
+            self.state.touch_fd(d)
 
     def readlink_at(self, _ctx: GuestContext, path: str) -> str:
         self.need_dir()
@@ -539,6 +615,10 @@ class HostDescriptor(Descriptor):
             resolve(new_desc.fd, new, follow=False) as (d2, n2),
         ):
             os.rename(n1, n2, src_dir_fd=d1, dst_dir_fd=d2)
+            self.state.touch_fd(d1)
+            self.state.touch_fd(d2)
+            if self.state.times is not None:
+                self.state.touch(os.stat(n2, dir_fd=d2, follow_symlinks=False), data=False)
 
     def link_at(
         self,
@@ -557,6 +637,17 @@ class HostDescriptor(Descriptor):
             resolve(new_desc.fd, new, follow=False) as (d2, n2),
         ):
             os.link(n1, n2, src_dir_fd=d1, dst_dir_fd=d2, follow_symlinks=False)
+            self.state.touch_fd(d2)
+            if self.state.times is not None:
+                self.state.touch(os.stat(n2, dir_fd=d2, follow_symlinks=False), data=False)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 _ADVICE = {
@@ -617,6 +708,7 @@ class _HostOutput(OutputStream, _Closeable):
                 done = os.pwrite(self.fd, view, at)
                 view = view[done:]
                 at += done
+            self.state.touch_fd(self.fd)
         except OSError as exc:
             raise _stream_error(errno_code(exc), exc.strerror or "") from exc
         if self.offset is not None:
