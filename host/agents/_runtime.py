@@ -18,12 +18,13 @@ What a message can do to its agent:
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,8 @@ _INTERFACE = "mighty:agent/host"
 _EVENTS_KEPT = 10_000
 HOST = "host"
 
+_log = logging.getLogger(__name__)
+
 
 def encode_body(body: Any) -> bytes:
     """A message body as CBOR (None is the empty body)."""
@@ -82,6 +85,8 @@ class AgentStats:
     restarts: int = 0
     fuel: int = 0
     dropped: int = 0
+    unhandled: int = 0
+    """Accepted into the mailbox but never handled: the agent was stopped for good first."""
 
 
 @dataclass(eq=False)
@@ -100,6 +105,14 @@ class AgentProcess:
     on_exit: Callable[[AgentProcess, bool, str], None] | None = None
     current: Envelope | None = None
     _scheduled: bool = False
+    # A crash was reported to the supervisor, which has not yet revived, stopped or retired
+    # the agent: ``drain`` waits for that decision.
+    _exiting: bool = False
+    # Buried: out of the registry for good; ``start`` refuses.
+    _retired: bool = False
+    # The thread holding ``_run`` (while it runs a batch), so that ``stop`` from inside the
+    # agent's own turn (a reply callback, a hook) never waits on itself.
+    _owner: int | None = None
     _state: threading.Lock = field(default_factory=threading.Lock)
     _run: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,6 +120,8 @@ class AgentProcess:
 
     def start(self) -> None:
         """Instantiate the component and run ``init``; BadSpawn if either fails."""
+        if self._retired or self.runtime.closing:
+            raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
         try:
             # Instantiation and init run under the default budget; the type's budget is for
             # each message (a tight per-message fuel must not make the agent unable to start).
@@ -128,18 +143,63 @@ class AgentProcess:
         if isinstance(outcome, Err):
             instance.close()
             raise BadSpawn(f"{self.address} refused its init: {outcome.value}")
-        self.instance = instance
-        self.alive = True
+        with self._state:
+            # Checked again: a shutdown or a bury may have happened while init ran, and an
+            # instance installed now would never be closed.
+            refused = self._retired or self.runtime.closing
+            if not refused:
+                self.instance = instance
+                self.alive = True
+                self._exiting = False
+        if refused:
+            instance.close()
+            raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
         self.mailbox.resume()
         self._wake()
 
+    def _refusal(self) -> str:
+        return "it was stopped for good" if self._retired else "the runtime is shutting down"
+
     def stop(self) -> None:
-        """Stop the agent (idempotent): no more messages are taken; pending asks fail."""
-        with self._run:
+        """Stop the agent (idempotent): no more messages are taken; its mailbox stays.
+
+        Waits for the message being handled, except when called from the agent's own turn.
+        """
+        self.halt()
+
+    def halt(self, timeout: float | None = None) -> bool:
+        """``stop``, waiting at most ``timeout`` seconds (None: as long as it takes).
+
+        False when a message is still running, in which case its worker closes the instance
+        as soon as the message ends.
+        """
+        with self._state:
+            # Set first, so that a batch in progress ends after its current message.
             self.alive = False
+            self._exiting = False
+        if self._owner == threading.get_ident():
+            return False  # our own turn: run_batch closes the instance when it returns
+        if not self._run.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        try:
+            self._close_instance()
+        finally:
+            self._run.release()
+        return True
+
+    def retire(self) -> None:
+        """Stopped for good (its supervisor will not start it again): bury its mailbox."""
+        self.stop()
+        self.runtime._bury(self, "stopped for good by its supervisor")
+
+    def _close_instance(self) -> None:
+        """Close the instance if the agent is stopped (``_run`` held)."""
+        with self._state:
+            if self.alive:
+                return
             instance, self.instance = self.instance, None
-            if instance is not None:
-                instance.close()
+        if instance is not None:
+            instance.close()
 
     def _wake(self) -> None:
         with self._state:
@@ -164,33 +224,76 @@ class AgentProcess:
             return
         self._wake()
 
+    @property
+    def busy(self) -> bool:
+        """Work is left: messages queued, a turn scheduled or running, or a crash undecided."""
+        with self._state:
+            pending = self._scheduled or self._exiting or self.current is not None
+        return pending or len(self.mailbox) > 0
+
     # -- running ----------------------------------------------------------------------------
 
     def run_batch(self) -> tuple[int, bool]:
+        """One turn: up to a batch of messages. Never raises (a failure is a crash)."""
         handled = 0
+        exit_reason: str | None = None
         with self._run:
-            for _ in range(_BATCH):
-                if not self.alive:
-                    break
-                try:
-                    envelope = self.mailbox.get_nowait()
-                except (MailboxEmpty, MailboxClosed):
-                    break
-                self._handle(envelope)
-                handled += 1
+            self._owner = threading.get_ident()
+            try:
+                for _ in range(_BATCH):
+                    if not self.alive:
+                        break
+                    try:
+                        envelope = self.mailbox.get_nowait()
+                    except (MailboxEmpty, MailboxClosed):
+                        break
+                    handled += 1
+                    try:
+                        exit_reason = self._handle(envelope)
+                    except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
+                        _log.exception(
+                            "%s: unexpected error handling %r", self.address, envelope.name
+                        )
+                        error = HostError(f"internal error: {type(exc).__name__}: {exc}")
+                        error.__cause__ = exc
+                        exit_reason = self._crashed(envelope, error)
+                    if exit_reason is not None:
+                        break
+            finally:
+                self.current = None
+                self._owner = None
+                # Stopped meanwhile (stop timed out, or was called from this turn).
+                self._close_instance()
         with self._state:
             # A paused mailbox (hot swap in progress) is woken again when it resumes.
             more = self.alive and not self.mailbox.paused and len(self.mailbox) > 0
             if not more:
                 self._scheduled = False
-            return handled, more
+        if exit_reason is not None:
+            # Outside the run lock: the supervisor may stop, revive or retire this very agent
+            # (and its siblings), which takes their run locks.
+            self._exit(exit_reason)
+        return handled, more
 
-    def _handle(self, envelope: Envelope) -> None:
+    def _exit(self, reason: str) -> None:
+        """Tell the supervisor (or bury the agent when there is none, or no more runtime)."""
+        if self.on_exit is not None and not self.runtime.closing:
+            try:
+                self.on_exit(self, True, reason)
+                return
+            except Exception:  # noqa: BLE001 -- nobody will revive it: settle its queue
+                _log.exception("%s: reporting the crash to the supervisor failed", self.address)
+        with self._state:
+            self._exiting = False
+        self.runtime._bury(self, reason)
+
+    def _handle(self, envelope: Envelope) -> str | None:
+        """Handle one message; the crash reason when the agent crashed on it."""
         refusal = self._check_protocol(envelope)
         if refusal is not None:
             self.stats.failed += 1
             _settle(envelope, error=refusal)
-            return
+            return None
         instance = self.instance
         assert instance is not None
         self.current = envelope
@@ -202,8 +305,7 @@ class AgentProcess:
                 budget=self.type.budget,
             )
         except (GuestError, HostError) as exc:
-            self._crashed(envelope, exc)
-            return
+            return self._crashed(envelope, exc)
         finally:
             self.current = None
         if instance.last_usage is not None:
@@ -226,7 +328,10 @@ class AgentProcess:
             self.runtime.emit(
                 "budget.exhausted", self.address, {"reason": "lifetime_fuel", "limit": limit}
             )
-            self._crashed(None, HostError(f"{self.address} used its lifetime fuel of {limit}"))
+            return self._crashed(
+                None, HostError(f"{self.address} used its lifetime fuel of {limit}")
+            )
+        return None
 
     def _check_protocol(self, envelope: Envelope) -> AgentError | None:
         accepts = self.type.accepts
@@ -247,7 +352,8 @@ class AgentProcess:
             return Refused(f"{self.address}: invalid {envelope.name!r} body: {first}")
         return None
 
-    def _crashed(self, envelope: Envelope | None, exc: MightyError) -> None:
+    def _crashed(self, envelope: Envelope | None, exc: MightyError) -> str:
+        """Record a crash (``_run`` held): the instance is closed; the caller reports it."""
         self.stats.crashes += 1
         reason = f"{exc.kind}: {exc.message}"
         if isinstance(exc, BudgetExceeded):
@@ -255,14 +361,11 @@ class AgentProcess:
         self.runtime.emit("agent.crashed", self.address, {"reason": reason})
         if envelope is not None:
             _settle(envelope, error=AgentCrashed(f"{self.address} crashed: {reason}"))
-        self.alive = False
-        instance, self.instance = self.instance, None
-        if instance is not None:
-            instance.close()
-        if self.on_exit is not None:
-            self.on_exit(self, True, reason)
-        else:
-            self.runtime._bury(self, reason)
+        with self._state:
+            self.alive = False
+            self._exiting = True
+        self._close_instance()
+        return reason
 
     def revive(self) -> None:
         """Start again after a crash: a fresh instance, ``init`` again, the same mailbox."""
@@ -273,14 +376,19 @@ class AgentProcess:
 
 def _settle(
     envelope: Envelope, *, value: bytes | None = None, error: Exception | None = None
-) -> None:
+) -> bool:
+    """Settle an ask's future once; False when it had no future or was settled already."""
     future = envelope.reply
     if future is None or future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
+        return False
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except InvalidStateError:  # settled by another thread just now (shutdown vs the worker)
+        return False
+    return True
 
 
 class Runtime:
@@ -307,6 +415,14 @@ class Runtime:
         self._breakers: dict[str, Any] = {}
         self.events: deque[AgentEvent] = deque(maxlen=_EVENTS_KEPT)
         self._on_event = on_event
+        # Agents buried (stopped for good), kept for reports of what they did and left undone.
+        self._retired: deque[AgentProcess] = deque(maxlen=_EVENTS_KEPT)
+        self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        """``shutdown`` has begun: no agent starts or restarts any more."""
+        return self._closing
 
     # -- types and processes ---------------------------------------------------------------
 
@@ -381,20 +497,38 @@ class Runtime:
             if process.name is not None and self._names.get(process.name) == process.address:
                 del self._names[process.name]
 
+    def retired(self) -> list[AgentProcess]:
+        """The agents stopped for good (crashed unsupervised, given up on, stopped, shut down)."""
+        with self._lock:
+            return list(self._retired)
+
     def _bury(self, process: AgentProcess, reason: str) -> None:
+        """Stop ``process`` for good: out of the registry, its queue settled and counted."""
+        with process._state:
+            first = not process._retired
+            process._retired = True
+            process._exiting = False
         self._forget(process)
         process.mailbox.close()
-        dropped = 0
-        for envelope in process.mailbox.drain():
+        envelopes = process.mailbox.drain()
+        asks = 0
+        for envelope in envelopes:
             if envelope.reply is not None:
-                _settle(envelope, error=NoProc(f"{process.address} crashed: {reason}"))
-            else:
-                dropped += 1
-        if dropped:
-            self.emit("message.dropped", process.address, {"count": dropped, "reason": reason})
+                asks += 1
+                _settle(envelope, error=NoProc(f"{process.address} is gone ({reason})"))
+        process.stats.unhandled += len(envelopes)
+        if first:
+            with self._lock:
+                self._retired.append(process)
+        if envelopes:
+            self.emit(
+                "message.unhandled",
+                process.address,
+                {"count": len(envelopes), "asks": asks, "reason": reason},
+            )
 
     def stop(self, address: str) -> None:
-        """Stop one agent; queued asks fail with NoProc."""
+        """Stop one agent for good; queued asks fail with NoProc, queued sends are counted."""
         process = self.process(address)
         process.stop()
         self._bury(process, "stopped")
@@ -492,7 +626,10 @@ class Runtime:
         event = AgentEvent(kind, address, dict(data))
         self.events.append(event)
         if self._on_event is not None:
-            self._on_event(event)
+            try:
+                self._on_event(event)
+            except Exception:  # noqa: BLE001 -- an observer must not break an agent's turn
+                _log.exception("on_event raised on %s", kind)
 
     def events_of(self, kind: str) -> Iterator[AgentEvent]:
         return (e for e in list(self.events) if e.kind == kind)
@@ -502,26 +639,53 @@ class Runtime:
     def worker_stats(self) -> list[WorkerStats]:
         return self.scheduler.stats()
 
+    def idle(self) -> bool:
+        """Every mailbox empty, no agent running or scheduled, no crash awaiting its supervisor."""
+        return not any(p.busy for p in self.agents())
+
     def drain(self, timeout: float = 10.0) -> bool:
-        """Wait until every mailbox is empty and no agent is running; False on timeout."""
+        """Wait until :meth:`idle`; False on timeout.
+
+        A crashed agent's supervisor has not decided yet, or is restarting it: not idle, since
+        the messages queued behind the crash are still to be handled.
+        """
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            busy = [
-                p for p in self.agents() if p.alive and (len(p.mailbox) or p.current is not None)
-            ]
-            if not busy:
-                return True
+        while not self.idle():
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.005)
-        return False
+        return True
+
+    def unhandled(self) -> dict[str, int]:
+        """Messages left unhandled, by agent address (only agents that left some)."""
+        return {
+            p.address: p.stats.unhandled
+            for p in (*self.retired(), *self.agents())
+            if p.stats.unhandled
+        }
 
     def shutdown(self, *, drain: bool = True, timeout: float = 10.0) -> None:
-        """Drain (optionally), stop every agent in reverse start order, stop the workers."""
+        """Drain (optionally), stop every agent in reverse start order, stop the workers.
+
+        Returns within ``timeout`` seconds, whatever the agents do: a message still running at
+        the deadline is abandoned (its asker gets NoProc; it counts as unhandled) and its
+        worker closes the instance when it returns.
+        """
+        deadline = time.monotonic() + timeout
         if drain:
             self.drain(timeout)
+        # From here on a crash buries its agent instead of reporting it, and nothing starts:
+        # a supervisor restarting an agent now would race with the stops below.
+        self._closing = True
         for process in reversed(self.agents()):
-            process.stop()
+            if not process.halt(timeout=deadline - time.monotonic()):
+                current = process.current
+                if current is not None and _settle(
+                    current, error=NoProc(f"{process.address} is gone (shutdown)")
+                ):
+                    process.stats.unhandled += 1
             self._bury(process, "shutdown")
-        self.scheduler.stop()
+        self.scheduler.stop(timeout=deadline - time.monotonic())
 
     def __enter__(self) -> Runtime:
         return self

@@ -14,7 +14,9 @@ deadlock N workers.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,10 +24,16 @@ from typing import Protocol
 
 __all__ = ["Runnable", "Scheduler", "WorkerStats"]
 
+_log = logging.getLogger(__name__)
+
 
 class Runnable(Protocol):
     def run_batch(self) -> tuple[int, bool]:
-        """Process some messages: (how many, whether the agent has more to do right away)."""
+        """Process some messages: (how many, whether the agent has more to do right away).
+
+        Should not raise: a failure in a turn is the agent's to handle (the runtime makes it a
+        crash). If it raises anyway, the worker logs it and goes on; the agent is dropped.
+        """
 
 
 @dataclass
@@ -123,7 +131,11 @@ class Scheduler:
                     self._lock.wait(timeout=0.5)
                     self._idle -= 1
                     agent = self._take(index)
-            handled, again = agent.run_batch()
+            try:
+                handled, again = agent.run_batch()
+            except Exception:  # noqa: BLE001 -- a worker outlives any one agent's bug
+                _log.exception("worker %d: a turn raised; the agent was dropped", index)
+                continue
             stats = self._stats[index]
             stats.batches += 1
             stats.messages += handled
@@ -140,15 +152,21 @@ class Scheduler:
         return len(self._threads)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop taking work; wait for workers to finish their current batch."""
+        """Stop taking work; wait up to ``timeout`` seconds in all for current batches to end.
+
+        Workers are daemon threads: one still running a guest at the deadline is left to
+        finish on its own.
+        """
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._stopping = True
             for queue in self._queues:
                 queue.clear()
             self._lock.notify_all()
-        for thread in self._threads:
+            threads = list(self._threads)
+        for thread in threads:
             if thread is not threading.current_thread():
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 Callback = Callable[[], None]

@@ -30,6 +30,10 @@ Decisions where OTP leaves room or where we differ:
   again, within the intensity, so a child that cannot start fails the supervisor;
 - an exit is matched to the incarnation current when it was reported (or to ``handle=`` when
   given), so late reports about a child already replaced are ignored;
+- a child that will not be started again (its restart type, a temporary sibling of a group
+  restart, the supervisor giving up, a parent retiring this supervisor) is *retired* once
+  stopped, when its handle has a ``retire`` method (``RetiringHandle``): an agent then settles
+  the messages still queued for it. ``stop`` alone keeps them, since a restart may follow;
 - ``child_exited`` returns the ``SupervisorFailed`` when the exit it reported made the supervisor
   give up (a result, not an exception: the reporting thread is a worker of the runtime, and the
   parent learns of the failure through ``on_failed``).
@@ -47,7 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from mighty._errors import BadInput, GuestError, HostError
 
@@ -60,6 +64,7 @@ __all__ = [
     "CircuitState",
     "EventKind",
     "RestartType",
+    "RetiringHandle",
     "Strategy",
     "Supervisor",
     "SupervisorEvent",
@@ -134,6 +139,21 @@ class ChildHandle(Protocol):
         ...
 
 
+@runtime_checkable
+class RetiringHandle(ChildHandle, Protocol):
+    """A handle that wants to know when its supervisor will not start it again.
+
+    ``stop`` may be followed by a restart (a group restart keeps an agent's mailbox); a child
+    that exited or was stopped and will not be restarted (its restart type, a temporary
+    sibling of a group restart, the supervisor giving up) is then ``retire``d, so that what it
+    still holds (queued messages) is settled instead of waiting forever.
+    """
+
+    def retire(self) -> None:
+        """The supervisor will not start this incarnation again; already stopped."""
+        ...
+
+
 @dataclass(frozen=True)
 class ChildSpec:
     """How to start one child, and when to restart it."""
@@ -182,6 +202,8 @@ class _Child:
     # Bumped at every start attempt, so an exit report names one incarnation.
     generation: int = 0
     restarts: int = 0
+    # The handle of the latest start, kept while the child is down until it is retired.
+    last: ChildHandle | None = None
 
 
 @dataclass(eq=False)
@@ -291,6 +313,17 @@ class Supervisor:
         after that operation, and returns at once.
         """
         self._submit(_Op("stop"), wait=True)
+
+    def retire(self) -> None:
+        """Retire every child of a stopped or failed supervisor (see ``RetiringHandle``).
+
+        A parent calls this when it will not restart this supervisor; a running supervisor
+        is left alone.
+        """
+        with self._lock:
+            if self._state not in ("stopped", "failed"):
+                return
+        self._retire(self._children)
 
     def child_exited(
         self,
@@ -443,6 +476,7 @@ class Supervisor:
         how = "crashed" if op.crashed else "stopped"
         self._emit("child_stopped", child.spec.name, f"{how}: {op.reason}" if op.reason else how)
         if not _should_restart(child.spec.restart, crashed=op.crashed):
+            self._retire([child])
             return
         crashed_child, reason = child, op.reason or "crashed"
         while True:
@@ -489,6 +523,7 @@ class Supervisor:
                 c.status = "down" if c.spec.restart == "temporary" else "pending"
             exited.status = "pending"
             to_start = [c for c in group if c.status == "pending"]
+        self._retire([c for c in others if c.status == "down"])
         for child in to_start:
             try:
                 self._start_child(child)
@@ -526,6 +561,7 @@ class Supervisor:
                     c.status = "down"
         self._emit("restart_limit", child.spec.name, message)
         self._stop_children(reversed(self._children), "shutdown: restart limit")
+        self._retire(reversed(self._children))
         self._emit("supervisor_stopped", None, message)
         return failure
 
@@ -542,6 +578,7 @@ class Supervisor:
             raise
         with self._lock:
             child.handle = handle
+            child.last = handle
             child.status = "running"
 
     def _stop_children(self, children: Iterable[_Child], reason: str) -> None:
@@ -563,6 +600,20 @@ class Supervisor:
                 child.handle = None
                 child.status = "down"
             self._emit("child_stopped", child.spec.name, stop_reason)
+
+    def _retire(self, children: Iterable[_Child]) -> None:
+        """Tell the stopped ``children``'s handles they will not be started again."""
+        for child in children:
+            with self._lock:
+                handle, child.last = child.last, None
+                if child.status != "down":
+                    child.last = handle
+                    continue
+            if isinstance(handle, RetiringHandle):
+                try:
+                    handle.retire()
+                except Exception:  # noqa: BLE001 -- one bad retire must not keep the rest
+                    _log.exception("supervisor %r: retiring %r raised", self._name, child.spec.name)
 
     def _emit(self, kind: EventKind, child: str | None, reason: str) -> None:
         if self._on_event is None:

@@ -4,8 +4,14 @@ A supervised agent keeps its address and mailbox across restarts: its supervisor
 (a fresh instance, ``init`` again) and the messages that arrived meanwhile are still there, so
 a crash loses only the message being handled (whose sender is told). When a supervisor gives up
 (too many restarts in its period), its children are stopped for good (queued asks fail with
-``NoProc``) and the failure goes up to its parent, which restarts the whole subtree or gives up
-in turn; at the root, the runtime emits ``supervisor.failed``.
+``NoProc``, queued sends count as unhandled) and the failure goes up to its parent, which
+restarts the whole subtree or gives up in turn; at the root, the runtime emits
+``supervisor.failed``. A child its supervisor will not restart (a temporary one, or one whose
+supervisor gave up) is retired the same way (``RetiringHandle``), so no ask waits on it forever.
+
+Supervision never runs under an agent's run lock: a crash is reported after the worker has
+released the crashed agent's lock (see ``AgentProcess.run_batch``), so a supervisor may stop,
+revive or retire any agent, the crashed one included.
 """
 
 from __future__ import annotations
@@ -107,11 +113,8 @@ def _build(
         )
 
     def failed(reason: str) -> None:
-        for child in spec.children:
-            if isinstance(child, AgentChild):
-                address = runtime.whereis(child.name)
-                if address is not None:
-                    runtime._bury(runtime._agents[address], f"supervisor {spec.name} gave up")
+        # The children were stopped and retired (their queues settled) as the supervisor gave
+        # up, before this call, so a parent restarting this subtree starts fresh agents.
         runtime.emit("supervisor.failed", spec.name, {"reason": reason})
         if on_failed is not None:
             on_failed(reason)
