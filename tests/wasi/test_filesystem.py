@@ -30,8 +30,8 @@ MUTATIONS_REFUSED = {"read-only", "not-permitted", "access"}
 class Guest:
     """A filesystem instance driven the way the gate drives it."""
 
-    def __init__(self, policy: Policy) -> None:
-        self.ctx = GuestContext(wasmtime.Store(get_engine()))
+    def __init__(self, policy: Policy, ctx: GuestContext | None = None) -> None:
+        self.ctx = ctx or GuestContext(wasmtime.Store(get_engine()))
         fs.setup(self.ctx, policy)
         self.dirs = {
             guest: self.ctx.get(fs.DESCRIPTOR, h.rep)
@@ -70,7 +70,7 @@ class Guest:
 
     def listdir(self, d: Any) -> dict[str, str]:
         stream = self.ok("read-directory", d)
-        out = {}
+        out: dict[str, str] = {}
         while True:
             r = FNS["[method]directory-entry-stream.read-directory-entry"](self.ctx, stream)
             assert isinstance(r, Ok)
@@ -236,7 +236,7 @@ def test_read_only_preopen_refuses_every_mutation(host: tuple[Guest, Path]) -> N
         ("set-times", ro, stamp, stamp),
     ]
     for name, *args in refused:
-        assert g.err(name, *args) in MUTATIONS_REFUSED, name
+        assert g.err(str(name), *args) in MUTATIONS_REFUSED, name
     f = g.open(ro, "data.txt")
     for name, *args in [
         ("write", f, b"x", 0),
@@ -245,7 +245,7 @@ def test_read_only_preopen_refuses_every_mutation(host: tuple[Guest, Path]) -> N
         ("write-via-stream", f, 0),
         ("append-via-stream", f),
     ]:
-        assert g.err(name, *args) in MUTATIONS_REFUSED, name
+        assert g.err(str(name), *args) in MUTATIONS_REFUSED, name
     sub = g.open(ro, "sub")
     assert g.err("create-directory-at", sub, "x") in MUTATIONS_REFUSED
     assert g.ok("read", f, 100, 0) == (b"read only", True)
@@ -315,7 +315,7 @@ def test_escapes_are_refused_everywhere(host: tuple[Guest, Path], path: str) -> 
         ("readlink-at", rw, path if path.startswith("link") else path + "/x"),
     ]
     for name, *args in calls:
-        result = g.call(name, *args)
+        result = g.call(str(name), *args)
         assert isinstance(result, Err), (name, path, result)
     assert (tmp / "outside" / "secret").read_bytes() == b"SECRET"
     assert os.listdir(tmp / "outside") == ["secret"]
