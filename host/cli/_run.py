@@ -1,4 +1,17 @@
-"""`mty run mighty.toml`: run an agent system until its start messages are done (or Ctrl-C)."""
+"""`mty run mighty.toml`: run an agent system until its start messages are done (or Ctrl-C).
+
+The end, either way: the tree is stopped in reverse start order (``Runtime.shutdown``, which
+returns within its deadline), and the summary says, per agent, what was handled and what was
+accepted but left unhandled. Exit status: 0 when everything accepted was handled and nothing
+failed, 1 otherwise, 130 on SIGINT and 143 on SIGTERM (one line, or one JSON object whose error
+kind is ``cancelled``).
+
+Signals are only *noted* by the handler, never raised: the main thread may be inside a lock of
+the runtime, a ctypes callback of wasmtime (an agent's ``init`` runs here) or ``Event.wait``,
+and an exception or a lock taken from a handler there corrupts or deadlocks. The main thread
+waits in short slices and looks at the note. Rejected: raising ``KeyboardInterrupt`` (as the
+other commands do) out of ``start_tree`` or a start message's ask.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +20,9 @@ import os
 import signal
 import sys
 import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -17,6 +33,47 @@ from mighty._errors import BadInput
 from mighty.cli._main import _errors, _progress
 
 __all__ = ["run_command"]
+
+_SHUTDOWN_TIMEOUT = 10.0
+_SLICE = 0.05
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Signals:
+    """SIGINT and SIGTERM while the command runs: the first is remembered, none is raised."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.count = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for signum in _SIGNALS:
+            try:
+                self._previous[signum] = signal.signal(signum, self._noted)
+            except ValueError:  # not the main thread (click invoked from a test's thread)
+                break
+        return self
+
+    def _noted(self, signum: int, _frame: FrameType | None) -> None:
+        # Plain attribute writes only: no lock may be taken here (see the module docstring).
+        if self.first is None:
+            self.first = signum
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            # After a signal the process is on its way out: a late Ctrl-C must not land in
+            # the default handler and print a traceback while the exit unwinds.
+            signal.signal(signum, signal.SIG_IGN if self.first is not None else previous)
+
+    @property
+    def requested(self) -> bool:
+        return self.first is not None
+
+
+class _Interrupted(Exception):
+    """A signal arrived while the main thread waited for a start message's reply."""
 
 
 @click.command("run")
@@ -34,17 +91,19 @@ __all__ = ["run_command"]
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def run_command(manifest: Path, record: str | None, keep_running: bool, as_json: bool) -> None:
     """Run the agents, supervision tree and start messages of MANIFEST."""
-    from mighty.agents import AgentError, Runtime, start_tree
+    from mighty.agents import Runtime, start_tree
     from mighty.agents._manifest import agent_types, load_manifest, supervisor_spec
     from mighty.trace import Recorder
 
-    with _errors(as_json):
+    with _Signals() as signals, _errors(as_json):
         spec, base = load_manifest(manifest)
         show = _progress(sys.stderr.isatty() and not as_json)
         types = agent_types(spec, base, show)
-        recorder = Recorder(Path(record) if record else None) if record is not None else None
         failures: list[str] = []
         replies: list[dict[str, Any]] = []
+        if signals.first is not None:  # while building: nothing ran yet
+            _cancelled(signals.first, replies, failures, None, as_json)
+        recorder = Recorder(Path(record) if record else None) if record is not None else None
         stop = threading.Event()
         runtime = Runtime(workers=spec.workers, recorder=recorder)
         control = _control_server(runtime)
@@ -54,32 +113,27 @@ def run_command(manifest: Path, record: str | None, keep_running: bool, as_json:
             root = start_tree(
                 runtime, supervisor_spec(spec.supervisor), on_failed=lambda why: stop.set()
             )
-            for item in spec.start:
-                try:
-                    if item.ask:
-                        reply = runtime.ask(item.to, item.message, item.body, timeout=item.timeout)
-                        replies.append({"to": item.to, "message": item.message, "reply": reply})
-                        if not as_json:
-                            click.echo(
-                                f"{item.to} <- {item.message}: {json.dumps(reply, default=repr)}"
-                            )
-                    else:
-                        runtime.send(item.to, item.message, item.body)
-                except AgentError as exc:
-                    failures.append(f"{item.to} <- {item.message}: {exc.message}")
-                    if not as_json:
-                        click.echo(f"{item.to} <- {item.message}: error: {exc.message}", err=True)
             if keep_running:
-                _wait_for_interrupt(stop)
-            runtime.drain()
+                click.echo("mty: running; Ctrl-C to stop", err=True)
+            _start_messages(runtime, spec.start, signals, replies, failures, as_json)
+            # Until every accepted message is handled (drain: no mailbox left, no restart
+            # pending), or a signal; with --keep-running until a signal or the root fails.
+            while not signals.requested and not stop.is_set():
+                if keep_running:
+                    time.sleep(_SLICE)
+                elif runtime.drain(_SLICE):
+                    break
         finally:
             if control is not None:
                 control.stop()
-            summary = _summary(runtime)
-            runtime.shutdown(drain=False)
+            runtime.shutdown(drain=False, timeout=_SHUTDOWN_TIMEOUT)
             if recorder is not None:
                 recorder.close()
-        failed = root.state == "failed" or bool(failures)
+        summary = _summary(runtime)
+        if signals.first is not None:
+            _cancelled(signals.first, replies, failures, summary, as_json)
+        unhandled = summary["unhandled"]
+        failed = root.state == "failed" or bool(failures) or unhandled > 0
         if as_json:
             click.echo(
                 json.dumps(
@@ -90,6 +144,88 @@ def run_command(manifest: Path, record: str | None, keep_running: bool, as_json:
         else:
             _print_summary(summary, root.state)
         sys.exit(1 if failed else 0)
+
+
+def _start_messages(
+    runtime: Any,
+    items: list[Any],
+    signals: _Signals,
+    replies: list[dict[str, Any]],
+    failures: list[str],
+    as_json: bool,
+) -> None:
+    """Send the manifest's start messages in order (waiting for asks), until a signal."""
+    from mighty.agents import AgentError, decode_body, encode_body
+
+    def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while not signals.requested:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FutureTimeout
+            try:
+                return future.result(min(left, _SLICE))
+            except FutureTimeout:
+                continue
+        raise _Interrupted
+
+    for item in items:
+        if signals.requested:
+            return
+        try:
+            if item.ask:
+                raw = runtime.ask_raw(
+                    item.to, item.message, encode_body(item.body), timeout=item.timeout, wait=wait
+                )
+                reply = decode_body(raw)
+                replies.append({"to": item.to, "message": item.message, "reply": reply})
+                if not as_json:
+                    click.echo(f"{item.to} <- {item.message}: {json.dumps(reply, default=repr)}")
+            else:
+                runtime.send(item.to, item.message, item.body)
+        except _Interrupted:
+            return
+        except AgentError as exc:
+            failures.append(f"{item.to} <- {item.message}: {exc.message}")
+            if not as_json:
+                click.echo(f"{item.to} <- {item.message}: error: {exc.message}", err=True)
+
+
+def _cancelled(
+    signum: int,
+    replies: list[dict[str, Any]],
+    failures: list[str],
+    summary: dict[str, Any] | None,
+    as_json: bool,
+) -> None:
+    """Report the signal that stopped the run, in one line or one JSON object, and exit."""
+    name = signal.Signals(signum).name
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    left = [] if summary is None else [a for a in summary["agents"] if a["unhandled"]]
+    total = 0 if summary is None else summary["unhandled"]
+    message = f"{how} by {name}; {total} accepted message(s) left unhandled"
+    if left:
+        message += ": " + ", ".join(f"{_label(a)} {a['unhandled']}" for a in left)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": False,
+                    "error": {"kind": "cancelled", "message": message, "signal": name},
+                    "replies": replies,
+                    "failures": failures,
+                    **(summary or {"agents": [], "workers": [], "events": {}, "unhandled": 0}),
+                },
+                default=repr,
+            )
+        )
+    else:
+        click.echo(f"mty: {message}", err=True)
+    sys.exit(128 + signum)
+
+
+def _label(agent: dict[str, Any]) -> str:
+    return f"{agent['address']} ({agent['name']})" if agent["name"] else str(agent["address"])
 
 
 def _control_server(runtime: Any) -> Any:
@@ -115,32 +251,26 @@ def _control_server(runtime: Any) -> Any:
     return server
 
 
-def _wait_for_interrupt(stop: threading.Event) -> None:
-    def interrupted(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = signal.signal(signal.SIGINT, interrupted)
-    try:
-        click.echo("mty: running; Ctrl-C to stop", err=True)
-        while not stop.wait(0.2):
-            pass
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _summary(runtime: Any) -> dict[str, Any]:
+    processes = sorted(
+        {id(p): p for p in (*runtime.retired(), *runtime.agents())}.values(),
+        key=lambda p: int(p.address.rpartition(":")[2]),
+    )
     agents = [
         {
             "address": p.address,
             "name": p.name,
+            "accepted": p.mailbox.accepted,
             "handled": p.stats.handled,
             "failed": p.stats.failed,
             "crashes": p.stats.crashes,
             "restarts": p.stats.restarts,
+            "unhandled": p.stats.unhandled,
+            "dropped": p.stats.dropped,
             "fuel": p.stats.fuel,
             "mailbox_high_water": p.mailbox.high_water,
         }
-        for p in runtime.agents()
+        for p in processes
     ]
     workers = [
         {"name": w.name, "messages": w.messages, "batches": w.batches, "steals": w.steals}
@@ -149,7 +279,12 @@ def _summary(runtime: Any) -> dict[str, Any]:
     events: dict[str, int] = {}
     for event in list(runtime.events):
         events[event.kind] = events.get(event.kind, 0) + 1
-    return {"agents": agents, "workers": workers, "events": events}
+    return {
+        "agents": agents,
+        "workers": workers,
+        "events": events,
+        "unhandled": sum(a["unhandled"] for a in agents),
+    }
 
 
 def _print_summary(summary: dict[str, Any], state: str) -> None:
@@ -158,7 +293,8 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
         name = f" ({agent['name']})" if agent["name"] else ""
         click.echo(
             f"  {agent['address']}{name}: handled {agent['handled']}, failed {agent['failed']}, "
-            f"crashes {agent['crashes']}, restarts {agent['restarts']}, fuel {agent['fuel']}"
+            f"crashes {agent['crashes']}, restarts {agent['restarts']}, "
+            f"unhandled {agent['unhandled']}, fuel {agent['fuel']}"
         )
     for worker in summary["workers"]:
         click.echo(
@@ -169,6 +305,8 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
         click.echo(
             "  events: " + ", ".join(f"{k} x{v}" for k, v in sorted(summary["events"].items()))
         )
+    if summary["unhandled"]:
+        click.echo(f"  left unhandled: {summary['unhandled']} accepted message(s)")
 
 
 @click.command("reload")
