@@ -14,6 +14,8 @@ from wasmtime import component as wc
 from mighty._errors import CompileError, InvalidComponent
 from mighty.engine._cache import CompiledCache
 from mighty.engine._engine import get_engine
+from mighty.engine._image import MemoryImage, split_images
+from mighty.engine._memory import MemoryAccount, instantiating_into
 
 __all__ = ["Component", "check_component_bytes"]
 
@@ -57,6 +59,15 @@ class Component:
     from_cache: bool
     imports: tuple[str, ...]
     """Every import by its full name (``wasi:cli/stdout@0.2.9`` ...), read once at load."""
+    images: tuple[MemoryImage, ...] = ()
+    """Initial memory contents shared copy-on-write by every instance (see ``_image``). When
+    present, ``wasm`` was compiled from the bytes with those segments emptied, so it must be
+    instantiated inside :meth:`instantiating`, as :class:`mighty.Instance` does."""
+
+    def instantiating(self, account: MemoryAccount) -> instantiating_into:
+        """The block inside which to instantiate ``wasm``: memories charged to ``account``
+        and started from this component's images."""
+        return instantiating_into(account, self.images)
 
     @classmethod
     def load(
@@ -66,8 +77,15 @@ class Component:
         cache: CompiledCache | None = None,
         use_cache: bool = True,
         progress: Callable[[str], None] | None = None,
+        share_memory: bool = True,
     ) -> Component:
-        """Load a component from a path or bytes, compiling it only if no cached form exists."""
+        """Load a component from a path or bytes, compiling it only if no cached form exists.
+
+        With ``share_memory`` (the default) the initial memory contents become images that all
+        instances share copy-on-write, when the component's shape allows (see ``_image``);
+        ``share_memory=False`` keeps wasmtime copying the data segments into every instance
+        (the baseline the benchmarks and the differential tests compare against).
+        """
         if isinstance(source, bytes | bytearray):
             data = bytes(source)
             origin = "<bytes>"
@@ -83,14 +101,24 @@ class Component:
             except OSError as exc:
                 raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
         check_component_bytes(data, origin)
+        size = len(data)
         digest = hashlib.sha256(data).hexdigest()
+        # Cut the images whether or not a compiled form is cached: they live in memory only.
+        # The cache key says which bytes were compiled, so a compiled form of the emptied bytes
+        # is never loaded without its images (or the other way round).
+        split = split_images(data) if share_memory else None
+        images: tuple[MemoryImage, ...] = ()
+        key = digest
+        if split is not None:
+            data, images = split
+            key = f"{digest}-images"
         cache = cache if cache is not None else (CompiledCache() if use_cache else None)
         if cache is not None:
-            cached = cache.load(digest)
+            cached = cache.load(key)
             if cached is not None:
-                return cls(cached, digest, origin, len(data), True, _imports(cached))
+                return cls(cached, digest, origin, size, True, _imports(cached), images)
         if progress is not None:
-            progress(f"compiling {origin} ({len(data) / 1e6:.1f} MB); cached after this run")
+            progress(f"compiling {origin} ({size / 1e6:.1f} MB); cached after this run")
         try:
             compiled = wc.Component(get_engine(), data)
         except WasmtimeError as exc:
@@ -99,8 +127,8 @@ class Component:
                 raise InvalidComponent(f"{origin} is not a valid component: {first}") from exc
             raise CompileError(f"cannot compile {origin}: {first}") from exc
         if cache is not None:
-            cache.store(digest, compiled)
-        return cls(compiled, digest, origin, len(data), False, _imports(compiled))
+            cache.store(key, compiled)
+        return cls(compiled, digest, origin, size, False, _imports(compiled), images)
 
     def export_functions(self) -> dict[str, wc.FuncType]:
         """Every exported function, top level by name and nested ones as ``instance#name``."""

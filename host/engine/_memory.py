@@ -28,11 +28,13 @@ import errno
 import itertools
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from wasmtime import _ffi as ffi
 
+from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
 
 __all__ = ["MemoryAccount", "install_memory_creator", "instantiating_into", "live_memories"]
@@ -125,19 +127,26 @@ _UNBOUNDED = MemoryAccount(limit=1 << 62)
 
 
 class instantiating_into:  # noqa: N801 - used as a context manager, reads like a `with` clause
-    """Charge every memory created on this thread inside the block to ``account``."""
+    """Charge every memory created on this thread inside the block to ``account``.
 
-    def __init__(self, account: MemoryAccount) -> None:
+    ``images`` are the component's memory images (:mod:`mighty.engine._image`), in the order its
+    defined memories are created: the memories get them copy-on-write instead of zeroed pages.
+    A component whose segments were moved into images must be instantiated with them.
+    """
+
+    def __init__(self, account: MemoryAccount, images: Sequence[MemoryImage] = ()) -> None:
         self._account = account
-        self._saved: MemoryAccount | None = None
+        self._images = images
+        self._saved: tuple[MemoryAccount | None, list[MemoryImage] | None] = (None, None)
 
     def __enter__(self) -> MemoryAccount:
-        self._saved = getattr(_LOCAL, "account", None)
+        self._saved = (getattr(_LOCAL, "account", None), getattr(_LOCAL, "images", None))
         _LOCAL.account = self._account
+        _LOCAL.images = list(self._images)
         return self._account
 
     def __exit__(self, *exc: object) -> None:
-        _LOCAL.account = self._saved
+        _LOCAL.account, _LOCAL.images = self._saved
 
 
 def _error(message: str) -> int:
@@ -191,6 +200,16 @@ def _new_memory(
 ) -> int:
     try:
         account: MemoryAccount = getattr(_LOCAL, "account", None) or _UNBOUNDED
+        images: list[MemoryImage] | None = getattr(_LOCAL, "images", None)
+        image = images.pop(0) if images else None
+        if image is not None and (
+            image.minimum != minimum or (image.maximum is not None and image.maximum != maximum)
+        ):
+            # The component's memories are not created in the order the images were cut in:
+            # never guess which contents a memory should start with.
+            return _error(
+                f"mighty: memory image of {image.minimum} bytes offered to a memory of {minimum}"
+            )
         # A static reservation lets the memory grow in place: wasmtime never has to move it.
         reservation = reserved or min(maximum, _WASM32_MAX)
         reservation = max(reservation, minimum)
@@ -205,23 +224,11 @@ def _new_memory(
         if not account._charge(minimum):
             _libc.munmap(base, mapped)
             return _error("mighty: memory limit exceeded")
-        # The initial pages are about to be written (wasmtime copies the data segments in):
-        # MAP_POPULATE faults them in one kernel call instead of one trap per 4 KiB page.
-        # Rejected: MADV_HUGEPAGE (2x faster for one instance, but with defrag=madvise the
-        # kernel compacts memory on faults, and instantiation slowed to 100+ ms once dozens of
-        # instances were alive).
-        if (
-            minimum
-            and _libc.mmap(
-                base,
-                minimum,
-                _PROT_READ_WRITE,
-                _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED | _MAP_POPULATE,
-                -1,
-                0,
-            )
-            != base
-        ):
+        if image is not None:
+            mapped_ok = _map_image(base, minimum, image)
+        else:
+            mapped_ok = _map_zeroed(base, minimum)
+        if not mapped_ok:
             err = ctypes.get_errno() or errno.ENOMEM
             account._release(minimum)
             _libc.munmap(base, mapped)
@@ -244,6 +251,32 @@ def _new_memory(
         return 0
     except BaseException as exc:  # noqa: BLE001 - a ctypes callback must never raise
         return _error(f"mighty: cannot create linear memory: {exc!r}")
+
+
+def _map_image(base: int, minimum: int, image: MemoryImage) -> bool:
+    """The image copy-on-write over its first pages, zero pages after it: nothing is copied and
+    nothing is faulted in until the guest touches it."""
+    if image.length and (
+        _libc.mmap(base, image.length, _PROT_READ_WRITE, _MAP_PRIVATE | _MAP_FIXED, image.fd, 0)
+        != base
+    ):
+        return False
+    rest = minimum - image.length
+    return rest <= 0 or _libc.mprotect(base + image.length, rest, _PROT_READ_WRITE) == 0
+
+
+def _map_zeroed(base: int, minimum: int) -> bool:
+    """Zeroed pages for a memory whose data segments wasmtime copies in itself.
+
+    The pages are about to be written, so MAP_POPULATE faults them in one kernel call instead of
+    one trap per 4 KiB page. Rejected: MADV_HUGEPAGE (2x faster for one instance, but with
+    defrag=madvise the kernel compacts memory on faults, and instantiation slowed to 100+ ms once
+    dozens of instances were alive).
+    """
+    if not minimum:
+        return True
+    flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED | _MAP_POPULATE
+    return bool(_libc.mmap(base, minimum, _PROT_READ_WRITE, flags, -1, 0) == base)
 
 
 def _creator_finalizer(_env: int | None) -> None:

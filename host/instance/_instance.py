@@ -22,7 +22,7 @@ from wasmtime.component._enter import maybe_raise_last_exn
 from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
-from mighty.engine import Component, SignalShield, get_engine, instantiating_into
+from mighty.engine import Component, SignalShield, get_engine
 from mighty.gate import CallHook, Gate, GuestContext
 from mighty.trace._recorder import InstanceRecording, Recorder
 from mighty.wasi import Policy, WasiProvider
@@ -97,7 +97,7 @@ class Instance:
         self._closed = False
 
         def instantiate() -> wc.Instance:
-            with instantiating_into(self._meter.account):
+            with component.instantiating(self._meter.account):
                 return linker.instantiate(self._meter.store, component.wasm)
 
         try:
