@@ -277,12 +277,14 @@ def test_shutdown_returns_within_its_deadline_with_asks_still_queued(
     address = rt.spawn("c")
     process = rt.process(address)
     release = threading.Event()
+
+    def stop() -> None:
+        rt.shutdown(drain=False, timeout=0.5)
+        release.set()
+
     with holding(process):
         futures = [rt.ask_future(address, "x", n) for n in range(10)]
-        stopper = threading.Thread(
-            target=lambda: (rt.shutdown(drain=False, timeout=0.5), release.set()), daemon=True
-        )
-        stopper.start()
+        threading.Thread(target=stop, daemon=True).start()
         assert release.wait(60)  # returned while the agent was still held
     assert [outcome(f) for f in futures] == [NoProc] * 10
     assert process.stats.unhandled == 10
