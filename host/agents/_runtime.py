@@ -12,7 +12,27 @@ What a message can do to its agent:
   ``AgentCrashed``; a ``budget.exhausted`` event is emitted when a budget ran out. A supervised
   agent is revived by its supervisor (a fresh instance, ``init`` again, the same address and
   the same mailbox, so nothing queued is lost); an unsupervised one is dead: queued asks fail
-  with ``NoProc``, queued sends are counted as dropped and reported in an event.
+  with ``NoProc``, queued sends and asks are counted as unhandled (``AgentStats.unhandled``,
+  a ``message.unhandled`` event).
+- anything else raising in a turn (a bug in a hook, a codec, the host) is a crash too: the
+  worker lives on and the supervisor handles it.
+
+Every message accepted into a mailbox is handled, or is counted as unhandled when its agent is
+stopped for good first (buried: no supervisor, a supervisor that gave up or will not restart
+it, ``Runtime.stop``, ``shutdown``). ``drain`` waits for the restarts: it is true only when
+every mailbox is empty and no agent is running, scheduled, or crashed with its supervisor's
+decision still to come.
+
+Locks. ``AgentProcess._run`` is held while a worker runs the agent's turn (guest calls, reply
+futures); it is the only lock held across calls out. The others (the runtime's registry lock,
+``_state``, mailbox and scheduler locks) guard a few fields and call nothing while held. The
+order is: a supervisor's runner role, then any agent's ``_run``, then the leaf locks. Nothing
+holding a ``_run`` waits for a runner role or for another ``_run``: a crash is reported to the
+supervisor only after the worker released the crashed agent's lock, so the supervisor can stop,
+revive or retire any agent, that one included; and ``stop`` called from inside the agent's own
+turn does not wait for it. Rejected: a reentrant run lock (the supervisor would close the
+instance under the turn still using it) and a supervisor thread (one more thread per
+supervisor, and stop/start would still have to wait for it).
 """
 
 from __future__ import annotations
