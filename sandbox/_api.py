@@ -2,11 +2,11 @@
 
 ``Sandbox.run`` takes an instance of the interpreter component that has never run anything,
 calls its ``run`` export once under the run's budget, and closes it: nothing a run does (globals,
-modules it patched, files it wrote in memory, a crash) can be seen by the next one. Instantiating
-costs a few milliseconds (the interpreter's memory image is copied), so each sandbox keeps
-``prewarm`` spare instances made ahead of time on a background thread; a run takes a spare and
-the thread makes the next. A ``Session`` is the explicit opposite: one instance whose globals
-persist across runs, for REPL use.
+modules it patched, files it wrote in memory, a crash) can be seen by the next one. An instance
+starts from the interpreter's memory image copy-on-write (under a millisecond), and each sandbox
+keeps a ``pool`` of instances made and warmed ahead of time on a background thread (see
+``_Pool``): a run takes one, the thread makes the next and frees the used one. A ``Session`` is
+the explicit opposite: one instance whose globals persist across runs, for REPL use.
 
 How each way a run can end is reported (``RunResult.error.kind``):
 - the guest's own report: ``exception`` (an uncaught exception, ``SystemExit`` included),
@@ -314,6 +314,13 @@ class _Live:
     def close(self) -> None:
         self.instance.close()
 
+    def warm(self) -> None:
+        """Run the interpreter's start-up and one constant run now, off any caller's path."""
+        self.instance.call("reset")
+        result = self.execute(_WARM_CODE, _WARM_INPUTS, None, None)
+        if not result.ok:
+            raise RuntimeError(f"the interpreter failed to warm up: {result.error}")
+
     def execute(
         self,
         code: str,
@@ -425,57 +432,102 @@ def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: i
 # -- spares ---------------------------------------------------------------------------------
 
 
-class _Spares:
-    """Instances made ahead of time on a background thread, so a run does not wait for one."""
+_WARM_CODE = "x = [1, 2.5, \"a\", {\"b\": None}]\nresult = x"
+_WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
+_MAX_POOL = 64
+"""At most this many ready instances per sandbox (each ~0.5 MB resident, see docs/sandbox.md)."""
 
-    def __init__(self, config: _Config, count: int) -> None:
+
+class _Pool:
+    """Fresh instances made and warmed ahead of time, and used ones freed, on a background thread.
+
+    Warming runs the interpreter's one-time start-up (environment, arguments, hash and
+    ``random`` seeds: 12 host imports) and one constant run (``pass``) that writes, once, the
+    pages every run writes (each first write to a shared image page is a copy-on-write fault):
+    the user's run then pays for neither. Warming is the same for every instance, involves no
+    user code or data, and each instance draws its own entropy, so no two runs share anything
+    they must not. An instance serves exactly one run; it is then closed here, off the caller's
+    path.
+    """
+
+    def __init__(self, config: _Config, size: int) -> None:
         self._config = config
-        self._count = count
+        self._size = size
         self._ready: deque[_Live] = deque()
+        self._used: deque[_Live] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self._failed = False
         self._thread: threading.Thread | None = None
+        if size > 0:
+            self._thread = threading.Thread(
+                target=self._fill, name="mighty-sandbox-pool", daemon=True
+            )
+            self._thread.start()
 
     def take(self) -> _Live | None:
-        if self._count <= 0:
+        """A ready instance, or None (the caller makes its own) when none is ready."""
+        if self._size <= 0:
             return None
         with self._cond:
             live = self._ready.popleft() if self._ready else None
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(
-                    target=self._fill, name="mighty-sandbox-spares", daemon=True
-                )
-                self._thread.start()
             self._cond.notify_all()
         return live
+
+    def release(self, live: _Live) -> None:
+        """An instance after its one run: freed in the background (inline if there is none)."""
+        with self._cond:
+            if self._thread is not None and not self._closed and len(self._used) < _MAX_POOL:
+                self._used.append(live)
+                self._cond.notify_all()
+                return
+        live.close()
+
+    def ready(self) -> int:
+        """How many warmed instances are waiting."""
+        with self._cond:
+            return len(self._ready)
 
     def _fill(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) >= self._count:
+                while (
+                    not self._closed
+                    and not self._used
+                    and (self._failed or len(self._ready) >= self._size)
+                ):
                     self._cond.wait()
-                if self._closed or self._failed:
+                if self._closed:
                     return
+                used = list(self._used)
+                self._used.clear()
+                make = not self._failed and len(self._ready) < self._size
+            for old in used:
+                old.close()
+            if not make:
+                continue
             try:
                 live = _Live(self._config)
+                live.warm()
             except Exception:  # noqa: BLE001 - a run makes its own and reports the failure
                 with self._cond:
                     self._failed = True
-                return
+                continue
             with self._cond:
-                if self._closed:
-                    live.close()
-                    return
-                self._ready.append(live)
+                if not self._closed:
+                    self._ready.append(live)
+                    continue
+            live.close()
+            return
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            ready = list(self._ready)
+            left = [*self._ready, *self._used]
             self._ready.clear()
+            self._used.clear()
             self._cond.notify_all()
-        for live in ready:
+        for live in left:
             live.close()
 
 
@@ -517,11 +569,13 @@ class Sandbox:
     ``tools``: callables (or :class:`Tool`) the code may call, as a list or a name->callable
     dict. ``limits``: per run (safe defaults). ``files``: directories to grant
     (``DirGrant``, ``MemoryDir``; none by default). ``network``: must be ``None`` (no network).
-    ``prewarm``: spare instances made ahead of time (0 to make each on demand). ``progress``
-    receives status lines while the interpreter is built on first use.
+    ``pool``: fresh instances kept ready, made and warmed on a background thread (0 to make
+    each on demand, at most 64; each costs about half a megabyte). ``progress`` receives status
+    lines while the interpreter is built on first use.
 
-    Thread-safe: several threads may run code at once. Close it (or use ``with``) to free the
-    spare instances.
+    Thread-safe: several threads (and ``run_async`` callers) may run code at once; the pool
+    serves them all, and no instance ever serves two runs. Close it (or use ``with``) to free
+    the pool.
     """
 
     def __init__(
@@ -533,7 +587,7 @@ class Sandbox:
         limits: Limits | None = None,
         files: Sequence[DirGrant | MemoryDir] = (),
         network: None = None,
-        prewarm: int = 1,
+        pool: int = 4,
         progress: Progress | None = None,
     ) -> None:
         if network not in (None, False):
@@ -552,10 +606,17 @@ class Sandbox:
             files=files,
             background_loop=self._loop.get,
         )
-        self._spares = _Spares(self._config, prewarm)
+        if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= _MAX_POOL:
+            raise BadInput(f"pool must be an int in 0..{_MAX_POOL}, got {pool!r}")
+        self._pool = _Pool(self._config, pool)
         self._closed = False
-        weakref.finalize(self, _Spares.close, self._spares)
+        weakref.finalize(self, _Pool.close, self._pool)
         weakref.finalize(self, _LoopThread.close, self._loop)
+
+    @property
+    def pool_ready(self) -> int:
+        """How many fresh instances are ready right now (the pool refills in the background)."""
+        return self._pool.ready()
 
     def describe_tools(self) -> str:
         """A typed Python stub of every tool (signatures and docstrings) for a model's prompt."""
@@ -623,13 +684,16 @@ class Sandbox:
     def _instance(self, record: str | Path | None) -> Iterator[_Live]:
         recorder = Recorder(record) if record is not None else None
         try:
-            live = None if recorder is not None else self._spares.take()
+            live = None if recorder is not None else self._pool.take()
             if live is None:
                 live = _Live(self._config, recorder)
             try:
                 yield live
             finally:
-                live.close()
+                if recorder is None:
+                    self._pool.release(live)  # freed off the caller's path
+                else:
+                    live.close()  # the trace's close record is written now
         finally:
             if recorder is not None:
                 recorder.close()
@@ -637,7 +701,7 @@ class Sandbox:
     def close(self) -> None:
         """Free the spare instances and the tools' event loop. Idempotent."""
         self._closed = True
-        self._spares.close()
+        self._pool.close()
         self._loop.close()
 
     def __enter__(self) -> Sandbox:

@@ -342,7 +342,7 @@ def build_sandbox_server(
     # (with no spares) adds that nothing made for one call, no spare instance nor tool-loop
     # thread, outlives it.
     def new_sandbox() -> Sandbox:
-        return Sandbox(tools, limits=limits, prewarm=0)
+        return Sandbox(tools, limits=limits, pool=0)
 
     return build_server(new_sandbox, limits=describe_limits(limits))
 

@@ -53,7 +53,7 @@ def exec_command(
         except (TypeError, ValueError) as exc:
             raise BadInput(str(exc)) from None
         show = _progress(not as_json and sys.stderr.isatty())
-        with Sandbox(limits=limits, prewarm=0, progress=show) as sandbox:
+        with Sandbox(limits=limits, pool=0, progress=show) as sandbox:
             result = sandbox.run(code)
         if as_json:
             click.echo(json.dumps(result.to_json()))

@@ -178,7 +178,7 @@ def test_bad_tool_names_are_refused() -> None:
 
 def test_dict_registration(interpreter: object) -> None:
     """Tools may be registered as a name -> callable dict."""
-    with Sandbox(tools={"plus": add}, prewarm=0) as sandbox:
+    with Sandbox(tools={"plus": add}, pool=0) as sandbox:
         assert sandbox.run("plus(1, 1)").value == 2
 
 
