@@ -1,12 +1,17 @@
-"""Code mode: a sandbox run end to end, against native `python -c` in a subprocess, same run.
+"""Code mode: a sandbox run end to end, against Monty and native `python -c`, same run.
 
-Figures: `run("result = 1 + 1")` p50/p99 with a ready spare instance (runs spaced out, as an
-agent's are) and back to back (each run waits for its instance); native subprocess p50; runs per
-second with 1 and 2 threads; per-call overhead of a tool-calling loop.
+Figures: `run("result = 1 + 1")` p50/p99 with a ready pool (each run waits until the pool is
+full again, as an agent's spaced-out runs find it) and 60 back to back (the pool cannot keep up);
+the per-run time by part (take an instance, the call: guest and mighty's Python around it,
+release); Monty (pydantic-monty, a fresh session from its subprocess worker pool) when it is
+installed (`pip install pydantic-monty`); native subprocess p50; runs per second with 1 and 2
+threads; per-call overhead of a tool-calling loop. The machine's load average is printed too.
 """
 
 from __future__ import annotations
 
+import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -15,27 +20,84 @@ import time
 from _common import p, report, samples
 
 from mighty.sandbox import Sandbox
+from mighty.sandbox._api import _encode_inputs
 
 
 def add(a: int, b: int) -> int:
     return a + b
 
 
-def main() -> None:
-    rows: list[dict[str, object]] = []
-    with Sandbox(tools=[add]) as sandbox:
-        sandbox.run("1")
+def _wait_full(sandbox: Sandbox, size: int) -> None:
+    deadline = time.monotonic() + 30
+    while sandbox.pool_ready < size and time.monotonic() < deadline:
+        time.sleep(0.0005)
 
-        def spaced() -> None:
-            time.sleep(0.01)  # the spare is ready again, as between an agent's runs
-            started = time.perf_counter()
-            sandbox.run("result = 1 + 1")
-            spaced_times.append(time.perf_counter() - started)
+
+def _parts(sandbox: Sandbox, size: int) -> dict[str, object]:
+    """Where a run's time goes: take, the call (the guest's own wall time inside it), release."""
+    payload = _encode_inputs(None, keep=False, max_value=1 << 20)
+    take: list[float] = []
+    call: list[float] = []
+    guest: list[float] = []
+    release: list[float] = []
+    pool = sandbox._pool
+    for _ in range(200):
+        _wait_full(sandbox, size)
+        t0 = time.perf_counter()
+        live = pool.take()
+        assert live is not None
+        t1 = time.perf_counter()
+        result = live.execute("result = 1 + 1", payload, None, None)
+        t2 = time.perf_counter()
+        pool.release(live)
+        t3 = time.perf_counter()
+        take.append(t1 - t0)
+        call.append(t2 - t1)
+        guest.append(result.usage.wall_time)
+        release.append(t3 - t2)
+    ms = lambda xs: round(statistics.median(xs) * 1e3, 3)  # noqa: E731
+    return {
+        "name": "per run, by part (p50)",
+        "take_ms": ms(take),
+        "call_ms": ms(call),
+        "of_which_guest_ms": ms(guest),
+        "of_which_host_python_ms": round(ms(call) - ms(guest), 3),
+        "release_ms": ms(release),
+    }
+
+
+def _monty() -> float | None:
+    """Monty's fresh-session `1 + 1` p50 in seconds, or None when pydantic-monty is absent."""
+    try:
+        import pydantic_monty
+    except ImportError:
+        return None
+    with pydantic_monty.Monty() as pool:
+
+        def once() -> None:
+            with pool.checkout() as session:
+                session.feed_run("1 + 1")
+
+        return p(samples(once, repeat=200, warmup=10), 0.5)
+
+
+def main() -> None:
+    rows: list[dict[str, object]] = [
+        {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    ]
+    size = 4
+    with Sandbox(tools=[add], pool=size) as sandbox:
+        sandbox.run("1")
 
         spaced_times: list[float] = []
         for _ in range(200):
-            spaced()
-        back = samples(lambda: sandbox.run("result = 1 + 1"), repeat=200, warmup=10)
+            _wait_full(sandbox, size)
+            started = time.perf_counter()
+            sandbox.run("result = 1 + 1")
+            spaced_times.append(time.perf_counter() - started)
+        back = samples(lambda: sandbox.run("result = 1 + 1"), repeat=60, warmup=0)
+        rows.append(_parts(sandbox, size))
+        monty = _monty()
         native = samples(
             lambda: subprocess.run([sys.executable, "-c", "result = 1 + 1"], check=True),
             repeat=30,
@@ -43,14 +105,14 @@ def main() -> None:
         )
         rows.append(
             {
-                "name": "run('result = 1 + 1'), spare ready",
+                "name": "run('result = 1 + 1'), pool ready",
                 "p50_ms": round(p(spaced_times, 0.5) * 1e3, 3),
                 "p99_ms": round(p(spaced_times, 0.99) * 1e3, 3),
             }
         )
         rows.append(
             {
-                "name": "run('result = 1 + 1'), back to back",
+                "name": "run('result = 1 + 1'), 60 back to back",
                 "p50_ms": round(p(back, 0.5) * 1e3, 3),
                 "p99_ms": round(p(back, 0.99) * 1e3, 3),
             }
@@ -63,6 +125,16 @@ def main() -> None:
                 "sandbox_b2b_over_native": round(p(back, 0.5) / p(native, 0.5), 3),
             }
         )
+        if monty is not None:
+            rows.append(
+                {
+                    "name": "Monty fresh session '1 + 1'",
+                    "p50_ms": round(monty * 1e3, 3),
+                    "sandbox_ready_over_monty": round(p(spaced_times, 0.5) / monty, 2),
+                }
+            )
+        else:
+            rows.append({"name": "Monty", "note": "pydantic-monty not installed"})
         per_second = {}
         for threads in (1, 2):
             count = [0]
