@@ -432,7 +432,7 @@ def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: i
 # -- spares ---------------------------------------------------------------------------------
 
 
-_WARM_CODE = "x = [1, 2.5, \"a\", {\"b\": None}]\nresult = x"
+_WARM_CODE = 'x = [1, 2.5, "a", {"b": None}]\nresult = x'
 _WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
 _MAX_POOL = 64
 """At most this many ready instances per sandbox (each ~0.5 MB resident, see docs/sandbox.md)."""
