@@ -6,11 +6,17 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
   scheduler, protocol, future) vs calling its `handle` export directly on an Instance.
 - guest-to-guest ping-pong: asks between two CPython agents, messages per second.
 - CPU-bound throughput with 1 vs 2 workers (target >= 1.8x on 2 cores).
-- resident memory per idle agent (CPython agent and WAT agent).
+- resident memory per idle agent after one handled message: CPython agent with copy-on-write
+  memory images (the default) vs the same component loaded with ``share_memory=False``, and the
+  WAT agent. RSS counts a shared image page once per mapping that touched it; PSS (from
+  /proc/self/smaps_rollup) shares it out and is the honest figure. bench_instances.py does
+  1,000 CPython agents, each variant in a fresh process.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -40,11 +46,16 @@ def _component(text: str) -> Component:
     return Component.load(done.stdout)
 
 
-def _rss() -> int:
+def _memory() -> tuple[int, int]:
+    """(VmRSS, Pss) of this process, in bytes."""
+    rss = pss = 0
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+            rss = int(line.split()[1]) * 1024
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            pss = int(line.split()[1]) * 1024
+    return rss, pss
 
 
 def main() -> None:
@@ -121,20 +132,48 @@ def main() -> None:
         }
     )
 
-    for name, component, count in (("CPython agent", pingpong, 100), ("WAT agent", echo, 1000)):
+    copying = Component.load(out, share_memory=False)
+    per_agent: dict[str, tuple[int, int]] = {}
+    for name, component, count in (
+        ("CPython agent", pingpong, 50),
+        ("CPython agent, share_memory=False", copying, 50),
+        ("WAT agent", echo, 1000),
+    ):
         with Runtime(workers=1) as rt:
             rt.register(AgentType("idle", component))
-            before = _rss()
-            for _ in range(count):
-                rt.spawn("idle")
-            after = _rss()
+            rt.ask(rt.spawn("idle"), "ping", {"n": 1})  # one-time costs out of the delta
+            gc.collect()
+            before = _memory()
+            addresses = [rt.spawn("idle") for _ in range(count)]
+            for future in [rt.ask_future(a, "ping", {"n": 1}) for a in addresses]:
+                future.result(60)
+            gc.collect()
+            after = _memory()
+        per_agent[name] = (
+            (after[0] - before[0]) // count,
+            (after[1] - before[1]) // count,
+        )
         rows.append(
             {
-                "name": f"resident memory per idle {name}",
-                "bytes": (after - before) // count,
+                "name": f"memory per idle {name} (1 message handled)",
+                "rss_bytes": per_agent[name][0],
+                "pss_bytes": per_agent[name][1],
                 "agents": count,
             }
         )
+    images, old = per_agent["CPython agent"], per_agent["CPython agent, share_memory=False"]
+    rows.append(
+        {
+            "name": "memory per idle CPython agent: images / share_memory=False",
+            "ratio_rss": round(images[0] / old[0], 3),
+            "ratio_pss": round(images[1] / old[1], 3),
+            "target": "<= 1 MB per agent (PSS)",
+            "met": images[1] <= 1_000_000,
+        }
+    )
+    rows.append(
+        {"name": "machine", "loadavg_1_5_15": "/".join(f"{x:.2f}" for x in os.getloadavg())}
+    )
     report(rows)
 
 
