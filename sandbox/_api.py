@@ -304,6 +304,8 @@ class _Live:
             policy=policy,
             gate=_gate(),
             record=recorder,
+            # A code-mode instance works at once: copy the pages a run writes in one go.
+            prefault=True,
         )
         self.instance.context.state["sandbox.tools"] = self.host
 
@@ -320,6 +322,8 @@ class _Live:
         result = self.execute(_WARM_CODE, _WARM_INPUTS, None, None)
         if not result.ok:
             raise RuntimeError(f"the interpreter failed to warm up: {result.error}")
+        # The first warmed instance teaches the image which pages a run writes (once).
+        self.instance.learn_hot_pages()
 
     def execute(
         self,

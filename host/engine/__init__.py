@@ -3,7 +3,12 @@
 from mighty.engine._cache import CompiledCache
 from mighty.engine._component import Component, check_component_bytes
 from mighty.engine._engine import EPOCH_TICK, SETTINGS, EngineSettings, get_engine, wasmtime_version
-from mighty.engine._memory import MemoryAccount, instantiating_into, live_memories
+from mighty.engine._memory import (
+    MemoryAccount,
+    instantiating_into,
+    learn_hot_pages,
+    live_memories,
+)
 from mighty.engine._signals import SignalShield
 
 __all__ = [
@@ -17,6 +22,7 @@ __all__ = [
     "check_component_bytes",
     "get_engine",
     "instantiating_into",
+    "learn_hot_pages",
     "live_memories",
     "wasmtime_version",
 ]

@@ -64,10 +64,13 @@ class Component:
     present, ``wasm`` was compiled from the bytes with those segments emptied, so it must be
     instantiated inside :meth:`instantiating`, as :class:`mighty.Instance` does."""
 
-    def instantiating(self, account: MemoryAccount) -> instantiating_into:
+    def instantiating(
+        self, account: MemoryAccount, *, prefault: bool = False
+    ) -> instantiating_into:
         """The block inside which to instantiate ``wasm``: memories charged to ``account``
-        and started from this component's images."""
-        return instantiating_into(account, self.images)
+        and started from this component's images (their known hot pages copied up front
+        with ``prefault``)."""
+        return instantiating_into(account, self.images, prefault=prefault)
 
     @classmethod
     def load(

@@ -38,7 +38,7 @@ import contextlib
 import fcntl
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["MemoryImage", "split_images"]
 
@@ -65,6 +65,10 @@ class MemoryImage:
     maximum: int | None
     data_bytes: int
     """Bytes of segment data moved into the image (what wasmtime no longer copies)."""
+    hot: list[tuple[int, int]] = field(default_factory=list, compare=False, repr=False)
+    """Byte ranges ``(offset, length)`` that instances are known to write (learned once, from
+    a warmed instance, by :func:`mighty.engine.learn_hot_pages`): an instance made with
+    ``prefault`` gets its private copies of them in one call instead of one fault per page."""
 
 
 def split_images(data: bytes) -> tuple[bytes, tuple[MemoryImage, ...]] | None:

@@ -27,6 +27,7 @@ import ctypes
 import errno
 import itertools
 import os
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,13 @@ from wasmtime import _ffi as ffi
 from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
 
-__all__ = ["MemoryAccount", "install_memory_creator", "instantiating_into", "live_memories"]
+__all__ = [
+    "MemoryAccount",
+    "install_memory_creator",
+    "instantiating_into",
+    "learn_hot_pages",
+    "live_memories",
+]
 
 _WASM32_MAX = 1 << 32
 
@@ -115,6 +122,7 @@ class _Memory:
     mapped: int
     maximum: int
     account: MemoryAccount
+    image: MemoryImage | None = None
 
 
 _MEMORIES: dict[int, _Memory] = {}
@@ -134,19 +142,27 @@ class instantiating_into:  # noqa: N801 - used as a context manager, reads like 
     A component whose segments were moved into images must be instantiated with them.
     """
 
-    def __init__(self, account: MemoryAccount, images: Sequence[MemoryImage] = ()) -> None:
+    def __init__(
+        self, account: MemoryAccount, images: Sequence[MemoryImage] = (), *, prefault: bool = False
+    ) -> None:
         self._account = account
         self._images = images
-        self._saved: tuple[MemoryAccount | None, list[MemoryImage] | None] = (None, None)
+        self._prefault = prefault
+        self._saved: tuple[Any, Any, Any] = (None, None, False)
 
     def __enter__(self) -> MemoryAccount:
-        self._saved = (getattr(_LOCAL, "account", None), getattr(_LOCAL, "images", None))
+        self._saved = (
+            getattr(_LOCAL, "account", None),
+            getattr(_LOCAL, "images", None),
+            getattr(_LOCAL, "prefault", False),
+        )
         _LOCAL.account = self._account
         _LOCAL.images = list(self._images)
+        _LOCAL.prefault = self._prefault
         return self._account
 
     def __exit__(self, *exc: object) -> None:
-        _LOCAL.account, _LOCAL.images = self._saved
+        _LOCAL.account, _LOCAL.images, _LOCAL.prefault = self._saved
 
 
 def _error(message: str) -> int:
@@ -226,6 +242,8 @@ def _new_memory(
             return _error("mighty: memory limit exceeded")
         if image is not None:
             mapped_ok = _map_image(base, minimum, image)
+            if mapped_ok and image.hot and getattr(_LOCAL, "prefault", False):
+                _prefault(base, image)
         else:
             mapped_ok = _map_zeroed(base, minimum)
         if not mapped_ok:
@@ -242,6 +260,7 @@ def _new_memory(
                 mapped=mapped,
                 maximum=min(maximum, reservation),
                 account=account,
+                image=image,
             )
         result = out[0]
         result.env = key
@@ -263,6 +282,63 @@ def _map_image(base: int, minimum: int, image: MemoryImage) -> bool:
         return False
     rest = minimum - image.length
     return rest <= 0 or _libc.mprotect(base + image.length, rest, _PROT_READ_WRITE) == 0
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_PAGEMAP_PRESENT = 1 << 63
+_PAGEMAP_FILE_OR_SHARED = 1 << 61
+_HOST_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_populate_works = True
+
+
+def _prefault(base: int, image: MemoryImage) -> None:
+    """Take private copies of the image's hot pages now: one call per range instead of one
+    copy-on-write fault per page during the guest's first run (a fault costs ~2.7 us on this
+    VM). The contents do not change (it is as if each page were written with what it holds);
+    only the time the copies are made does."""
+    global _populate_works  # noqa: PLW0603 - learned once: the kernel has it or not
+    if not _populate_works:
+        return
+    for offset, length in image.hot:
+        if _libc.madvise(base + offset, length, _MADV_POPULATE_WRITE) != 0:
+            _populate_works = False  # an older kernel: the faults happen as they would anyway
+            return
+
+
+def learn_hot_pages(account: MemoryAccount, *, max_ranges: int = 4096) -> int:
+    """Remember which image pages the memories charged to ``account`` have written (their
+    private copies), on their images, for later instances made with ``prefault``. Learned once
+    per image; returns how many pages it found (0 when already known or not readable)."""
+    with _MEMORIES_LOCK:
+        memories = [m for m in _MEMORIES.values() if m.account is account and m.image is not None]
+    found = 0
+    for memory in memories:
+        image = memory.image
+        assert image is not None
+        if image.hot:
+            continue
+        pages = memory.size // _HOST_PAGE
+        try:
+            with open("/proc/self/pagemap", "rb") as pagemap:
+                pagemap.seek(memory.base // _HOST_PAGE * 8)
+                raw = pagemap.read(pages * 8)
+        except OSError:
+            return 0
+        ranges: list[tuple[int, int]] = []
+        start = -1
+        for index, (entry,) in enumerate(struct.iter_unpack("<Q", raw)):
+            private = entry & _PAGEMAP_PRESENT and not entry & _PAGEMAP_FILE_OR_SHARED
+            if private:
+                found += 1
+                if start < 0:
+                    start = index
+            elif start >= 0:
+                ranges.append((start * _HOST_PAGE, (index - start) * _HOST_PAGE))
+                start = -1
+        if start >= 0:
+            ranges.append((start * _HOST_PAGE, (pages - start) * _HOST_PAGE))
+        image.hot[:] = ranges[:max_ranges]  # one step: a concurrent reader sees none or all
+    return found
 
 
 def _map_zeroed(base: int, minimum: int) -> bool:

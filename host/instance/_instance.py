@@ -22,7 +22,7 @@ from wasmtime.component._enter import maybe_raise_last_exn
 from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
-from mighty.engine import Component, SignalShield, get_engine
+from mighty.engine import Component, SignalShield, get_engine, learn_hot_pages
 from mighty.gate import CallHook, Gate, GuestContext
 from mighty.trace._recorder import InstanceRecording, Recorder
 from mighty.wasi import Policy, WasiProvider
@@ -68,6 +68,7 @@ class Instance:
         hooks: Sequence[CallHook] = (),
         record: Recorder | None = None,
         state: Mapping[str, Any] | None = None,
+        prefault: bool = False,
     ) -> None:
         """Instantiate ``component`` under ``budget`` (instantiation runs guest code too).
 
@@ -75,6 +76,10 @@ class Instance:
         (default: nothing granted). ``hooks`` wrap every import call (telemetry, replay).
         With ``record``, every import and export call of this instance goes into that trace.
         ``state`` seeds the gate context's provider state (e.g. which agent this instance is).
+        With ``prefault``, the pages earlier instances were seen to write
+        (:meth:`learn_hot_pages`) are copied from the memory image at once, so the first call
+        does not take a copy-on-write fault for each: for instances that are about to work
+        (a code-mode run), not for ones that will sit idle (they would hold those copies).
         """
         self.component = component
         self.budget = budget or Budget()
@@ -97,7 +102,7 @@ class Instance:
         self._closed = False
 
         def instantiate() -> wc.Instance:
-            with component.instantiating(self._meter.account):
+            with component.instantiating(self._meter.account, prefault=prefault):
                 return linker.instantiate(self._meter.store, component.wasm)
 
         try:
@@ -256,6 +261,13 @@ class Instance:
                 return None
             return self._instance.get_func(store, index)
         return self._instance.get_func(store, name)
+
+    def learn_hot_pages(self) -> int:
+        """Note on the component's memory images which pages this instance has written, for
+        later instances made with ``prefault`` (learned once per image; returns the pages)."""
+        if self._closed:
+            raise ValueError("instance is closed")
+        return learn_hot_pages(self._meter.account)
 
     def _stderr_note(self) -> str:
         stderr = self.stderr

@@ -247,3 +247,22 @@ def test_the_cache_never_mixes_emptied_and_whole_compilations(
     for component in (first, second, third):
         with Instance(component) as instance:
             assert instance.call("peek", 8) == 42
+
+
+def test_prefault_copies_the_learned_pages_from_the_image(wat: Callable[[str], bytes]) -> None:
+    """Hot pages learned from one instance are copied up front from the image, never from it."""
+    component = Component.load(wat(_component(3, [(0, b"\x05" * 150_000)])), use_cache=False)
+    (image,) = component.images
+    with Instance(component) as teacher:
+        for address in (0, 70_000, 140_000):
+            teacher.call("poke", address, 9)
+        assert teacher.learn_hot_pages() >= 3
+        assert teacher.learn_hot_pages() == 0  # learned once per image
+    assert image.hot
+    expected = _model(3, [(0, b"\x05" * 150_000)])
+    with Instance(component, prefault=True) as learner:
+        assert learner.call("hash", 3 * _PAGE) == _fnv(expected)
+        assert learner.call("peek", 70_000) == 5
+        learner.call("poke", 70_000, 1)
+        with Instance(component, prefault=True) as other:
+            assert other.call("peek", 70_000) == 5
