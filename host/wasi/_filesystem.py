@@ -17,6 +17,15 @@ Choices:
 - ``rename-at`` and ``link-at`` between two different preopens are ``cross-device`` (linking a
   file of a read-only preopen into a writable one would make it writable).
 - Directory entries whose names are not UTF-8 are skipped by ``read-directory``.
+- Bounds (issue 11): a guest holds at most ``Policy.max_open`` descriptors, streams on files
+  and directory listings at once, host and memory alike; an open past it fails with ``quota``
+  (WASI 0.2 has no EMFILE: ``quota`` is its "a limit set on you was reached", and wasi-libc
+  turns it into EDQUOT, which programs report rather than treat as memory exhaustion; rejected:
+  ``insufficient-memory``, which guests read as the host running out). ``get-directories``
+  cannot fail, so calling it past the cap is a ``GuestViolation``. A read-write ``DirGrant``
+  with ``max_bytes`` charges every byte written, every byte ``set-size`` grows a file by and
+  ``ENTRY_COST`` per file, directory or link created; past it the write fails with
+  ``insufficient-space`` (as a memory directory's ``max_bytes``) and nothing of it is written.
 - Stream failures carry ``wasi:filesystem error-code <code>: ...`` as their ``wasi:io/error``
   debug string, which is what ``filesystem-error-code`` reads back.
 
@@ -44,9 +53,9 @@ from typing import Any, Protocol
 
 from mighty._errors import HostError
 from mighty.abi import Err, Ok, Variant
-from mighty.gate import Binding, GuestContext, Handle, ResourceKind
+from mighty.gate import Binding, GuestContext, GuestViolation, Handle, ResourceKind
 from mighty.wasi._clocks import file_clock
-from mighty.wasi._memfs import MemFs, MemNode
+from mighty.wasi._memfs import ENTRY_COST, MemFs, MemNode
 from mighty.wasi._paths import FsError, errno_code, resolve, resolve_depth, stays_beneath
 from mighty.wasi._policy import DirGrant, MemoryDir, Policy
 from mighty.wasi._streams import (
@@ -141,6 +150,19 @@ class _Preopen:
     readonly: bool
     host_fd: int | None = None
     mem: MemFs | None = None
+    quota: int | None = None
+    """Bytes the guest may still write into this host grant (None: unlimited)."""
+
+    def charge(self, amount: int) -> None:
+        """Take ``amount`` bytes of the grant's write quota, or refuse the whole write."""
+        if self.quota is None or amount <= 0:
+            return
+        if amount > self.quota:
+            raise FsError(
+                "insufficient-space",
+                f"the write quota of {self.guest} has {self.quota} bytes left, {amount} wanted",
+            )
+        self.quota -= amount
 
 
 @dataclass(eq=False)
@@ -153,11 +175,18 @@ class FsState:
     clock: Callable[[], int]
     root_fds: list[int] = field(default_factory=list)
     open: set[_Closeable] = field(default_factory=set)
+    max_open: int = 256
+    """At most this many objects in ``open`` (``Policy.max_open``)."""
     times: dict[tuple[int, int], list[int]] | None = None
     """Under a non-real clock: (dev, ino) -> [atime, mtime, ctime] of host objects the guest
     touched, on the guest clock. None under the real clock (the host's times are shown)."""
     epoch: int = 0
     """What an untouched host object reports under a non-real clock (``clock_start``)."""
+
+    def admit(self) -> None:
+        """Refuse (``quota``) an open that would pass ``max_open``; call before opening."""
+        if len(self.open) >= self.max_open:
+            raise FsError("quota", f"the guest holds {len(self.open)} open descriptors, its limit")
 
     def host_times(self, s: os.stat_result) -> tuple[int, int, int]:
         """(atime, mtime, ctime) the guest sees for host object ``s``."""
@@ -224,7 +253,8 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
                     os.close(opened)
                 raise HostError(f"cannot preopen {grant.host} at {grant.guest}: {exc}") from exc
             fds.append(fd)
-            preopens.append(_Preopen(grant.guest, grant.readonly, host_fd=fd))
+            quota = None if grant.readonly else grant.max_bytes
+            preopens.append(_Preopen(grant.guest, grant.readonly, host_fd=fd, quota=quota))
         else:
             assert isinstance(grant, MemoryDir)
             mem = MemFs(grant.files, max_bytes=grant.max_bytes, clock=clock)
@@ -235,6 +265,7 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
         secret,
         clock,
         fds,
+        max_open=policy.max_open,
         times=None if policy.clock == "real" else {},
         epoch=policy.clock_start,
     )
@@ -426,21 +457,27 @@ class HostDescriptor(Descriptor):
     def write(self, _ctx: GuestContext, buffer: bytes, offset: int) -> int:
         self.need_write()
         _offset(offset + len(buffer))
+        self.preopen.charge(len(buffer))
         done = os.pwrite(self.fd, buffer, offset)
         self.state.touch_fd(self.fd)
         return done
 
     def read_via_stream(self, ctx: GuestContext, offset: int) -> Handle:
         self.need_read()
-        return ctx.new(INPUT_STREAM, _HostInput(self.state, os.dup(self.fd), _offset(offset)))
+        start = _offset(offset)
+        self.state.admit()
+        return ctx.new(INPUT_STREAM, _HostInput(self.state, os.dup(self.fd), start))
 
     def write_via_stream(self, ctx: GuestContext, offset: int) -> Handle:
         self.need_write()
-        return ctx.new(OUTPUT_STREAM, _HostOutput(self.state, os.dup(self.fd), _offset(offset)))
+        start = _offset(offset)
+        self.state.admit()
+        return ctx.new(OUTPUT_STREAM, _HostOutput(self.state, self.preopen, os.dup(self.fd), start))
 
     def append_via_stream(self, ctx: GuestContext) -> Handle:
         self.need_write()
-        return ctx.new(OUTPUT_STREAM, _HostOutput(self.state, os.dup(self.fd), None))
+        self.state.admit()
+        return ctx.new(OUTPUT_STREAM, _HostOutput(self.state, self.preopen, os.dup(self.fd), None))
 
     def advise(self, ctx: GuestContext, offset: int, length: int, advice: str) -> None:
         super().advise(ctx, offset, length, advice)
@@ -458,6 +495,7 @@ class HostDescriptor(Descriptor):
         self.need_write()
         if size > MAX_OFFSET:
             raise FsError("file-too-large")
+        self.preopen.charge(size - os.fstat(self.fd).st_size)
         os.ftruncate(self.fd, size)
         self.state.touch_fd(self.fd)
 
@@ -526,6 +564,7 @@ class HostDescriptor(Descriptor):
         self.need_dir()
         if "read" not in self.flags:
             raise FsError("not-permitted", "descriptor not opened for reading")
+        self.state.admit()
         return ctx.new(DIRECTORY_ENTRY_STREAM, _HostEntries(self.state, self.fd))
 
     def open_at(
@@ -537,6 +576,7 @@ class HostDescriptor(Descriptor):
         flags: frozenset[str],
     ) -> Handle:
         self.check_open(open_flags, flags)
+        self.state.admit()
         how = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
         if "create" in open_flags:
             how |= os.O_CREAT | (os.O_EXCL if "exclusive" in open_flags else 0)
@@ -548,6 +588,8 @@ class HostDescriptor(Descriptor):
             how |= os.O_RDWR if "read" in flags else os.O_WRONLY
         with resolve(self.fd, path, follow="symlink-follow" in path_flags) as (d, name):
             created = "create" in open_flags and not _exists(name, d)
+            if created:
+                self.preopen.charge(ENTRY_COST)
             fd = os.open(name, how, 0o666, dir_fd=d)
             if created:
                 self.state.touch_fd(d)
@@ -572,6 +614,7 @@ class HostDescriptor(Descriptor):
     def create_directory_at(self, _ctx: GuestContext, path: str) -> None:
         self.need_mutate()
         with resolve(self.fd, path, follow=False) as (d, name):
+            self.preopen.charge(ENTRY_COST)
             os.mkdir(name, 0o777, dir_fd=d)
             self.state.touch_fd(d)
             if self.state.times is not None:
@@ -636,6 +679,7 @@ class HostDescriptor(Descriptor):
             resolve(self.fd, old, follow="symlink-follow" in old_flags) as (d1, n1),
             resolve(new_desc.fd, new, follow=False) as (d2, n2),
         ):
+            self.preopen.charge(ENTRY_COST)
             os.link(n1, n2, src_dir_fd=d1, dst_dir_fd=d2, follow_symlinks=False)
             self.state.touch_fd(d2)
             if self.state.times is not None:
@@ -687,8 +731,8 @@ class _HostInput(InputStream, _Closeable):
 class _HostOutput(OutputStream, _Closeable):
     """Writes at an advancing offset, or (``offset`` None) at the end of the file."""
 
-    def __init__(self, state: FsState, fd: int, offset: int | None) -> None:
-        self.state, self.fd, self.offset = state, fd, offset
+    def __init__(self, state: FsState, preopen: _Preopen, fd: int, offset: int | None) -> None:
+        self.state, self.preopen, self.fd, self.offset = state, preopen, fd, offset
         state.open.add(self)
 
     def check_write(self) -> int:
@@ -704,6 +748,10 @@ class _HostOutput(OutputStream, _Closeable):
             at = os.fstat(self.fd).st_size if self.offset is None else self.offset
             if at + len(data) > MAX_OFFSET:
                 raise _stream_error("file-too-large", "write beyond the largest offset")
+            try:
+                self.preopen.charge(len(data))
+            except FsError as exc:
+                raise _stream_error(exc.code, str(exc)) from exc
             while view:
                 done = os.pwrite(self.fd, view, at)
                 view = view[done:]
@@ -782,11 +830,13 @@ class MemDescriptor(Descriptor):
         self.node = node
         self.fs.hold(node)
         self.closed = False
+        state.open.add(self)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.fs.release(self.node)
+        self.state.open.discard(self)
 
     def _stat(self, node: MemNode) -> dict[str, Any]:
         return {
@@ -817,14 +867,19 @@ class MemDescriptor(Descriptor):
 
     def read_via_stream(self, ctx: GuestContext, offset: int) -> Handle:
         self.need_read()
-        return ctx.new(INPUT_STREAM, _MemInput(self.state, self.fs, self.node, _offset(offset)))
+        start = _offset(offset)
+        self.state.admit()
+        return ctx.new(INPUT_STREAM, _MemInput(self.state, self.fs, self.node, start))
 
     def write_via_stream(self, ctx: GuestContext, offset: int) -> Handle:
         self.need_write()
-        return ctx.new(OUTPUT_STREAM, _MemOutput(self.state, self.fs, self.node, _offset(offset)))
+        start = _offset(offset)
+        self.state.admit()
+        return ctx.new(OUTPUT_STREAM, _MemOutput(self.state, self.fs, self.node, start))
 
     def append_via_stream(self, ctx: GuestContext) -> Handle:
         self.need_write()
+        self.state.admit()
         return ctx.new(OUTPUT_STREAM, _MemOutput(self.state, self.fs, self.node, None))
 
     def sync_data(self, _ctx: GuestContext) -> None:
@@ -886,7 +941,8 @@ class MemDescriptor(Descriptor):
         self.need_dir()
         if "read" not in self.flags:
             raise FsError("not-permitted", "descriptor not opened for reading")
-        return ctx.new(DIRECTORY_ENTRY_STREAM, _MemEntries(self.node))
+        self.state.admit()
+        return ctx.new(DIRECTORY_ENTRY_STREAM, _MemEntries(self.state, self.node))
 
     def open_at(
         self,
@@ -897,6 +953,7 @@ class MemDescriptor(Descriptor):
         flags: frozenset[str],
     ) -> Handle:
         self.check_open(open_flags, flags)
+        self.state.admit()
         with self.fs.resolve(self.node, path) as (parent, name):
             assert parent.children is not None
             node = parent if name == "." else parent.children.get(name)
@@ -1027,21 +1084,24 @@ def _contains(tree: MemNode, node: MemNode) -> bool:
 
 
 class _MemHolder:
-    """Keeps a memory file charged while a stream on it lives."""
+    """Keeps a memory file charged (and counted as open) while a stream on it lives."""
 
-    def __init__(self, fs: MemFs, node: MemNode) -> None:
+    def __init__(self, state: FsState, fs: MemFs, node: MemNode) -> None:
         self.fs, self.node, self.held = fs, node, True
+        self.holder_state = state
         fs.hold(node)
+        state.open.add(self)
 
     def close(self) -> None:
         if self.held:
             self.held = False
             self.fs.release(self.node)
+        self.holder_state.open.discard(self)
 
 
 class _MemInput(_MemHolder, InputStream):
     def __init__(self, state: FsState, fs: MemFs, node: MemNode, offset: int) -> None:
-        super().__init__(fs, node)
+        super().__init__(state, fs, node)
         self.state, self.offset = state, offset
 
     def read(self, limit: int) -> bytes:
@@ -1055,7 +1115,7 @@ class _MemInput(_MemHolder, InputStream):
 
 class _MemOutput(_MemHolder, OutputStream):
     def __init__(self, state: FsState, fs: MemFs, node: MemNode, offset: int | None) -> None:
-        super().__init__(fs, node)
+        super().__init__(state, fs, node)
         self.state, self.offset = state, offset
 
     def check_write(self) -> int:
@@ -1075,10 +1135,12 @@ class _MemEntries(_Closeable):
     """Entries of a memory directory as of when the listing began (names that vanish since
     are skipped)."""
 
-    def __init__(self, node: MemNode) -> None:
+    def __init__(self, state: FsState, node: MemNode) -> None:
         assert node.children is not None
+        self.state = state
         self.node = node
         self.names: Iterator[str] | None = iter(list(node.children))
+        state.open.add(self)
 
     def next(self) -> dict[str, str] | None:
         children = self.node.children
@@ -1095,6 +1157,7 @@ class _MemEntries(_Closeable):
 
     def close(self) -> None:
         self.names = None
+        self.state.open.discard(self)
 
 
 # -- bindings -------------------------------------------------------------------------------
@@ -1181,6 +1244,12 @@ def _get_directories(ctx: GuestContext) -> list[tuple[Handle, str]]:
     state = _state(ctx)
     out: list[tuple[Handle, str]] = []
     rights = frozenset({"read"})
+    if len(state.open) + len(state.preopens) > state.max_open:
+        # The WIT gives get-directories no error case; a guest that calls it in a loop to hold
+        # descriptors is stopped instead.
+        raise GuestViolation(
+            f"get-directories would pass the limit of {state.max_open} open descriptors"
+        )
     for pre in state.preopens:
         flags = rights if pre.readonly else rights | {"mutate-directory"}
         desc: Descriptor

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 __all__ = [
+    "DEFAULT_MAX_OPEN",
     "DEFAULT_OUTPUT_CAP",
     "DirGrant",
     "MemoryDir",
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 DEFAULT_OUTPUT_CAP = 1 << 20
+DEFAULT_MAX_OPEN = 256
+"""Descriptors (files, directories, streams, listings) one guest may hold open at once."""
 
 ClockMode = Literal["real", "fixed", "virtual"]
 
@@ -47,12 +50,19 @@ class DirGrant:
     host: Path
     guest: str
     readonly: bool = True
+    max_bytes: int | None = None
+    """Bytes the guest may write into this grant over the instance's life (writes, growth by
+    ``set-size``, and ``ENTRY_COST`` per file, directory or link it creates); past it writes
+    fail with ``insufficient-space``. A budget of bytes written, not of disk use: deleting or
+    shrinking gives nothing back. None: no quota (the host's disk is the limit)."""
 
     def __post_init__(self) -> None:
         if not self.guest.startswith("/"):
             raise ValueError(f"guest path must be absolute, got {self.guest!r}")
         if "\x00" in self.guest or "\x00" in str(self.host):
             raise ValueError("paths must not contain NUL")
+        if self.max_bytes is not None and (type(self.max_bytes) is not int or self.max_bytes < 0):
+            raise ValueError(f"max_bytes must be None or an int >= 0, got {self.max_bytes!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,7 @@ class Policy:
     - ``seed``: ``None`` for OS entropy, or an int for a deterministic generator.
     - ``dirs``: preopened directories; paths always resolve inside their root.
     - ``network``: sockets are refused unless True (and even then, not implemented yet).
+    - ``max_open``: descriptors the guest may hold at once; more opens fail with ``quota``.
     """
 
     env: tuple[tuple[str, str], ...] = ()
@@ -98,6 +109,10 @@ class Policy:
     network: bool = False
     max_read: int = 1 << 20
     """The most bytes one read or random call returns, whatever length the guest asks for."""
+    max_open: int = DEFAULT_MAX_OPEN
+    """Descriptors, streams on files and directory listings the guest may hold open at once.
+    Each host one costs the process a file descriptor, which is shared with the host's own
+    traces, sockets and tools; an open past it fails with ``quota`` (WASI 0.2 has no EMFILE)."""
 
     def __post_init__(self) -> None:
         if self.clock not in ("real", "fixed", "virtual"):
@@ -110,6 +125,8 @@ class Policy:
             raise ValueError(f"two directories preopened at the same guest path: {guests}")
         if self.max_read <= 0:
             raise ValueError("max_read must be positive")
+        if type(self.max_open) is not int or self.max_open <= 0:
+            raise ValueError(f"max_open must be a positive int, got {self.max_open!r}")
 
     def with_env(self, **env: str) -> Policy:
         """A copy with these environment variables added (or replaced)."""
@@ -123,9 +140,17 @@ class Policy:
     def with_stdin(self, data: bytes) -> Policy:
         return replace(self, stdin=bytes(data))
 
-    def with_dir(self, host: str | Path, guest: str, *, readonly: bool = True) -> Policy:
-        """A copy with ``host`` preopened at ``guest``."""
-        return replace(self, dirs=(*self.dirs, DirGrant(Path(host), guest, readonly)))
+    def with_dir(
+        self,
+        host: str | Path,
+        guest: str,
+        *,
+        readonly: bool = True,
+        max_bytes: int | None = None,
+    ) -> Policy:
+        """A copy with ``host`` preopened at ``guest`` (``max_bytes``: its write quota)."""
+        grant = DirGrant(Path(host), guest, readonly, max_bytes)
+        return replace(self, dirs=(*self.dirs, grant))
 
     def with_memory_dir(self, guest: str, files: Mapping[str, bytes] | None = None) -> Policy:
         return replace(self, dirs=(*self.dirs, MemoryDir(guest, dict(files or {}))))
