@@ -22,6 +22,11 @@ How each way a run can end is reported (``RunResult.error.kind``):
 - anything else that ends the interpreter (``os._exit``, a stack overflow, a crash) is
   ``exception`` with a message saying so.
 
+Everything the guest reports is bounded and checked before it counts: the value must be strict
+UTF-8 JSON data (finite numbers, no lone surrogates) within ``Limits.output``; the message and
+traceback are cut to ``MAX_ERROR_TEXT`` each (and ``Limits.output`` together, see
+``_error_text_limit``). Runs started from inside a tool nest at most ``MAX_NESTED_RUNS`` deep.
+
 Rejected: checking the output limit after the run (a flood would run to its deadline), and one
 instance reset between runs (CPython state cannot be reset reliably from inside).
 """
@@ -29,6 +34,7 @@ instance reset between runs (CPython state cannot be reset reliably from inside)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import math
@@ -56,12 +62,23 @@ from mighty.engine import Component
 from mighty.gate import Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
-from mighty.sandbox._tools import Tool, ToolHost, ToolsProvider, describe_tools, tools_from
+from mighty.sandbox._tools import (
+    MAX_NESTED_RUNS,
+    Tool,
+    ToolHost,
+    ToolsProvider,
+    cut_text,
+    describe_tools,
+    json_problem,
+    nesting_depth,
+    tools_from,
+)
 from mighty.trace import Recorder
 from mighty.wasi import DirGrant, MemoryDir, OutputPolicy, Policy, WasiProvider
 
 __all__ = [
     "ERROR_KINDS",
+    "MAX_ERROR_TEXT",
     "Limits",
     "RunError",
     "RunResult",
@@ -85,6 +102,9 @@ ERROR_KINDS = frozenset(
 )
 _GUEST_REPORTED = frozenset({"exception", "tool_error", "out_of_memory", "output_limit"})
 _MIN_MEMORY = 32 << 20
+MAX_ERROR_TEXT = 64 << 10
+"""Most UTF-8 bytes of a run error's message, and of its traceback (plus a short note)."""
+_MIN_ERROR_TEXT = 512
 _INSTANTIATE = Budget(fuel=2_000_000_000, timeout=30.0)
 """Instantiating runs the interpreter's start-up, not user code: its own fuel and time."""
 
@@ -351,25 +371,26 @@ class _Live:
             return self._result(False, None, RunError(kind, message), exc.usage)
         if not outcome["ok"]:
             kind = str(outcome["error-kind"])
+            text_limit = _error_text_limit(limits.output)
             error = RunError(
                 kind if kind in _GUEST_REPORTED else "exception",
-                str(outcome["message"]),
-                str(outcome["traceback"]),
+                cut_text(str(outcome["message"]), text_limit),
+                cut_text(str(outcome["traceback"]), text_limit),
             )
+            del outcome  # the guest's texts may be large: drop them now
             return self._result(False, None, error, usage)
         data = bytes(outcome["value"])
+        del outcome
         if len(data) > limits.output:
             error = RunError(
                 "output_limit",
                 f"the result is {len(data)} bytes of JSON, over the {limits.output}-byte limit",
             )
             return self._result(False, None, error, usage)
-        try:
-            value = json.loads(data, parse_constant=_not_json)
-        except (ValueError, RecursionError) as exc:
-            error = RunError("exception", f"TypeError: the result is not JSON data: {exc}")
-            return self._result(False, None, error, usage)
-        return self._result(True, value, None, usage)
+        checked = check_result(data)
+        if isinstance(checked, RunError):
+            return self._result(False, None, checked, usage)
+        return self._result(True, checked[0], None, usage)
 
     def _failure(self, exc: GuestError) -> tuple[str, str]:
         stopped = self.host.stopped
@@ -392,7 +413,7 @@ class _Live:
         if isinstance(exc, GuestTrap) and exc.trap_code == "stack_overflow":
             return "exception", "RecursionError: the interpreter's stack overflowed"
         first = exc.message.splitlines()[0] if exc.message else type(exc).__name__
-        return "exception", f"the interpreter crashed: {first}"
+        return "exception", cut_text(f"the interpreter crashed: {first}", MAX_ERROR_TEXT)
 
     def _result(
         self, ok: bool, value: Any, error: RunError | None, usage: Usage | None
@@ -418,6 +439,32 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON data")
 
 
+def _error_text_limit(output: int) -> int:
+    """Bytes for each of a run error's message and traceback: half the output limit, at most
+    MAX_ERROR_TEXT, and never so few that the error cannot say what happened."""
+    return max(_MIN_ERROR_TEXT, min(MAX_ERROR_TEXT, output // 2))
+
+
+def check_result(data: bytes) -> tuple[Any] | RunError:
+    """The value of a result's JSON bytes, or the ``exception`` error saying why they are not
+    JSON data: strict UTF-8, JSON syntax, finite numbers, no lone surrogates."""
+    try:
+        text = data.decode("utf-8")  # strict: refuses encoded surrogates (json.loads does not)
+    except UnicodeDecodeError as exc:
+        return RunError(
+            "exception", f"TypeError: the result is not UTF-8 (byte {exc.start} is invalid)"
+        )
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        message = cut_text(str(exc), 1024)
+        return RunError("exception", f"TypeError: the result is not JSON data: {message}")
+    problem = json_problem(value, "the result")
+    if problem is not None:
+        return RunError("exception", f"TypeError: {problem}")
+    return (value,)
+
+
 def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: int) -> bytes:
     names = dict(inputs or {})
     for name in names:
@@ -431,6 +478,15 @@ def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: i
         ).encode()
     except (TypeError, ValueError) as exc:
         raise BadInput(f"inputs must be JSON-compatible data: {exc}") from None
+
+
+def _check_nesting() -> None:
+    depth = nesting_depth()
+    if depth > MAX_NESTED_RUNS:
+        raise BadInput(
+            f"a sandbox run was started from inside a tool {depth} levels deep; runs nest "
+            f"through tools at most {MAX_NESTED_RUNS} level(s)"
+        )
 
 
 # -- spares ---------------------------------------------------------------------------------
@@ -656,7 +712,8 @@ class Sandbox:
         scope = cancel or CancelScope()
         loop = asyncio.get_running_loop()
         work = functools.partial(self._run, code, inputs, cancel=scope, record=record, loop=loop)
-        future = loop.run_in_executor(None, work)
+        # The worker thread sees this context: a run from inside a tool knows its depth.
+        future = loop.run_in_executor(None, contextvars.copy_context().run, work)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -681,6 +738,7 @@ class Sandbox:
             raise ValueError("sandbox is closed")
         if not isinstance(code, str):
             raise BadInput(f"code must be a str, got {type(code).__name__}")
+        _check_nesting()
         payload = _encode_inputs(inputs, keep=False, max_value=self.limits.output)
         with self._instance(record) as live:
             return live.execute(code, payload, cancel, loop)
@@ -739,6 +797,7 @@ class Session:
         """Run ``code`` in the session's globals (``inputs`` are added to them)."""
         if not isinstance(code, str):
             raise BadInput(f"code must be a str, got {type(code).__name__}")
+        _check_nesting()
         payload = _encode_inputs(inputs, keep=True, max_value=self._sandbox.limits.output)
         with self._lock:
             if self._live is None:
@@ -761,7 +820,8 @@ class Session:
         """``run`` on a worker thread; cancelling the awaiting task cancels the run."""
         scope = cancel or CancelScope()
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, functools.partial(self.run, code, inputs, cancel=scope))
+        work = functools.partial(self.run, code, inputs, cancel=scope)
+        future = loop.run_in_executor(None, contextvars.copy_context().run, work)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:

@@ -8,17 +8,35 @@ event loop (async) under its own timeout, and its result goes back as JSON. Ever
 the tool is an ``Err`` the guest raises as ``ToolError``; only what the *code* did wrong in a way
 that must end the run (an unknown tool name, too many calls) stops the guest.
 
-Rejected: ``pydantic.validate_call``. It wraps the callable, so a validation error and an error
-raised inside the tool look alike, and its messages name the wrapper.
+Everything that comes back from a tool is bounded before it is built: the result is encoded by
+:func:`encode_json` (size-capped, finite floats, valid Unicode, no generators) inside the worker
+and under the tool's timeout; error texts are cut by :func:`cut_text`; a tool name too long to be
+a tool is refused by its length alone. Any exception of a tool, ``BaseException`` included, is a
+``ToolError`` for the code (see :func:`_failure` for the one exception: Ctrl-C on the main thread).
+
+Rejected:
+- ``pydantic.validate_call``. It wraps the callable, so a validation error and an error raised
+  inside the tool look alike, and its messages name the wrapper.
+- a thread per sync call (hung tools pile up threads without bound) and
+  ``concurrent.futures.ThreadPoolExecutor`` (its threads are joined at interpreter exit, so one
+  hung tool would keep the host process from exiting): a small pool of daemon threads of our own,
+  :class:`_Workers`, that counts the calls it abandoned.
+- ``pydantic_core.to_jsonable_python`` on the whole result: it drains an endless generator into
+  memory, outside any timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextvars
+import dataclasses
 import inspect
 import json
 import keyword
+import math
+import re
 import threading
 import time
 import typing
@@ -30,14 +48,23 @@ import pydantic
 import pydantic_core
 
 from mighty.abi import Err, Ok
+from mighty.engine import SignalShield
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind
 
 __all__ = [
     "MAX_DATA",
     "MAX_DEPTH",
+    "MAX_MESSAGE",
+    "MAX_NAME",
+    "MAX_NESTED_RUNS",
+    "MAX_TOOL_THREADS",
     "Tool",
     "ToolsProvider",
+    "cut_text",
     "describe_tools",
+    "encode_json",
+    "json_problem",
+    "nesting_depth",
     "tools_from",
 ]
 
@@ -45,8 +72,200 @@ INTERFACE = "mighty:sandbox/tools"
 MAX_DATA = 1 << 20
 """Most bytes of JSON one tool call's arguments or result may take."""
 MAX_DEPTH = 100
-"""Deepest nesting of lists and objects accepted in tool arguments."""
+"""Deepest nesting of lists and objects accepted in tool arguments and results."""
+MAX_NAME = 256
+"""Longest tool name the host looks up; a longer one is refused by its length alone."""
+MAX_MESSAGE = 16 << 10
+"""Most UTF-8 bytes of a tool error's message the code receives (plus a short note when cut)."""
+MAX_KIND = 128
+"""Most characters of a tool error's kind (an exception type name)."""
+MAX_VALIDATION_ERRORS = 5
+"""Validation errors listed in an ``invalid_arguments`` message; more are only counted."""
+MAX_TOOL_THREADS = 32
+"""Worker threads for sync tools, for the whole process. A call that times out leaves its
+thread behind until the tool returns; when every thread is such a hung call, a new call fails at
+once with ``ToolError(kind="busy")``."""
+MAX_NESTED_RUNS = 1
+"""How deep sandbox runs may nest through tools: a tool may start a run, whose tools may not."""
 _WAIT_SLICE = 0.02
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NESTING: contextvars.ContextVar[int] = contextvars.ContextVar("mighty_sandbox_nesting", default=0)
+
+
+def nesting_depth() -> int:
+    """How many tool calls of sandbox runs enclose the current code (0 outside any tool)."""
+    return _NESTING.get()
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text`` as valid Unicode (lone surrogates become ``?``) of at most ``limit`` UTF-8
+    bytes; when cut, a short note with the full length in characters is appended.
+
+    Never encodes more than ``limit + 1`` characters of ``text``, however long it is.
+    """
+    head = text[: limit + 1]
+    data = head.encode("utf-8", "replace")
+    if len(head) == len(text) and len(data) <= limit:
+        return text if len(data) == len(text) and text.isascii() else data.decode("utf-8")
+    note = f" [... cut: {len(text)} characters in all]"
+    room = max(0, limit - len(note))
+    return data[:room].decode("utf-8", "ignore") + note
+
+
+def _safe_text(value: object, limit: int) -> str:
+    """``str(value)`` cut to ``limit``; a ``__str__`` that fails is reported, not raised."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except BaseException as exc:  # noqa: BLE001 - a hostile __str__ must not escape
+        text = f"<unprintable {type(exc).__name__}>"
+    if not isinstance(text, str):  # a str subclass's __str__ may return anything
+        text = "<unprintable>"
+    return cut_text(text, limit)
+
+
+def json_problem(value: Any, what: str = "the value") -> str | None:
+    """Why decoded JSON ``value`` is not JSON data (a non-finite float, a lone surrogate in a
+    string or key), or None when it is. Iterative: any depth ``json.loads`` produced is fine."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return f"{what} contains a string with a lone surrogate (not valid Unicode)"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{what} contains the number {item!r}, which JSON cannot represent"
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, dict):
+            for key, v in item.items():
+                stack.append((key, depth + 1))
+                stack.append((v, depth + 1))
+        elif item is not None and not isinstance(item, bool | int):
+            return f"{what} contains a {type(item).__name__}, which is not JSON data"
+    return None
+
+
+class NotData(ValueError):
+    """A value :func:`encode_json` refused: not JSON data, or over its size limit."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+def encode_json(value: Any, limit: int, what: str = "the value") -> bytes:
+    """Compact JSON of ``value`` (what ``to_jsonable_python`` would make of it), building at
+    most ``limit`` bytes: raises :class:`NotData` as soon as the output would pass ``limit``,
+    for a generator or iterator anywhere (never drained), a non-finite float, a lone
+    surrogate, a non-string key that JSON cannot convert, or nesting deeper than MAX_DEPTH."""
+    encoder = _Encoder(limit, what)
+    encoder.add(value, what, 0)
+    return "".join(encoder.parts).encode("utf-8")
+
+
+_ESCAPE = json.encoder.encode_basestring_ascii
+
+
+class _Encoder:
+    __slots__ = ("limit", "parts", "size", "what")
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit = limit
+        self.what = what
+        self.parts: list[str] = []
+        self.size = 0
+
+    def emit(self, text: str) -> None:
+        self.size += len(text)
+        if self.size > self.limit:
+            raise NotData(f"{self.what} is more than {self.limit} bytes of JSON", too_large=True)
+        self.parts.append(text)
+
+    def string(self, text: str, path: str) -> None:
+        if len(text) > self.limit - self.size:  # nothing built: the length alone is too much
+            raise NotData(f"{self.what} is more than {self.limit} bytes of JSON", too_large=True)
+        if _SURROGATE.search(text):
+            raise NotData(f"{path} contains a lone surrogate (not valid Unicode)")
+        self.emit(_ESCAPE(text))
+
+    def add(self, value: Any, path: str, depth: int) -> None:
+        if value is None:
+            self.emit("null")
+        elif value is True:
+            self.emit("true")
+        elif value is False:
+            self.emit("false")
+        elif isinstance(value, str):
+            self.string(value, path)
+        elif isinstance(value, int):
+            try:
+                self.emit(int.__repr__(value))
+            except ValueError:  # more digits than int -> str allows
+                raise NotData(f"{path} is an integer too large to write") from None
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise NotData(f"{path} is {value!r}, which JSON cannot represent")
+            self.emit(float.__repr__(value))
+        elif depth >= MAX_DEPTH:
+            raise NotData(f"{path} is nested deeper than {MAX_DEPTH} levels")
+        elif isinstance(value, list | tuple | set | frozenset | collections.deque):
+            self.emit("[")
+            for index, item in enumerate(value):
+                if index:
+                    self.emit(",")
+                self.add(item, f"{path}[{index}]", depth + 1)
+            self.emit("]")
+        elif isinstance(value, dict):
+            self.emit("{")
+            for index, (key, item) in enumerate(value.items()):
+                if index:
+                    self.emit(",")
+                self.string(self.key(key, path), path)
+                self.emit(":")
+                self.add(item, f"{path}[{_short(key)}]", depth + 1)
+            self.emit("}")
+        elif _is_lazy(value):
+            raise NotData(
+                f"{path} is a {type(value).__name__} (an iterator or awaitable); return a list"
+            )
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            self.add(fields, path, depth + 1)
+        elif isinstance(value, pydantic.BaseModel):
+            # Python mode keeps iterators lazy (SerializationIterator), for the check above.
+            self.add(value.model_dump(mode="python", by_alias=True), path, depth + 1)
+        else:
+            try:
+                plain = pydantic_core.to_jsonable_python(value)
+            except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
+                raise NotData(
+                    f"{path} is a {type(value).__name__}, which is not JSON data: "
+                    f"{_safe_text(exc, 200)}"
+                ) from None
+            if plain is value or type(plain) is type(value):
+                raise NotData(f"{path} is a {type(value).__name__}, which is not JSON data")
+            self.add(plain, path, depth + 1)
+
+    def key(self, key: Any, path: str) -> str:
+        # As json.dumps converts them.
+        if isinstance(key, str):
+            return key
+        if key is None or isinstance(key, bool):
+            return {None: "null", True: "true", False: "false"}[key]
+        if isinstance(key, int):
+            return int.__repr__(key)
+        if isinstance(key, float) and math.isfinite(key):
+            return float.__repr__(key)
+        raise NotData(f"{path} has a key of type {type(key).__name__}; JSON keys are strings")
+
+
+def _short(key: object) -> str:
+    return repr(key) if isinstance(key, str) and len(key) <= 40 else f"<{type(key).__name__}>"
+
+
+def _is_lazy(value: object) -> bool:
+    return hasattr(value, "__next__") or hasattr(value, "__anext__") or inspect.isawaitable(value)
 
 
 class InvalidArgument(ValueError):
@@ -122,7 +341,9 @@ class Tool:
                 else:
                     bound.arguments[pname] = adapter.validate_python(value)
             except pydantic.ValidationError as exc:
-                raise InvalidArgument(f"argument {pname!r}: {_validation_message(exc)}") from None
+                raise InvalidArgument(
+                    f"argument {pname!r}: {_validation_message(exc, adapter)}"
+                ) from None
         return bound
 
     def stub(self) -> str:
@@ -243,6 +464,13 @@ class ToolHost:
         return stop
 
     def call(self, ctx: GuestContext, name: str, payload: bytes) -> Ok | Err:
+        if len(name) > MAX_NAME:
+            # Refused by length: repr() of a 50-million-character name would be 200 MB.
+            raise self.stop(
+                "not_allowed",
+                f"the code called a tool named by {len(name)} characters, which is not a tool "
+                f"(names are at most {MAX_NAME})",
+            )
         tool = self.tools.get(name)
         if tool is None:
             raise self.stop("not_allowed", f"the code called {name!r}, which is not a tool")
@@ -256,7 +484,7 @@ class ToolHost:
         try:
             bound = tool.bind(args, kwargs)
         except (TypeError, InvalidArgument) as exc:
-            return _err("invalid_arguments", str(exc))
+            return _err("invalid_arguments", _safe_text(exc, MAX_MESSAGE))
         timeout = tool.timeout if tool.timeout is not None else self.timeout
         started = time.monotonic()
         pause = ctx.state.get("budget.pause")
@@ -278,61 +506,208 @@ class ToolHost:
         timeout: float,
         interrupt: Callable[[], None] | None,
     ) -> Ok | Err:
-        future: concurrent.futures.Future[Any]
+        depth = _NESTING.get() + 1
+        future: concurrent.futures.Future[Ok | Err]
         if tool.is_async:
             loop = self.loop if self.loop is not None else self._background_loop()
-            future = asyncio.run_coroutine_threadsafe(tool.fn(*bound.args, **bound.kwargs), loop)
+            future = asyncio.run_coroutine_threadsafe(_run_async(tool, bound, depth), loop)
         else:
-            future = concurrent.futures.Future()
-            worker = threading.Thread(
-                target=_run_into,
-                args=(future, tool.fn, bound),
-                name=f"mighty-tool-{tool.name}",
-                daemon=True,
-            )
-            worker.start()
+            started = _WORKERS.submit(tool, bound, depth)
+            if started is None:
+                return _err(
+                    "busy",
+                    f"{tool.name}() was not started: all {MAX_TOOL_THREADS} tool threads are "
+                    "stuck in calls that timed out",
+                )
+            future = started
+        signalled: list[int] = []
+        # A Ctrl-C on the main thread while a tool works is noticed now, not when the tool
+        # returns: the budget's own listener records it, and interrupt() then raises.
+        with SignalShield(signalled.append):
+            return self._wait(tool, future, timeout, interrupt, signalled)
+
+    def _wait(
+        self,
+        tool: Tool,
+        future: concurrent.futures.Future[Ok | Err],
+        timeout: float,
+        interrupt: Callable[[], None] | None,
+        signalled: list[int],
+    ) -> Ok | Err:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                future.cancel()
+                _WORKERS.abandon(future)
                 return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
             try:
-                value = future.result(timeout=min(left, _WAIT_SLICE))
-                break
+                return future.result(timeout=min(left, _WAIT_SLICE))
             except concurrent.futures.TimeoutError:
-                if self.cancel_check() and interrupt is not None:
-                    future.cancel()
+                if (signalled or self.cancel_check()) and interrupt is not None:
+                    _WORKERS.abandon(future)
                     interrupt()  # raises: the run was cancelled while the tool worked
                 continue
             except concurrent.futures.CancelledError:
                 return _err("cancelled", f"{tool.name}() was cancelled")
-            except Exception as exc:  # noqa: BLE001 - a tool's failure goes to the guest
-                return _err(type(exc).__name__, str(exc))
-        return _encode_result(tool.name, value)
+            except BaseException as exc:  # noqa: BLE001 - Ctrl-C/exit let through on a main loop
+                return _err("interrupted", f"{tool.name}() was interrupted: {type(exc).__name__}")
 
 
-def _run_into(
-    future: concurrent.futures.Future[Any], fn: Callable[..., Any], bound: inspect.BoundArguments
-) -> None:
-    if not future.set_running_or_notify_cancel():
-        return
+async def _run_async(tool: Tool, bound: inspect.BoundArguments, depth: int) -> Ok | Err:
+    _NESTING.set(depth)  # the task runs in its own copy of the context
     try:
-        future.set_result(fn(*bound.args, **bound.kwargs))
-    except BaseException as exc:  # noqa: BLE001 - handed to the waiting guest call
-        future.set_exception(exc)
+        value = await tool.fn(*bound.args, **bound.kwargs)
+    except BaseException as exc:  # every failure of the tool goes to the code (see below)
+        if isinstance(exc, asyncio.CancelledError) or _is_process_exit(exc):
+            raise
+        return _failure(exc)
+    try:
+        return _encode_result(tool.name, value)
+    except BaseException as exc:  # noqa: BLE001 - a hostile __eq__/__hash__ while encoding
+        return _failure(exc)
+
+
+def _is_process_exit(exc: BaseException) -> bool:
+    """Ctrl-C or exit raised on the main thread: maybe a signal's handler, so the host's.
+
+    Sync tools run on worker threads and the sandbox's own loop on a thread of its own, where
+    no signal handler runs: there a KeyboardInterrupt or SystemExit can only be the tool's own
+    and is a ToolError. On the main thread (an async tool on the loop of a ``run_async``
+    caller) it is let through to the loop, as asyncio itself does.
+    """
+    return isinstance(exc, KeyboardInterrupt | SystemExit) and (
+        threading.current_thread() is threading.main_thread()
+    )
+
+
+def _call_sync(tool: Tool, bound: inspect.BoundArguments, depth: int) -> Ok | Err:
+    """The tool's call and its result's encoding, on a worker thread; never raises."""
+    token = _NESTING.set(depth)
+    try:
+        try:
+            value = tool.fn(*bound.args, **bound.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: a ToolError for the code
+            return _failure(exc)
+        return _encode_result(tool.name, value)
+    except BaseException as exc:  # noqa: BLE001 - a hostile __eq__/__hash__ while encoding
+        return _failure(exc)
+    finally:
+        _NESTING.reset(token)
+
+
+class _Job:
+    __slots__ = ("bound", "depth", "future", "tool")
+
+    def __init__(self, tool: Tool, bound: inspect.BoundArguments, depth: int) -> None:
+        self.tool = tool
+        self.bound = bound
+        self.depth = depth
+        self.future: concurrent.futures.Future[Ok | Err] = concurrent.futures.Future()
+
+
+class _Workers:
+    """Daemon threads for sync tools, at most ``size``, started on demand and kept.
+
+    A job whose caller gave up (timeout, cancel) while it ran is *stuck*: its thread is busy
+    until the tool returns. When all ``size`` threads are stuck, ``submit`` says no at once;
+    otherwise a job waits its turn (under its caller's timeout).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._threads = 0
+        self._idle = 0
+        self._running: dict[concurrent.futures.Future[Ok | Err], bool] = {}
+
+    def submit(
+        self, tool: Tool, bound: inspect.BoundArguments, depth: int
+    ) -> concurrent.futures.Future[Ok | Err] | None:
+        with self._cond:
+            if sum(self._running.values()) >= self.size:
+                return None
+            job = _Job(tool, bound, depth)
+            self._queue.append(job)
+            if self._idle >= len(self._queue):
+                self._cond.notify()
+            elif self._threads < self.size:
+                self._threads += 1
+                threading.Thread(target=self._work, name="mighty-tool", daemon=True).start()
+            return job.future
+
+    def abandon(self, future: concurrent.futures.Future[Ok | Err]) -> None:
+        """The caller gave up on ``future``: cancel it if it has not started, else mark it."""
+        if future.cancel():
+            return
+        with self._cond:
+            if future in self._running:
+                self._running[future] = True
+
+    def stuck(self) -> int:
+        """How many threads are in calls their callers gave up on."""
+        with self._cond:
+            return sum(self._running.values())
+
+    def threads(self) -> int:
+        """How many worker threads exist."""
+        with self._cond:
+            return self._threads
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                job = self._queue.popleft()
+                if not job.future.set_running_or_notify_cancel():
+                    continue
+                self._running[job.future] = False
+            try:
+                outcome = _call_sync(job.tool, job.bound, job.depth)
+            finally:
+                with self._cond:
+                    del self._running[job.future]
+            job.future.set_result(outcome)
+
+
+_WORKERS = _Workers(MAX_TOOL_THREADS)
+
+
+def _failure(exc: BaseException) -> Err:
+    """The ToolError of a tool's exception: type name and message, both bounded."""
+    kind = cut_text(type(exc).__name__, MAX_KIND)
+    return _err(kind, _safe_text(exc, MAX_MESSAGE))
 
 
 def _err(kind: str, message: str) -> Err:
     return Err({"kind": kind, "message": message})
 
 
-def _validation_message(exc: pydantic.ValidationError) -> str:
+def _validation_message(exc: pydantic.ValidationError, adapter: pydantic.TypeAdapter[Any]) -> str:
+    count = exc.error_count()
+    if count > _MAX_LISTED_ERRORS:
+        # errors() would build every one of them (a 1 MiB list can make a million).
+        return f"{count} values do not fit {_hint_name(adapter)} (too many errors to list)"
     parts = []
-    for error in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in error["loc"])
-        parts.append(f"{where}: {error['msg']}" if where else error["msg"])
+    details = exc.errors(include_url=False, include_context=False, include_input=False)
+    for error in details[:MAX_VALIDATION_ERRORS]:
+        where = ".".join(_safe_text(p, 40) for p in error["loc"])
+        msg = _safe_text(error["msg"], 200)
+        parts.append(f"{where}: {msg}" if where else msg)
+    if count > MAX_VALIDATION_ERRORS:
+        parts.append(f"and {count - MAX_VALIDATION_ERRORS} more errors")
     return "; ".join(parts)
+
+
+_MAX_LISTED_ERRORS = 100
+"""Beyond this many validation errors, none is listed (building them costs memory)."""
+
+
+def _hint_name(adapter: pydantic.TypeAdapter[Any]) -> str:
+    return _safe_text(getattr(adapter, "_type", "its type hint"), 200)
 
 
 def _no_constants(name: str) -> Any:
@@ -377,15 +752,11 @@ def _decode_args(name: str, payload: bytes) -> tuple[list[Any], dict[str, Any]] 
 
 def _encode_result(name: str, value: Any) -> Ok | Err:
     try:
-        data = json.dumps(
-            pydantic_core.to_jsonable_python(value), allow_nan=False, separators=(",", ":")
-        ).encode()
-    except (TypeError, ValueError, RecursionError, pydantic_core.PydanticSerializationError) as exc:
+        data = encode_json(value, MAX_DATA, "the result")
+    except NotData as exc:
+        if exc.too_large:
+            return _err("too_large", f"{name}() returned more than {MAX_DATA} bytes of JSON")
         return _err("invalid_result", f"{name}() returned something that is not JSON data: {exc}")
-    if len(data) > MAX_DATA:
-        return _err(
-            "too_large", f"{name}() returned {len(data)} bytes of JSON; the limit is {MAX_DATA}"
-        )
     return Ok(data)
 
 
