@@ -4,6 +4,12 @@ Exit status everywhere: 0 ok, 1 the guest failed, 2 bad usage or input, 130 inte
 Ctrl-C (SIGINT), 143 terminated (SIGTERM): the guest call is cancelled cleanly either way.
 Errors are one line on stderr (``mty: error: ...``) and never a Python traceback, unless
 ``MTY_DEBUG=1``.
+
+Text the guest controls (its stdout and stderr, its error messages) is written to a terminal
+with control characters escaped (:func:`escape_control`): an OSC or CSI sequence from a guest
+must not retitle the window, set the clipboard (OSC 52) or redraw the screen. Error lines are
+always escaped; guest output only when the stream is a terminal (piped or redirected, its
+bytes pass unchanged); ``--json`` output is JSON-escaped anyway.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ if TYPE_CHECKING:
     from mighty.trace import Recorder
     from mighty.wasi import Policy
 
-__all__ = ["main", "parse_size"]
+__all__ = ["escape_control", "main", "parse_size"]
 
 EXIT_OK = 0
 EXIT_GUEST = 1
@@ -81,13 +87,57 @@ class _Size(click.ParamType):  # type: ignore[type-arg] # generic only in newer 
             self.fail(exc.message, param, ctx)
 
 
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = ord(match.group())
+    return f"\\x{char:02x}" if char < 0x100 else f"\\u{char:04x}"
+
+
+def escape_control(text: str) -> str:
+    """``text`` safe for a terminal: every control character but newline and tab (C0, DEL, C1,
+    and the bidirectional overrides) written as a visible ``\\xNN`` / ``\\uNNNN`` escape."""
+    return _CONTROL.sub(_escape_one, text)
+
+
+def _write_text(stream: Any, text: str) -> None:
+    """Write ``text`` to a text stream, escaped if it is a terminal, never failing on an
+    encoding the stream cannot represent."""
+    if _isatty(stream):
+        text = escape_control(text)
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(text)
+    else:
+        stream.flush()
+        buffer.write(text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace"))
+    stream.flush()
+
+
+def _write_bytes(stream: Any, data: bytes) -> None:
+    """Guest output: raw when piped, decoded and escaped when the stream is a terminal."""
+    if _isatty(stream):
+        _write_text(stream, data.decode("utf-8", "replace"))
+        return
+    stream.buffer.write(data)
+    stream.flush()
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def _fail(
     message: str, *, as_json: bool, kind: str = "bad_input", code: int = EXIT_USAGE
 ) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"ok": False, "error": {"kind": kind, "message": message}}))
     else:
-        click.echo(f"mty: error: {message}", err=True)
+        click.echo(f"mty: error: {escape_control(message)}", err=True)
     sys.exit(code)
 
 
@@ -370,7 +420,7 @@ def call(
                 click.echo(json.dumps(document))
             else:
                 _echo_guest_output(instance)
-                click.echo(json.dumps(rendered, indent=2, ensure_ascii=False))
+                _write_text(sys.stdout, json.dumps(rendered, indent=2, ensure_ascii=False) + "\n")
         finally:
             instance.close()
             if recorder is not None:
@@ -388,14 +438,54 @@ def call(
     type=click.Path(path_type=Path, dir_okay=False),
     help="Replay against this component instead (find where a new build diverges).",
 )
+@click.option(
+    "--max-fuel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most fuel any replayed call gets, whatever the trace recorded.",
+)
+@click.option(
+    "--max-memory",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most linear-memory bytes a replayed instance gets, whatever the trace recorded.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Most seconds any replayed call gets, whatever the trace recorded.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
-def replay(trace: Path, instance: int | None, changed: Path | None, as_json: bool) -> None:
-    """Run TRACE again, answering every import from it, and check it does the same thing."""
-    from mighty.trace import NondeterminismError, replay_trace
+def replay(
+    trace: Path,
+    instance: int | None,
+    changed: Path | None,
+    max_fuel: int | None,
+    max_memory: int | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Run TRACE again, answering every import from it, and check it does the same thing.
+
+    The budget recorded in TRACE is capped by the replay limits (defaults in
+    mighty.trace.DEFAULT_REPLAY_LIMITS; raise them with --max-fuel/--max-memory/--timeout).
+    """
+    from dataclasses import replace as _replace
+
+    from mighty.trace import DEFAULT_REPLAY_LIMITS, NondeterminismError, replay_trace
 
     with _errors(as_json):
+        changes: dict[str, Any] = {}
+        if max_fuel is not None:
+            changes["fuel"] = max_fuel
+        if max_memory is not None:
+            changes["memory"] = max_memory
+        if timeout is not None:
+            changes["timeout"] = timeout
+        limits = _replace(DEFAULT_REPLAY_LIMITS, **changes)
         try:
-            report = replay_trace(trace, instance=instance, substitute=changed)
+            report = replay_trace(trace, instance=instance, substitute=changed, limits=limits)
         except NondeterminismError as exc:
             if as_json:
                 click.echo(
@@ -573,7 +663,5 @@ def _guest_failure_json(exc: GuestError, instance: Instance) -> NoReturn:
 
 
 def _echo_guest_output(instance: Instance) -> None:
-    sys.stdout.buffer.write(instance.stdout.getvalue())
-    sys.stdout.flush()
-    sys.stderr.buffer.write(instance.stderr.getvalue())
-    sys.stderr.flush()
+    _write_bytes(sys.stdout, instance.stdout.getvalue())
+    _write_bytes(sys.stderr, instance.stderr.getvalue())

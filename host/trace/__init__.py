@@ -6,7 +6,13 @@ and ``decode_value`` are the lossless value encoding the records use.
 """
 
 from mighty.trace._debug import Debugger
-from mighty.trace._errors import TraceCorrupt, TraceError, TraceTruncated, TraceVersionError
+from mighty.trace._errors import (
+    TraceCorrupt,
+    TraceError,
+    TraceInvalid,
+    TraceTruncated,
+    TraceVersionError,
+)
 from mighty.trace._format import (
     FORMAT_VERSION,
     MAX_FRAME,
@@ -17,10 +23,13 @@ from mighty.trace._format import (
 )
 from mighty.trace._recorder import InstanceRecording, Recorder, default_trace_path
 from mighty.trace._replay import (
+    DEFAULT_REPLAY_LIMITS,
     InstanceReport,
     NondeterminismError,
     ReplayAborted,
     ReplayEvent,
+    ReplayLimitExceeded,
+    ReplayLimits,
     ReplayReport,
     replay_trace,
 )
@@ -28,6 +37,7 @@ from mighty.trace._summary import summarize
 from mighty.trace._values import HandleRef, decode_value, encode_value
 
 __all__ = [
+    "DEFAULT_REPLAY_LIMITS",
     "FORMAT_VERSION",
     "MAX_FRAME",
     "Debugger",
@@ -38,10 +48,13 @@ __all__ = [
     "Recorder",
     "ReplayAborted",
     "ReplayEvent",
+    "ReplayLimitExceeded",
+    "ReplayLimits",
     "ReplayReport",
     "Trace",
     "TraceCorrupt",
     "TraceError",
+    "TraceInvalid",
     "TraceReader",
     "TraceTruncated",
     "TraceVersionError",

@@ -14,7 +14,11 @@ A hundred lines that accept only our own shapes is the smaller thing to trust.
 Safety: the input is one frame's payload, already bounded by the frame limit. Every length is
 checked against the bytes left before anything is sliced or a container is filled (a container
 of ``n`` items needs at least ``n`` bytes), nesting is capped at ``max_depth``, and every loop
-consumes input, so time and memory are linear in the payload.
+consumes input, so time is linear in the payload. Memory is not, by bytes alone: a one-byte
+empty map becomes a 64-byte dict, so a 60 MB frame of them took 4.2 GB. ``max_items`` caps the
+items (every string, number, container and tag) one payload may decode to, checked before a
+container is filled, so the Python objects one frame makes are bounded by the cap, not by the
+payload's bytes times the largest object-to-byte ratio.
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ class CBORInvalid(Exception):
         self.at = at
 
 
-def decode(payload: bytes, tag_hook: TagHook, max_depth: int) -> Any:
-    """The one item that ``payload`` holds, all of it."""
-    dec = _Decoder(payload, tag_hook, max_depth)
+def decode(payload: bytes, tag_hook: TagHook, max_depth: int, max_items: int = 1 << 62) -> Any:
+    """The one item that ``payload`` holds, all of it, in at most ``max_items`` items."""
+    dec = _Decoder(payload, tag_hook, max_depth, max_items)
     value = dec.item(0)
     if dec.pos != len(payload):
         raise CBORInvalid(f"{len(payload) - dec.pos} bytes left after the item", dec.pos)
@@ -49,14 +53,21 @@ def decode(payload: bytes, tag_hook: TagHook, max_depth: int) -> Any:
 
 
 class _Decoder:
-    __slots__ = ("buf", "end", "hook", "max_depth", "pos")
+    __slots__ = ("buf", "end", "hook", "items_left", "max_depth", "max_items", "pos")
 
-    def __init__(self, buf: bytes, hook: TagHook, max_depth: int) -> None:
+    def __init__(self, buf: bytes, hook: TagHook, max_depth: int, max_items: int) -> None:
         self.buf = buf
         self.end = len(buf)
         self.hook = hook
         self.max_depth = max_depth
+        self.max_items = max_items
+        self.items_left = max_items
         self.pos = 0
+
+    def _take(self, n: int, start: int) -> None:
+        if n > self.items_left:
+            raise CBORInvalid(f"more than {self.max_items} items in one payload", start)
+        self.items_left -= n
 
     def _argument(self, info: int, start: int) -> int:
         if info < 24:
@@ -75,6 +86,7 @@ class _Decoder:
         start = self.pos
         if start >= self.end:
             raise CBORInvalid("payload ends where an item was expected", start)
+        self._take(1, start)
         initial = self.buf[start]
         self.pos += 1
         major, info = initial >> 5, initial & 31
@@ -112,10 +124,14 @@ class _Decoder:
         if major == 4:
             if arg > left:
                 raise CBORInvalid(f"array claims {arg} items but {left} bytes are left", start)
+            if arg > self.items_left:
+                raise CBORInvalid(f"more than {self.max_items} items in one payload", start)
             return [self.item(depth + 1) for _ in range(arg)]
         if major == 5:
             if arg > left // 2:
                 raise CBORInvalid(f"map claims {arg} entries but {left} bytes are left", start)
+            if 2 * arg > self.items_left:
+                raise CBORInvalid(f"more than {self.max_items} items in one payload", start)
             out: dict[str, Any] = {}
             for _ in range(arg):
                 key_at = self.pos

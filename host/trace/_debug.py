@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from mighty._errors import MightyError
-from mighty.trace._replay import ReplayAborted, ReplayEvent, ReplayReport, replay_trace
+from mighty.trace._replay import (
+    DEFAULT_REPLAY_LIMITS,
+    ReplayAborted,
+    ReplayEvent,
+    ReplayLimits,
+    ReplayReport,
+    replay_trace,
+)
 
 __all__ = ["Debugger"]
 
@@ -64,8 +71,15 @@ def describe(event: ReplayEvent) -> str:
 class Debugger:
     """A replay under control. Feed it commands; it returns what to print."""
 
-    def __init__(self, trace: str | Path, *, instance: int | None = None) -> None:
+    def __init__(
+        self,
+        trace: str | Path,
+        *,
+        instance: int | None = None,
+        limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
+    ) -> None:
         self.trace = Path(trace)
+        self.limits = limits
         self._events: queue.Queue[ReplayEvent | _Finished] = queue.Queue()
         self._go = threading.Semaphore(0)
         self._abort = False
@@ -83,7 +97,9 @@ class Debugger:
 
     def _run(self, instance: int | None) -> None:
         try:
-            report = replay_trace(self.trace, instance=instance, observer=self._observe)
+            report = replay_trace(
+                self.trace, instance=instance, observer=self._observe, limits=self.limits
+            )
             self._events.put(_Finished(report=report))
         except BaseException as exc:  # noqa: BLE001 - reported at the prompt
             self._events.put(_Finished(error=exc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mighty._errors import HostError
 
-__all__ = ["TraceCorrupt", "TraceError", "TraceTruncated", "TraceVersionError"]
+__all__ = ["TraceCorrupt", "TraceError", "TraceInvalid", "TraceTruncated", "TraceVersionError"]
 
 
 class TraceError(HostError):
@@ -21,6 +21,17 @@ class TraceCorrupt(TraceError):
     def __init__(self, message: str, *, offset: int) -> None:
         super().__init__(message)
         self.offset = offset
+
+
+class TraceInvalid(TraceCorrupt):
+    """The frames are whole but a record breaks the schema (a field missing or of the wrong
+    type, an instance id that is not an int, a trace that holds nothing to replay).
+
+    A ``TraceCorrupt`` too, so callers that refuse damaged files refuse these; ``offset`` is
+    the byte where the offending record's frame starts (-1 when no one record is at fault).
+    """
+
+    kind = "trace_invalid"
 
 
 class TraceVersionError(TraceCorrupt):

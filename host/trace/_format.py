@@ -29,7 +29,16 @@ Frame kinds ("k"): ``header`` (first frame only; its other keys are the header),
 it) and anything else, which is a record. Byte strings of ``BLOB_MIN`` bytes or more anywhere in
 a record are stored once as a blob and referred to by tag 27009 (the sha256); the reader puts
 the bytes back, so callers only ever see whole records. Blobs are resolved lazily: the reader
-keeps each blob's frame offset and a small cache (``BLOB_CACHE`` bytes), not every blob.
+keeps each blob's frame offset, and reads a blob's data the first time a record refers to it.
+
+Bounds on hostile files (issue 11): one frame decodes to at most ``MAX_ITEMS`` CBOR items and
+``MAX_BLOB_REFS`` blob references (``_cbor.py``, ``_values.py`` bound the rest: depth, big
+ints, hash containers). A resolved blob is kept for the reader's life and every reference gets
+that same ``bytes`` object, never a copy: an evicting cache (64 MiB, once) let 100 references
+alternating between two 40 MB blobs decode into 100 copies (4.1 GB from an 84 MB file). So the
+blob bytes a reader holds are at most the blob frames of the file, each once, and the Python
+objects of a frame at most ``MAX_ITEMS``. Rejected: a cache that hands out weak references
+(``bytes`` cannot be weakly referenced, and callers want ``bytes``).
 
 Each record passes through ``encode_value`` whole, so every field round-trips exactly, values
 and plain fields alike (see ``_values.py`` for the tag table).
@@ -56,7 +65,6 @@ import os
 import struct
 import threading
 import zlib
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -67,15 +75,22 @@ from typing import Any, BinaryIO
 import cbor2
 
 from mighty.trace._cbor import CBORInvalid, TagHook, decode
-from mighty.trace._errors import TraceCorrupt, TraceError, TraceTruncated, TraceVersionError
+from mighty.trace._errors import (
+    TraceCorrupt,
+    TraceError,
+    TraceTruncated,
+    TraceVersionError,
+)
+from mighty.trace._schema import check_record
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with, value_from_tag
 
 __all__ = [
-    "BLOB_CACHE",
     "BLOB_MIN",
     "FILE_MAGIC",
     "FORMAT_VERSION",
+    "MAX_BLOB_REFS",
     "MAX_FRAME",
+    "MAX_ITEMS",
     "Trace",
     "TraceReader",
     "TraceWriter",
@@ -88,8 +103,10 @@ MAX_FRAME = 64 * 1024 * 1024
 """Largest payload of one frame, in bytes; checked on write and on read, before reading."""
 BLOB_MIN = 4096
 """Byte strings at least this long are stored once, as a blob frame."""
-BLOB_CACHE = 64 * 1024 * 1024
-"""Bytes of resolved blobs a reader keeps in memory."""
+MAX_ITEMS = 1 << 21
+"""Most CBOR items (strings, numbers, containers, tags) one frame may decode to."""
+MAX_BLOB_REFS = 1 << 16
+"""Most blob references one frame may hold."""
 
 _FILE_HEAD = struct.Struct(">8sH")
 _PREFIX = struct.Struct(">III")
@@ -231,6 +248,12 @@ class TraceWriter:
             raise TraceError(f"cannot record this value: {exc}") from exc
         if len(payload) > MAX_FRAME:
             raise TraceError(f"a frame of {len(payload)} bytes is over the {MAX_FRAME} limit")
+        if len(payload) > MAX_ITEMS:
+            # Every item takes a byte at least, so only a payload this long can hold too many.
+            try:
+                decode(payload, _count_only, MAX_DEPTH + 1, MAX_ITEMS)
+            except CBORInvalid as exc:
+                raise TraceError(f"cannot record this value: {exc.reason}") from None
         return payload
 
     def _check_open(self) -> None:
@@ -298,13 +321,15 @@ class TraceReader:
         self._strict = strict
         self._max_frame = max_frame
         self._blob_at: dict[bytes, int] = {}
-        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
-        self._cached = 0
+        self._cache: dict[bytes, bytes] = {}
         self._resolved = 0
+        self._frame_refs = 0
         self.truncated = False
         """True once ``records()`` has met a cut-off frame."""
         self.readable_records = 0
         """Records read by the last ``records()`` pass (all there are, once it ends)."""
+        self.record_offset = -1
+        """Byte offset of the frame of the record ``records()`` yielded last."""
         try:
             self._file: BinaryIO | None = open(self._path, "rb")  # noqa: SIM115 - closed by close()
         except OSError as exc:
@@ -418,8 +443,9 @@ class TraceReader:
         return True
 
     def _decode(self, payload: bytes, pos: int, hook: TagHook) -> dict[str, Any]:
+        self._frame_refs = 0
         try:
-            value = decode(payload, hook, MAX_DEPTH)
+            value = decode(payload, hook, MAX_DEPTH, MAX_ITEMS)
         except CBORInvalid as exc:
             raise TraceCorrupt(f"frame at byte {pos}: {exc}", offset=pos) from None
         except RecursionError:
@@ -434,9 +460,11 @@ class TraceReader:
         if type(content) is not bytes or len(content) != _DIGEST:
             raise ValueError("a blob reference must be a 32-byte sha256")
         self._resolved += 1
+        self._frame_refs += 1
+        if self._frame_refs > MAX_BLOB_REFS:
+            raise ValueError(f"more than {MAX_BLOB_REFS} blob references in one frame")
         data = self._cache.get(content)
         if data is not None:
-            self._cache.move_to_end(content)
             return data
         at = self._blob_at.get(content)
         if at is None:
@@ -444,13 +472,19 @@ class TraceReader:
         frame = self._frame_at(at, self._size())
         if frame is None:
             raise ValueError(f"blob {content.hex()} at byte {at} is no longer readable")
+        refs = self._frame_refs
         data = self._check_blob(self._decode(frame[0], at, _no_blobs), at)
-        self._remember(content, data)
+        self._frame_refs = refs
+        self._cache[content] = data
         return data
 
     def _check_blob(self, blob: dict[str, Any], pos: int) -> bytes:
         data, digest = blob.get("data"), blob.get("sha256")
-        if set(blob) != {"k", "sha256", "data"} or type(data) is not bytes:
+        if (
+            set(blob) != {"k", "sha256", "data"}
+            or type(data) is not bytes
+            or type(digest) is not str
+        ):
             raise TraceCorrupt(f"blob frame at byte {pos} is malformed", offset=pos)
         if hashlib.sha256(data).hexdigest() != digest:
             raise TraceCorrupt(
@@ -458,19 +492,13 @@ class TraceReader:
             )
         return data
 
-    def _remember(self, digest: bytes, data: bytes) -> None:
-        if len(data) > BLOB_CACHE:
-            return
-        self._cache[digest] = data
-        self._cached += len(data)
-        while self._cached > BLOB_CACHE:
-            _, old = self._cache.popitem(last=False)
-            self._cached -= len(old)
-
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self, *, schema: bool = False) -> Iterator[dict[str, Any]]:
         """Every record after the header, in file order, blobs put back in place.
 
         Reads up to the file's size when iteration starts; starting again reads from the top.
+        With ``schema``, a record of a kind the recorder writes that breaks its schema is a
+        ``TraceInvalid`` at its frame's offset (``_schema.py``); ``record_offset`` is where the
+        record last yielded starts.
         """
         size = self._size()
         pos = self._body
@@ -495,12 +523,14 @@ class TraceReader:
             if kind == "blob":
                 if self._resolved != resolved:
                     raise TraceCorrupt(f"blob frame at byte {pos} refers to a blob", offset=pos)
-                data = self._check_blob(record, pos)
-                digest = bytes.fromhex(record["sha256"])
-                self._blob_at.setdefault(digest, pos)
-                self._remember(digest, data)
+                self._check_blob(record, pos)
+                # Only the offset is kept; the data is read again when a record refers to it.
+                self._blob_at.setdefault(bytes.fromhex(record["sha256"]), pos)
             elif kind == "header":
                 raise TraceCorrupt(f"a second header frame at byte {pos}", offset=pos)
+            elif schema:
+                check_record(record, pos)
+            self.record_offset = pos
             pos = end
             self.readable_bytes = pos
             if kind != "blob":
@@ -523,6 +553,10 @@ class TraceReader:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _count_only(_tag: int, _content: Any) -> Any:
+    return None
 
 
 def _no_blobs(tag: int, content: Any) -> Any:
@@ -556,10 +590,14 @@ class Trace:
         return len(self.all_records)
 
 
-def read_trace(path: str | os.PathLike[str], *, strict: bool = False) -> Trace:
-    """Read a whole trace; see ``TraceReader`` for what is raised and what truncation means."""
+def read_trace(
+    path: str | os.PathLike[str], *, strict: bool = False, schema: bool = False
+) -> Trace:
+    """Read a whole trace; see ``TraceReader`` for what is raised and what truncation means.
+
+    ``schema`` checks every record of a kind the recorder writes (``TraceInvalid``)."""
     with TraceReader(path, strict=strict) as reader:
-        records = tuple(reader.records())
+        records = tuple(reader.records(schema=schema))
         return Trace(
             path=reader.path,
             header=reader.header,

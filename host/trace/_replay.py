@@ -11,13 +11,25 @@ instance, the step, what the trace expected and what came.
 Deadline and cancellation stops are wall-clock events and cannot happen at the same instruction
 twice; such an export is replayed up to its last recorded import and then stopped on purpose
 (the report marks it), so everything the guest did before the interruption is still checked.
+
+A trace is hostile input (issue 11). Its records are schema-checked as they are read
+(``TraceInvalid`` at the frame's offset); a trace with nothing to replay is refused, not
+reported "ok". The budget written in it is a request, not a grant: every instance and call runs
+under the recorded budget capped by the replayer's ``ReplayLimits`` (a rewritten sandbox trace
+asking for 2**62 fuel and 4 GiB made replay allocate 2.59 GB and spin), and a call the cap
+stops is a ``ReplayLimitExceeded`` naming the limit to raise, not a divergence. A component
+named by the trace is opened without blocking, must be a regular file no larger than
+``ReplayLimits.component_bytes`` (and of the recorded size), and must start with the wasm
+magic, all before it is read whole.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +38,7 @@ import cbor2
 
 from mighty._errors import HostError, MightyError
 from mighty.abi import Err, Ok, Some, Variant
-from mighty.budget import Budget
+from mighty.budget import DEFAULT_FUEL, DEFAULT_MEMORY, Budget
 from mighty.engine import Component
 from mighty.gate import (
     Binding,
@@ -37,20 +49,67 @@ from mighty.gate import (
     request_exit,
 )
 from mighty.gate._gate import _KINDS
-from mighty.trace._format import read_trace
+from mighty.trace._errors import TraceInvalid
+from mighty.trace._format import TraceReader
 from mighty.trace._recorder import to_refs
 from mighty.trace._values import HandleRef, encode_value
 
 __all__ = [
+    "DEFAULT_REPLAY_LIMITS",
     "InstanceReport",
     "NondeterminismError",
     "ReplayAborted",
     "ReplayEvent",
+    "ReplayLimitExceeded",
+    "ReplayLimits",
     "ReplayReport",
     "replay_trace",
 ]
 
 _INTERRUPTIONS = ("deadline_exceeded", "cancelled")
+_BUDGET_FAILURES = ("out_of_fuel", "out_of_memory", "deadline_exceeded")
+_WASM_MAGIC = b"\x00asm"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayLimits:
+    """The most a replay grants, whatever the trace asks: each recorded budget is capped here.
+
+    ``fuel`` and ``memory`` per call (``memory`` also per instance), ``timeout`` seconds per
+    call, ``component_bytes`` the largest component file a trace may make the replayer read.
+    """
+
+    fuel: int = DEFAULT_FUEL
+    memory: int = DEFAULT_MEMORY
+    timeout: float = 60.0
+    component_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        Budget(fuel=self.fuel, memory=self.memory, timeout=self.timeout)  # same validation
+        if type(self.component_bytes) is not int or self.component_bytes <= 0:
+            raise ValueError(f"component_bytes must be a positive int, got {self.component_bytes}")
+
+    def cap(self, recorded: dict[str, Any], offset: int) -> tuple[Budget, bool]:
+        """The budget to run under for ``recorded``, and whether the cap lowered it."""
+        try:
+            asked = Budget(**recorded)
+        except (TypeError, ValueError) as exc:
+            raise TraceInvalid(f"record at byte {offset}: budget {exc}", offset=offset) from None
+        granted = Budget(
+            fuel=min(asked.fuel, self.fuel),
+            memory=min(asked.memory, self.memory),
+            timeout=min(asked.timeout, self.timeout),
+        )
+        return granted, granted != asked
+
+
+DEFAULT_REPLAY_LIMITS = ReplayLimits()
+
+
+class ReplayLimitExceeded(HostError):
+    """A replayed call hit the replayer's own limit, below the budget the trace recorded."""
+
+    kind = "replay_limit"
 
 
 class NondeterminismError(HostError):
@@ -182,6 +241,11 @@ def _materialize(ctx: GuestContext, value: Any) -> Any:
     return value
 
 
+def _plain(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as the trace holds it (without the offset ``_group`` added)."""
+    return {k: v for k, v in record.items() if k != "@"}
+
+
 def _canonical(value: Any) -> bytes:
     return cbor2.dumps(encode_value(value), canonical=True)
 
@@ -233,7 +297,7 @@ class _Replayer:
                 got=got,
             )
         self.imports += 1
-        self.digest.update(_canonical(record))
+        self.digest.update(_canonical(_plain(record)))
         self.notify(
             "import",
             record["s"],
@@ -307,13 +371,13 @@ def _brief(args: Any) -> str:
     return "(" + (text[1:-1] if len(text) <= 120 else text[1:117] + "...") + ")"
 
 
-def _group(records: Iterator[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+def _group(reader: TraceReader) -> dict[int, list[dict[str, Any]]]:
+    """Records by instance, each with ``"@"``: its frame's byte offset (for error messages)."""
     by_instance: dict[int, list[dict[str, Any]]] = {}
-    for record in records:
-        if record.get("k") == "blob":
-            continue
+    for record in reader.records(schema=True):
         instance = record.get("i")
-        if isinstance(instance, int):
+        if type(instance) is int:
+            record["@"] = reader.record_offset
             by_instance.setdefault(instance, []).append(record)
     return by_instance
 
@@ -336,6 +400,7 @@ def replay_trace(
     components: dict[str, Path] | None = None,
     substitute: str | Path | None = None,
     observer: Observer | None = None,
+    limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
 ) -> ReplayReport:
     """Replay a trace (or one instance of it); return the report or raise on divergence.
 
@@ -343,12 +408,18 @@ def replay_trace(
     path); their bytes must hash to the recorded sha256. ``substitute`` replays every instance
     against that component instead (a new build): the report is then where it diverges.
     ``observer`` sees every call, import and export as it is replayed (the debugger pauses
-    there); raising :class:`ReplayAborted` from it ends the replay.
+    there); raising :class:`ReplayAborted` from it ends the replay. ``limits`` caps every
+    recorded budget and the component files read (see :class:`ReplayLimits`).
     """
     from mighty.instance import Instance
 
-    trace = read_trace(path)
-    groups = _group(trace.records())
+    with TraceReader(path) as reader:
+        groups = _group(reader)
+        truncated = reader.truncated
+    if not groups:
+        raise TraceInvalid(
+            f"{path} holds no instance to replay (no record with an int instance id)", offset=-1
+        )
     if instance is not None:
         if instance not in groups:
             raise HostError(f"the trace has no instance {instance} (it has {sorted(groups)})")
@@ -359,24 +430,34 @@ def replay_trace(
     for instance_id, records in groups.items():
         head = records[0]
         if head.get("k") != "instance":
-            raise HostError(f"instance {instance_id} has no start record in the trace")
-        component = Component.load(substitute) if substitute else _load(head, components)
+            raise TraceInvalid(
+                f"instance {instance_id} has no start record in the trace (its first record,"
+                f" at byte {head['@']}, is {head['k']!r})",
+                offset=head["@"],
+            )
+        component = (
+            _read_component(Path(substitute), None, limits)
+            if substitute
+            else _load(head, components, limits)
+        )
         replayer = _Replayer(instance_id, observer, counter)
         report = InstanceReport(instance_id, head["component"])
         steps = deque(records[1:])
         # Imports made while instantiating come before the first call record.
         while steps and steps[0]["k"] == "import":
             replayer.expected.append(steps.popleft())
-        budget = Budget(**head["budget"])
+        budget, _ = limits.cap(head["budget"], head["@"])
         live = Instance(component, budget=budget, hooks=[replayer], gate=_replay_gate(component))
         live.context.replaying = True
         try:
-            _replay_calls(live, replayer, steps, report)
+            _replay_calls(live, replayer, steps, report, limits)
         finally:
             live.close()
         total.update(replayer.digest.digest())
         reports.append(report)
-    return ReplayReport(Path(path), total.hexdigest(), reports, trace.truncated)
+    if not any(r.exports or r.imports for r in reports):
+        raise TraceInvalid(f"{path} holds no call to replay", offset=-1)
+    return ReplayReport(Path(path), total.hexdigest(), reports, truncated)
 
 
 def _unanswerable(ctx: GuestContext, *args: Any) -> Any:
@@ -431,7 +512,11 @@ def _replay_gate(component: Component) -> Gate | None:
 
 
 def _replay_calls(
-    live: Any, replayer: _Replayer, steps: deque[dict[str, Any]], report: InstanceReport
+    live: Any,
+    replayer: _Replayer,
+    steps: deque[dict[str, Any]],
+    report: InstanceReport,
+    limits: ReplayLimits,
 ) -> None:
     instance_id = replayer.instance
     if replayer.expected:
@@ -449,7 +534,7 @@ def _replay_calls(
                 replayer.expected.append(steps.popleft())
             if not steps or steps[0]["k"] != "export":
                 return  # the trace ends inside this call (a crash or a cut file)
-            _replay_export(live, replayer, record, steps.popleft(), report)
+            _replay_export(live, replayer, record, steps.popleft(), report, limits)
     finally:
         report.imports = replayer.imports
 
@@ -461,7 +546,7 @@ def _check_close(replayer: _Replayer, record: dict[str, Any]) -> None:
             raise _mismatch(
                 replayer.instance, -1, f"{stream} bytes", bytes(record[stream]), replayed
             )
-    replayer.digest.update(_canonical(record))
+    replayer.digest.update(_canonical(_plain(record)))
 
 
 def _replay_export(
@@ -470,6 +555,7 @@ def _replay_export(
     record: dict[str, Any],
     end: dict[str, Any],
     report: InstanceReport,
+    limits: ReplayLimits,
 ) -> None:
     instance_id = replayer.instance
     interrupted = not end["ok"] and (end.get("error") or {}).get("kind") in _INTERRUPTIONS
@@ -477,8 +563,9 @@ def _replay_export(
     report.exports += 1
     replayer.notify("call", record["s"], "", record["fn"], record["args"])
     outcome: dict[str, Any]
+    budget, capped = limits.cap(record["budget"], record["@"])
     try:
-        value = live.call(record["fn"], *record["args"], budget=Budget(**record["budget"]))
+        value = live.call(record["fn"], *record["args"], budget=budget)
         outcome = {"ok": True, "res": value, "error": None}
     except NondeterminismError:
         raise
@@ -492,6 +579,14 @@ def _replay_export(
             report.interrupted.append(record["fn"])
             replayer.stop_when_empty = False
             return
+        recorded_kind = (end.get("error") or {}).get("kind")
+        if capped and exc.kind in _BUDGET_FAILURES and exc.kind != recorded_kind:
+            raise ReplayLimitExceeded(
+                f"instance {instance_id} step {record['s']}: {record['fn']} stopped with "
+                f"{exc.kind} under the replay limits (fuel {budget.fuel}, memory "
+                f"{budget.memory}, timeout {budget.timeout}s); the trace recorded "
+                f"{record['budget']}: raise --max-fuel/--max-memory/--timeout to replay it"
+            ) from exc
         outcome = {"ok": False, "res": None, "error": {"kind": exc.kind, "message": exc.message}}
     if replayer.expected:
         nxt = replayer.expected[0]
@@ -525,7 +620,36 @@ def _replay_export(
     )
 
 
-def _load(head: dict[str, Any], components: dict[str, Path] | None) -> Component:
+def _read_component(path: Path, size: int | None, limits: ReplayLimits) -> Component:
+    """The component in ``path``, checked before it is read whole: a regular file (opened
+    without blocking, so a FIFO cannot hang the replay), at most ``limits.component_bytes``
+    (and ``size`` when the trace recorded one), starting with the wasm magic."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise HostError(f"cannot open component {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise HostError(f"component {path} is not a regular file")
+        if info.st_size > limits.component_bytes:
+            raise HostError(
+                f"component {path} is {info.st_size} bytes, over the replay limit of "
+                f"{limits.component_bytes}"
+            )
+        if size is not None and info.st_size != size:
+            raise HostError(f"component {path} is {info.st_size} bytes; the trace recorded {size}")
+        if f.read(len(_WASM_MAGIC)) != _WASM_MAGIC:
+            raise HostError(f"component {path} is not a wasm file (bad magic)")
+        data = _WASM_MAGIC + f.read(limits.component_bytes + 1 - len(_WASM_MAGIC))
+    if len(data) > limits.component_bytes:
+        raise HostError(f"component {path} grew past {limits.component_bytes} bytes")
+    return Component.load(data)
+
+
+def _load(
+    head: dict[str, Any], components: dict[str, Path] | None, limits: ReplayLimits
+) -> Component:
     sha = str(head["component"])
     candidates = []
     if components and sha in components:
@@ -533,8 +657,9 @@ def _load(head: dict[str, Any], components: dict[str, Path] | None) -> Component
     if head.get("path") and head["path"] != "<bytes>":
         candidates.append(Path(head["path"]))
     for candidate in candidates:
-        if candidate.is_file():
-            loaded = Component.load(candidate)
+        if candidate.exists():
+            recorded = head.get("size")
+            loaded = _read_component(candidate, recorded if type(recorded) is int else None, limits)
             if loaded.sha256 == sha:
                 return loaded
             raise NondeterminismError(

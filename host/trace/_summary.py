@@ -6,17 +6,25 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from mighty.trace._format import read_trace
+from mighty.trace._format import TraceReader
 
 __all__ = ["summarize"]
 
 
 def summarize(path: str | Path) -> dict[str, Any]:
-    """Instances, steps, export calls and imports by interface, as plain data."""
-    trace = read_trace(path)
+    """Instances, steps, export calls and imports by interface, as plain data.
+
+    Streams the records (one frame in memory at a time, plus the blobs they name) and checks
+    each against the record schema, so a malformed one is a ``TraceInvalid`` at its offset.
+    """
+    with TraceReader(path) as reader:
+        return _summarize(reader, path)
+
+
+def _summarize(reader: TraceReader, path: str | Path) -> dict[str, Any]:
     instances: dict[int, dict[str, Any]] = {}
     records = 0
-    for record in trace.records():
+    for record in reader.records(schema=True):
         records += 1
         instance = record.get("i")
         if not isinstance(instance, int):
@@ -45,8 +53,16 @@ def summarize(path: str | Path) -> dict[str, Any]:
         "path": str(path),
         "bytes": Path(path).stat().st_size,
         "records": records,
-        "truncated": trace.truncated,
-        "readable_bytes": trace.readable_bytes,
-        "header": {k: v for k, v in trace.header.items() if isinstance(v, str | int | float)},
+        "truncated": reader.truncated,
+        "readable_bytes": reader.readable_bytes,
+        "header": {k: v for k, v in reader.header.items() if _scalar(v)},
         "instances": [{**entry, "imports": dict(entry["imports"])} for entry in instances.values()],
     }
+
+
+def _scalar(value: Any) -> bool:
+    # A header int can be any size the writer took; one past Python's int->str limit would
+    # fail the JSON rendering, so only ints that print are shown.
+    if type(value) is int:
+        return value.bit_length() <= 8 * 1024
+    return isinstance(value, str | float)

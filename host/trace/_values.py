@@ -30,7 +30,18 @@ A ``set`` decodes as ``frozenset`` (what ``mighty.abi`` lifts flags to); ``bytea
 silently flattened.
 
 Nesting is capped at ``MAX_DEPTH`` CBOR levels (each array, map and tag is one level) both ways,
-so everything the writer accepts the reader can read.
+so everything the writer accepts the reader can read. So are big integers (``MAX_BIGINT_BYTES``:
+a 24,000-digit int could not even be printed in an error message, Python's int->str limit is
+4300 digits).
+
+Hostile input (issue 11): sets and non-``str``-keyed maps are hash containers, and ``int``
+hashes are not randomised (``n`` and ``n + 2**61 - 1`` collide), so 40k colliding big ints made
+one ``frozenset`` quadratic (17 s for an 879 KB file). The decoder counts the items that share a
+hash before it builds the container and refuses more than ``MAX_COLLISIONS`` of them; with that,
+building one costs at most ``MAX_COLLISIONS`` comparisons per item. ``str`` and ``bytes`` hash
+with a per-process key, so CBOR maps (text keys) need no such check. Rejected: requiring the
+encoder's canonical order on read (needs each item's bytes kept beside it; the collision count
+is enough and cheaper).
 """
 
 from __future__ import annotations
@@ -46,7 +57,10 @@ from mighty.abi import Err, Ok, Some, Variant
 from mighty.trace._errors import TraceError
 
 __all__ = [
+    "MAX_BIGINT_BYTES",
+    "MAX_COLLISIONS",
     "MAX_DEPTH",
+    "MAX_HASHED",
     "TAG_BIGINT",
     "TAG_BLOB",
     "TAG_ERR",
@@ -78,6 +92,12 @@ TAG_BIGINT = 27010
 
 MAX_DEPTH = 128
 """Deepest nesting, in CBOR containers (array, map, tag), that a trace will write or read."""
+MAX_BIGINT_BYTES = 1024
+"""Longest big integer (tag 27010) a trace will write or read: 8192 bits, 2466 digits."""
+MAX_HASHED = 1 << 18
+"""Most items in one set, or pairs in one non-``str``-keyed map, that a trace will read."""
+MAX_COLLISIONS = 16
+"""Most items of one set (or keys of one map) with the same Python hash that a trace will read."""
 
 _CBOR_INT_MIN = -(2**64)
 _CBOR_INT_MAX = 2**64 - 1
@@ -143,6 +163,8 @@ def _encode(v: Any, depth: int, hook: BytesHook | None) -> Any:
             return v
         _check_depth(depth)
         size = (v.bit_length() + 8) // 8
+        if size > MAX_BIGINT_BYTES:
+            raise _Unencodable(f"an int of {size} bytes, over the {MAX_BIGINT_BYTES}-byte limit")
         return cbor2.CBORTag(TAG_BIGINT, v.to_bytes(size, "big", signed=True))
     if t is bytes or t is bytearray or t is memoryview:
         data = v if t is bytes else bytes(v)
@@ -261,6 +283,7 @@ def value_from_tag(tag: int, content: Any) -> Any:
         return HandleRef(parts[0], parts[1], parts[2])
     if tag == TAG_FROZENSET:
         items = _array(content, "a set")
+        _check_hashed(items, "a set")
         out = frozenset(items)
         if len(out) != len(items):
             raise ValueError("a set holds the same item twice")
@@ -269,6 +292,7 @@ def value_from_tag(tag: int, content: Any) -> Any:
         flat = _array(content, "a map")
         if len(flat) % 2:
             raise ValueError("a map must hold key, value pairs")
+        _check_hashed(flat[::2], "a map")
         result: dict[Any, Any] = {}
         for i in range(0, len(flat), 2):
             key = flat[i]
@@ -281,11 +305,28 @@ def value_from_tag(tag: int, content: Any) -> Any:
     if tag == TAG_BIGINT:
         if type(content) is not bytes or not content:
             raise ValueError("a big integer must be non-empty bytes")
+        if len(content) > MAX_BIGINT_BYTES:
+            raise ValueError(f"a big integer over {MAX_BIGINT_BYTES} bytes")
         n = int.from_bytes(content, "big", signed=True)
         if _CBOR_INT_MIN <= n <= _CBOR_INT_MAX or len(content) != (n.bit_length() + 8) // 8:
             raise ValueError("a big integer must be outside the CBOR range and minimal")
         return n
     raise ValueError("not a tag that traces use")
+
+
+def _check_hashed(items: list[Any], what: str) -> None:
+    """Refuse a hash container too big, or built to collide (see the module note)."""
+    if len(items) > MAX_HASHED:
+        raise ValueError(f"{what} of {len(items)} items, over the {MAX_HASHED} limit")
+    if len(items) <= MAX_COLLISIONS:
+        return
+    counts: dict[int, int] = {}
+    for item in items:
+        h = hash(item)  # TypeError for an unhashable item, as frozenset() would raise
+        n = counts.get(h, 0) + 1
+        if n > MAX_COLLISIONS:
+            raise ValueError(f"{what} with more than {MAX_COLLISIONS} items of one hash")
+        counts[h] = n
 
 
 def _array(content: Any, what: str) -> list[Any]:

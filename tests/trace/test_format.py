@@ -93,6 +93,7 @@ def test_public_names_are_pinned() -> None:
         "TraceReader", "TraceTruncated", "TraceVersionError", "TraceWriter", "decode_value",
         "encode_value", "read_trace", "InstanceRecording", "InstanceReport", "NondeterminismError",
         "Recorder", "ReplayReport", "default_trace_path", "replay_trace", "summarize", "Debugger",
+        "DEFAULT_REPLAY_LIMITS", "ReplayLimitExceeded", "ReplayLimits", "TraceInvalid",
         "ReplayAborted", "ReplayEvent",
     }  # fmt: skip
     for name in mighty.trace.__all__:
