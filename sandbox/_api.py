@@ -469,7 +469,8 @@ def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: i
     names = dict(inputs or {})
     for name in names:
         if not isinstance(name, str) or not name.isidentifier():
-            raise BadInput(f"input names must be Python identifiers, got {name!r}")
+            shown = repr(name[:100]) if isinstance(name, str) else type(name).__name__
+            raise BadInput(f"input names must be Python identifiers, got {shown}")
     try:
         return json.dumps(
             {"globals": names, "keep": keep, "max-value": max_value},

@@ -5,6 +5,12 @@ interpreter) reaches the next one. A guest failure is a tool *result* with ``isE
 error's ``kind``, as the MCP spec asks for errors a model can read and correct; a protocol error
 would hide it from the model, and a crash would end the session.
 
+No call can bring the server down: ``run_call`` answers every call, whatever happens in it, and
+checks its reply serialises as the SDK will write it (strict JSON, valid Unicode) before handing
+it over; a reply that does not is replaced by an ``internal`` error result for that call alone.
+The SDK writes replies outside the tool handler, where an exception ends the server for every
+client.
+
 Rejected:
 - One tool per host function (what a plain MCP bridge does): code mode exists so that a model
   writes one program that calls many tools, instead of one round trip per call.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mighty._errors import BadInput, MightyError
 from mighty.sandbox import Limits, Sandbox, interpreter_component
-from mighty.sandbox._tools import tools_from
+from mighty.sandbox._tools import cut_text, json_problem, tools_from
 
 __all__ = [
     "RUN_PYTHON",
@@ -39,6 +46,7 @@ __all__ = [
     "SandboxLike",
     "build_sandbox_server",
     "build_server",
+    "checked_call_result",
     "describe_limits",
     "load_tools",
     "render_text",
@@ -50,6 +58,7 @@ __all__ = [
 ]
 
 RUN_PYTHON = "run_python"
+_log = logging.getLogger(__name__)
 
 
 class RunResultLike(Protocol):
@@ -153,7 +162,7 @@ def _host_failure(exc: MightyError) -> dict[str, Any]:
         "value": None,
         "stdout": "",
         "stderr": "",
-        "error": {"kind": exc.kind, "message": exc.message, "traceback": ""},
+        "error": {"kind": exc.kind, "message": cut_text(exc.message, 4096), "traceback": ""},
         "usage": None,
     }
 
@@ -183,17 +192,54 @@ def tool_description(sandbox: SandboxLike, *, limits: str | None = None) -> str:
     return "\n\n".join(parts)
 
 
+def _internal_failure(message: str) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "value": None,
+        "stdout": "",
+        "stderr": "",
+        "error": {"kind": "internal", "message": message, "traceback": ""},
+        "usage": None,
+    }
+
+
+def checked_call_result(document: Mapping[str, Any]) -> CallToolResult:
+    """``to_call_result(document)``, or an ``internal`` error result if the reply would not
+    serialise as strict JSON with valid Unicode (what would kill the SDK's writer)."""
+    try:
+        problem = json_problem(json.loads(json.dumps(document, allow_nan=False)), "the reply")
+        if problem is None:
+            result = to_call_result(document)
+            result.model_dump_json(by_alias=True, exclude_none=True)
+            return result
+    except Exception as exc:  # noqa: BLE001 - any failure here is this call's, not the server's
+        problem = f"the reply could not be serialised: {type(exc).__name__}: {exc}"
+    message = cut_text(f"internal error: {problem}", 1024)
+    _log.error("run_python: %s", message)
+    return to_call_result(_internal_failure(message))
+
+
 async def run_call(
     sandbox: SandboxLike, code: str, inputs: Mapping[str, Any] | None
 ) -> CallToolResult:
-    """Run ``code`` in ``sandbox``, close it, and make the MCP result (``isError`` on failure)."""
+    """Run ``code`` in ``sandbox``, close it, and make the MCP result (``isError`` on failure).
+
+    Never raises (but for cancellation): a failure of the host itself is an ``internal`` error
+    result for this call, and the server goes on serving the others.
+    """
     try:
-        result = await sandbox.run_async(code, inputs)
+        try:
+            result = await sandbox.run_async(code, inputs)
+        finally:
+            sandbox.close()
+        document = result.to_json()
     except MightyError as exc:
-        return to_call_result(_host_failure(exc))
-    finally:
-        sandbox.close()
-    return to_call_result(result.to_json())
+        document = _host_failure(exc)
+    except Exception as exc:  # noqa: BLE001 - one call's failure must not end the server
+        message = cut_text(f"internal error: {type(exc).__name__}: {exc}", 1024)
+        _log.exception("run_python failed")
+        document = _internal_failure(message)
+    return checked_call_result(document)
 
 
 def build_server(

@@ -1,4 +1,9 @@
-"""`mty exec`: run a Python file (or stdin) in a fresh code-mode sandbox."""
+"""`mty exec`: run a Python file (or stdin) in a fresh code-mode sandbox.
+
+Text mode writes what the code controls (its output, value, error) through ``_write_text``:
+control characters are escaped when the stream is a terminal, and a character the stream's
+encoding cannot hold is written as an escape rather than failing.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,16 @@ from pathlib import Path
 
 import click
 
-from mighty.cli._main import EXIT_GUEST, EXIT_OK, EXIT_USAGE, _errors, _progress, _Size
+from mighty.cli._main import (
+    EXIT_GUEST,
+    EXIT_OK,
+    EXIT_USAGE,
+    _errors,
+    _progress,
+    _Size,
+    _write_text,
+    escape_control,
+)
 
 __all__ = ["exec_command"]
 
@@ -58,16 +72,18 @@ def exec_command(
         if as_json:
             click.echo(json.dumps(result.to_json()))
         else:
-            sys.stdout.write(result.stdout)
-            sys.stderr.write(result.stderr)
+            _write_text(sys.stdout, result.stdout)
+            _write_text(sys.stderr, result.stderr)
             if result.ok:
                 if result.value is not None:
-                    click.echo(json.dumps(result.value, indent=2, ensure_ascii=False))
+                    value = json.dumps(result.value, indent=2, ensure_ascii=False)
+                    _write_text(sys.stdout, value + "\n")
             else:
                 assert result.error is not None
                 if result.error.traceback:
-                    click.echo(result.error.traceback.rstrip("\n"), err=True)
-                click.echo(f"mty: {result.error.kind}: {result.error.message}", err=True)
+                    _write_text(sys.stderr, result.error.traceback.rstrip("\n") + "\n")
+                message = escape_control(result.error.message)  # an error line: always
+                _write_text(sys.stderr, f"mty: {result.error.kind}: {message}\n")
         sys.exit(EXIT_OK if result.ok else EXIT_GUEST)
 
 
