@@ -6,13 +6,24 @@ Opt in by setting ``RUNTIME_CONTROL_SOCK`` to a path; the runtime serves its ops
 
 from mighty.control._client import request
 from mighty.control._protocol import ENV_VAR, PROTOCOL_VERSION, ControlError
-from mighty.control._server import ControlServer, ControlSocketError
+from mighty.control._server import (
+    IDLE_TIMEOUT,
+    MAX_FILE_BYTES,
+    ControlServer,
+    ControlSocketError,
+    FileRefused,
+    read_regular_file,
+)
 
 __all__ = [
     "ENV_VAR",
+    "IDLE_TIMEOUT",
+    "MAX_FILE_BYTES",
     "PROTOCOL_VERSION",
     "ControlError",
     "ControlServer",
     "ControlSocketError",
+    "FileRefused",
+    "read_regular_file",
     "request",
 ]

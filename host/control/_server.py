@@ -10,6 +10,14 @@ Security, in the order it applies:
    socket, ours, mode 0o600); on any mismatch it is removed and we refuse to serve.
 4. Each connection's peer uid (``SO_PEERCRED``) must equal ours; others get ``not_allowed``.
 
+Per-connection bounds (issue 11): a request line is at most ``MAX_LINE`` bytes; at most
+``MAX_CONNECTIONS`` connections are served at once (more get ``busy``); a connection that sends
+nothing for ``IDLE_TIMEOUT`` seconds is closed (32 idle connections used to lock the owner out
+for good). A handler that takes a path from a request reads it with :func:`read_regular_file`:
+a regular file below a size limit, opened without blocking on a FIFO and refused before a byte is
+read if it is a device, a FIFO, a socket or too large (``reload`` of /dev/zero, a FIFO or a 1 GiB
+file used to read it whole or block the handler).
+
 Rejected: a selector loop with handlers on a pool (a slow handler still needs its own thread, and
 per-connection threads keep replies on one connection in request order for free); asyncio (the
 host is threaded; this must run beside the scheduler without owning an event loop).
@@ -48,13 +56,17 @@ from mighty.control._protocol import (
 
 __all__ = [
     "BUILTIN_OPS",
+    "IDLE_TIMEOUT",
     "MAX_CONNECTIONS",
+    "MAX_FILE_BYTES",
     "ControlServer",
     "ControlSocketError",
+    "FileRefused",
     "Handler",
     "PeerCred",
     "peer_is_allowed",
     "read_peer_cred",
+    "read_regular_file",
 ]
 
 _log = logging.getLogger(__name__)
@@ -65,6 +77,10 @@ Handler = Callable[[dict[str, Any]], Any]
 BUILTIN_OPS = frozenset({"ping"})
 MAX_CONNECTIONS = 32
 """Connections served at once; more get a ``busy`` reply and are closed."""
+IDLE_TIMEOUT = 30.0
+"""Seconds a connection may send nothing (between requests, or inside one) before it is closed."""
+MAX_FILE_BYTES = 256 * 1024 * 1024
+"""Largest file :func:`read_regular_file` reads unless told otherwise (a component, say)."""
 # sun_path is 108 bytes on Linux, 104 on macOS, including the terminating NUL.
 _MAX_SOCKET_PATH = 103
 # Serialises the process-wide umask change, so two servers starting at once cannot restore
@@ -132,6 +148,8 @@ class ControlServer:
         self._connections: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._state = "new"
+        self.idle_timeout = IDLE_TIMEOUT
+        """Seconds of silence after which a connection is closed (a test may shorten it)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -258,8 +276,15 @@ class ControlServer:
                 _drain(conn)
                 return
             buffer = LineBuffer(MAX_LINE)
+            # A silent peer costs a thread and one of MAX_CONNECTIONS places: it gets a budget.
+            conn.settimeout(self.idle_timeout)
             while True:
-                data = conn.recv(65536)
+                try:
+                    data = conn.recv(65536)
+                except TimeoutError:
+                    message = f"no request for {self.idle_timeout:g} s; closing"
+                    _send_quietly(conn, encode_error(None, "idle_timeout", message))
+                    return
                 if not data:
                     return
                 try:
@@ -311,6 +336,55 @@ class ControlServer:
                 "internal",
                 f"op {request.op!r} returned a result that is not JSON: {exc}",
             )
+
+
+class FileRefused(BadInput):
+    """A path given in a request is not a regular file this server will read."""
+
+    kind = "bad_file"
+
+
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``max_bytes``, else FileRefused.
+
+    Opened ``O_NONBLOCK`` (a FIFO cannot block the open) and ``O_NOCTTY``; the type and the size
+    are checked with ``fstat`` on the open descriptor, before anything is read, so a path
+    swapped between the check and the read is still the file checked; the read stops at
+    ``max_bytes + 1`` in case the file grows meanwhile. Symlinks are followed (a build output
+    is often one); what they lead to gets the same checks.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise FileRefused(f"cannot open {os.fsdecode(path)}: {exc.strerror}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefused(
+                f"{os.fsdecode(path)} is {_describe(info.st_mode)}, not a regular file"
+            )
+        if info.st_size > max_bytes:
+            raise FileRefused(
+                f"{os.fsdecode(path)} is {info.st_size} bytes, over the {max_bytes}-byte limit"
+            )
+        data = _read_up_to(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise FileRefused(f"{os.fsdecode(path)} grew past the {max_bytes}-byte limit")
+    return data
+
+
+def _read_up_to(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _ping(args: dict[str, Any]) -> dict[str, bool]:
@@ -464,4 +538,8 @@ def _describe(mode: int) -> str:
         return "a symbolic link"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
     return "a special file"

@@ -628,7 +628,7 @@ def _read_component(path: Path, size: int | None, limits: ReplayLimits) -> Compo
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise HostError(f"cannot open component {path}: {exc.strerror}") from exc
-    with os.fdopen(fd, "rb") as f:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise HostError(f"component {path} is not a regular file")
@@ -639,12 +639,28 @@ def _read_component(path: Path, size: int | None, limits: ReplayLimits) -> Compo
             )
         if size is not None and info.st_size != size:
             raise HostError(f"component {path} is {info.st_size} bytes; the trace recorded {size}")
-        if f.read(len(_WASM_MAGIC)) != _WASM_MAGIC:
+        if os.read(fd, len(_WASM_MAGIC)) != _WASM_MAGIC:
             raise HostError(f"component {path} is not a wasm file (bad magic)")
-        data = _WASM_MAGIC + f.read(limits.component_bytes + 1 - len(_WASM_MAGIC))
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = _read_up_to(fd, limits.component_bytes + 1)
+    finally:
+        os.close(fd)
     if len(data) > limits.component_bytes:
         raise HostError(f"component {path} grew past {limits.component_bytes} bytes")
     return Component.load(data)
+
+
+def _read_up_to(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``fd``, read in chunks."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _load(

@@ -100,6 +100,10 @@ def test_public_names() -> None:
             "ControlError",
             "ControlServer",
             "ControlSocketError",
+            "FileRefused",
+            "IDLE_TIMEOUT",
+            "MAX_FILE_BYTES",
+            "read_regular_file",
             "request",
         ]
     )
