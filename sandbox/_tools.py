@@ -200,9 +200,10 @@ class _Encoder:
             self.string(value, path)
         elif isinstance(value, int):
             try:
-                self.emit(int.__repr__(value))
+                digits = int.__repr__(value)
             except ValueError:  # more digits than int -> str allows
                 raise NotData(f"{path} is an integer too large to write") from None
+            self.emit(digits)
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise NotData(f"{path} is {value!r}, which JSON cannot represent")
