@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -194,7 +194,7 @@ def nest(code: str) -> object:
 @pytest.fixture(scope="module")
 def box(interpreter: object) -> Iterator[Sandbox]:
     """A sandbox with every hostile tool."""
-    tools = [echo, ints, endless, huge, raises, araises, stuck, nest]
+    tools: list[Callable[..., Any]] = [echo, ints, endless, huge, raises, araises, stuck, nest]
     limits = Limits(timeout=5.0, tool_timeout=5.0, memory=256 << 20)
     with Sandbox(tools=tools, limits=limits) as sandbox:
         _BOX[:] = [sandbox]
