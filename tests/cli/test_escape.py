@@ -110,3 +110,15 @@ def test_exec_forged_results_are_errors_not_crashes(interpreter: object, as_json
             assert document["error"]["kind"] == "exception"
         else:
             assert b"mty: exception: TypeError" in done.stderr
+
+
+@pytest.mark.slow
+def test_call_on_a_terminal_escapes_guest_output_and_result(probe_wasm: Path) -> None:
+    """`mty call` text mode: guest prints and the result reach a terminal escaped."""
+    code = ATTACK + "\nimport sys\nprint('\\x1b[2Jerr', file=sys.stderr)\n'\\x9bresult'"
+    seen = _on_a_terminal(["call", str(probe_wasm), "run", json.dumps(code)], "")
+    assert b"\x1b" not in seen
+    assert b"\x07" not in seen
+    assert b"\xc2\x9b" not in seen
+    assert b"\\x1b]52;c;ZXZpbA==\\x07" in seen
+    assert b"\\x1b[2Jerr" in seen
