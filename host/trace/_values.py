@@ -180,6 +180,10 @@ def _encode(v: Any, depth: int, hook: BytesHook | None) -> Any:
     if t is tuple:
         return cbor2.CBORTag(TAG_TUPLE, _encode_items(v, depth + 2, hook))
     if t is frozenset or t is set:
+        try:
+            _check_hashed(list(v), "a set")
+        except ValueError as exc:
+            raise _Unencodable(str(exc)) from None
         items = _encode_items(list(v), depth + 2, hook)
         items.sort(key=cbor2.dumps)
         return cbor2.CBORTag(TAG_FROZENSET, items)
@@ -216,6 +220,10 @@ def _encode_dict(v: dict[Any, Any], depth: int, hook: BytesHook | None) -> Any:
                 exc.where.append(f".{k}")
                 raise
         return out
+    try:
+        _check_hashed(list(v), "a map")
+    except ValueError as exc:
+        raise _Unencodable(str(exc)) from None
     flat: list[Any] = []
     for i, (k, item) in enumerate(v.items()):
         try:

@@ -17,6 +17,7 @@ from mighty.wasi import DirGrant, MemoryDir, Policy
 from mighty.wasi import _filesystem as fs
 from mighty.wasi._memfs import ENTRY_COST
 from mighty.wasi._policy import DEFAULT_MAX_OPEN
+from mighty.wasi._streams import StreamFailed
 from tests.wasi.test_filesystem import CREATE, FNS, RW, Guest
 
 R = frozenset({"read"})
@@ -126,7 +127,7 @@ def test_write_quota_on_streams(tmp_path: Path) -> None:
     f = guest.open(root, "f", CREATE, RW)
     stream = guest.ok("append-via-stream", f)
     stream.write(b"0123456789")
-    with pytest.raises(fs.StreamFailed, match="insufficient-space"):
+    with pytest.raises(StreamFailed, match="insufficient-space"):
         stream.write(b"x")
     assert (tmp_path / "f").read_bytes() == b"0123456789"
     guest.close()
