@@ -394,3 +394,34 @@ def test_hung_sync_tools_are_bounded(interpreter: object) -> None:
                 break
             threading.Event().wait(0.05)
         assert sandbox.run("echo(5)").value == 5
+
+
+_CTRL_C = """
+import os, signal, threading, time
+from mighty._errors import Cancelled
+from mighty.sandbox import Limits, Sandbox
+
+def stuck() -> None:
+    time.sleep(60)
+
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+with Sandbox(tools=[stuck], limits=Limits(tool_timeout=60), pool=0) as box:
+    try:
+        box.run("stuck()")
+    except Cancelled as exc:
+        print("cancelled", exc.reason, exc.signal == signal.SIGINT)
+    else:
+        print("not cancelled")
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_tool_hangs_stops_the_host(interpreter: object) -> None:
+    """A real SIGINT during a 60 s tool call ends the run as Cancelled, long before the tool."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.stdout.strip() == "cancelled interrupted True", done.stderr
