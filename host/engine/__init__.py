@@ -9,7 +9,7 @@ from mighty.engine._memory import (
     learn_hot_pages,
     live_memories,
 )
-from mighty.engine._signals import SignalShield
+from mighty.engine._signals import SignalShield, shielded
 
 __all__ = [
     "EPOCH_TICK",
@@ -24,5 +24,6 @@ __all__ = [
     "instantiating_into",
     "learn_hot_pages",
     "live_memories",
+    "shielded",
     "wasmtime_version",
 ]

@@ -16,6 +16,7 @@ from mighty.engine._cache import CompiledCache
 from mighty.engine._engine import get_engine
 from mighty.engine._image import MemoryImage, split_images
 from mighty.engine._memory import MemoryAccount, instantiating_into
+from mighty.engine._signals import shielded
 
 __all__ = ["Component", "check_component_bytes"]
 
@@ -73,6 +74,7 @@ class Component:
         return instantiating_into(account, self.images, prefault=prefault)
 
     @classmethod
+    @shielded
     def load(
         cls,
         source: str | os.PathLike[str] | bytes | bytearray,

@@ -30,13 +30,17 @@ from __future__ import annotations
 # (4 us; 0.2 us here), and a guest call swaps handlers twice.
 import _signal  # type: ignore[import-not-found]  # no stubs: same functions as `signal`
 import contextlib
+import functools
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["SignalShield"]
+__all__ = ["SignalShield", "shielded"]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Signals whose Python handlers commonly raise to stop a program. Others keep their handlers.
 _CANDIDATES: tuple[int, ...] = tuple(
@@ -127,3 +131,35 @@ class SignalShield:
             self.pending, _State.pending = _State.pending, None
             self.signum, _State.signum = _State.signum, None
         # An inner shield leaves the exception to the outermost: it is raised once.
+
+
+def shielded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` under a :class:`SignalShield`; raise what a signal's handler raised after it.
+
+    For whole operations that create and drop wasmtime objects (loading a component, making an
+    instance): a handler that raised inside one of their finalizers (``__del__``) would be
+    printed as "Exception ignored" and lost, and a Ctrl-C with it. When ``fn`` itself stopped
+    because of the signal (a call ``Cancelled`` with reason ``"interrupted"``), that is what
+    comes out; otherwise the handler's exception does, with ``fn``'s failure as its context.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        shield = SignalShield()
+        try:
+            with shield:
+                result = fn(*args, **kwargs)
+        except BaseException as error:
+            pending = shield.pending
+            if pending is None:
+                raise
+            if isinstance(pending, KeyboardInterrupt) and getattr(error, "reason", None) == (
+                "interrupted"
+            ):
+                raise
+            raise pending from error
+        if shield.pending is not None:
+            raise shield.pending
+        return result
+
+    return wrapper

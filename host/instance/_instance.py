@@ -22,7 +22,7 @@ from wasmtime.component._enter import maybe_raise_last_exn
 from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
-from mighty.engine import Component, SignalShield, get_engine, learn_hot_pages
+from mighty.engine import Component, SignalShield, get_engine, learn_hot_pages, shielded
 from mighty.gate import CallHook, Gate, GuestContext
 from mighty.trace._recorder import InstanceRecording, Recorder
 from mighty.wasi import Policy, WasiProvider
@@ -57,6 +57,9 @@ class Instance:
     context manager.
     """
 
+    # Shielded: making an instance drops wasmtime objects whose finalizers would swallow a
+    # Ctrl-C that lands in them; the whole construction defers it instead.
+    @shielded
     def __init__(
         self,
         component: Component,

@@ -26,6 +26,8 @@ from mighty import Budget, Cancelled, Component, Instance
 from mighty.engine import SignalShield
 
 TRIES = 20
+# Fuel no loaded machine can burn before the signal comes: only the signal may end the call.
+_FUEL = str(10**15)
 _MTY = str(Path(sys.executable).parent / "mty")
 
 
@@ -85,7 +87,7 @@ def test_mty_call_exits_130_or_143(budget_wasm_path: Path, signum: int) -> None:
     """`mty call` of an endless loop, signalled at random moments: exit 128+N and one line."""
 
     def once(rng: random.Random) -> tuple[int, str, str]:
-        argv = [_MTY, "call", str(budget_wasm_path), "spin", "--timeout", "60"]
+        argv = [_MTY, "call", str(budget_wasm_path), "spin", "--timeout", "60", "--fuel", _FUEL]
         return _interrupt(argv, signum, rng, 0.4)
 
     for outcome in _many(once, signum):
@@ -101,7 +103,8 @@ def test_mty_call_json_is_one_cancelled_object(budget_wasm_path: Path, signum: i
     """With --json a signalled `mty call` prints exactly one object of kind `cancelled`."""
 
     def once(rng: random.Random) -> tuple[int, str, str]:
-        argv = [_MTY, "call", str(budget_wasm_path), "spin", "--timeout", "60", "--json"]
+        argv = [_MTY, "call", str(budget_wasm_path), "spin", "--timeout", "60", "--fuel", _FUEL]
+        argv.append("--json")
         return _interrupt(argv, signum, rng, 0.4)
 
     for outcome in _many(once, signum + 100):
@@ -132,7 +135,7 @@ def test_mty_exec_exits_130_or_143(
     script.write_text(code)
 
     def once(rng: random.Random) -> tuple[int, str, str]:
-        argv = [_MTY, "exec", str(script), "--timeout", "60", "--fuel", str(10**15), "--json"]
+        argv = [_MTY, "exec", str(script), "--timeout", "60", "--fuel", _FUEL, "--json"]
         return _interrupt(argv, signum, rng, 0.6)
 
     for outcome in _many(once, signum + 200):
@@ -144,15 +147,20 @@ def test_mty_exec_exits_130_or_143(
 
 _SCRIPT = """
 import signal, sys
-from mighty import Budget, Cancelled, Component, Instance
 
 def terminate(signum, frame):
     sys.exit(143)
 
 signal.signal(signal.SIGTERM, terminate)
-component = Component.load(sys.argv[1])
 try:
-    with Instance(component, budget=Budget(timeout=60)) as instance:
+    from mighty import Budget, Cancelled, Component, Instance
+except KeyboardInterrupt:
+    print("keyboard-interrupt", flush=True)
+    sys.exit(130)
+try:
+    component = Component.load(sys.argv[1])
+    # Fuel no loaded machine can burn before the signal comes: only the signal ends the call.
+    with Instance(component, budget=Budget(fuel=10**15, timeout=60)) as instance:
         while True:
             instance.call("spin")
 except Cancelled as exc:
