@@ -292,3 +292,43 @@ def test_reader_stays_usable_after_refusals(tmp_path: Path) -> None:
         w.append({"k": "x", "v": b"z" * 10_000})
     with TraceReader(tmp_path / "good") as reader:
         assert [r["v"] for r in reader.records()] == [b"z" * 10_000]
+
+
+def test_mty_replay_takes_the_limits(tmp_path: Path, budget_wasm_path: Path) -> None:
+    """`mty replay --max-fuel` caps a rewritten budget and reports which limit to raise."""
+    import json
+    import subprocess
+    import sys
+
+    trace = _record_budget_trace(tmp_path, budget_wasm_path)
+
+    def spin(r: dict[str, Any]) -> dict[str, Any]:
+        if r["k"] in ("instance", "call"):
+            r["budget"] = {"fuel": 1 << 62, "memory": 4 << 30, "timeout": 1e9}
+        if r["k"] in ("call", "export"):
+            r["fn"], r["args"] = "spin", []
+        if r["k"] == "export":
+            r["res"] = None
+        return r
+
+    bad = _rewrite(trace, tmp_path / "spin.mtytrace", spin)
+    mty = str(Path(sys.executable).parent / "mty")
+    done = subprocess.run(
+        [mty, "replay", str(bad), "--max-fuel", "1000000", "--timeout", "30", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ok"] is False
+    assert out["error"]["kind"] == "replay_limit"
+    ok = subprocess.run(
+        [mty, "replay", str(trace), "--max-fuel", "1000000", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert json.loads(ok.stdout)["ok"] is True
