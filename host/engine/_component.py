@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,44 @@ def check_component_bytes(data: bytes | bytearray | memoryview, origin: str) -> 
         raise InvalidComponent(
             f"{origin} is WebAssembly of an unknown kind (version/layer {head[4:8].hex()})"
         )
+
+
+MAX_COMPONENT_BYTES = 1 << 30
+"""The largest component file :meth:`Component.load` reads (componentize-py's are ~20 MB)."""
+
+
+def _read_component_file(path: Path, origin: str) -> bytes:
+    """The file's bytes, if it is a regular file of at most MAX_COMPONENT_BYTES that starts like
+    WebAssembly: checked on the open descriptor before the rest is read, so a FIFO, a device or
+    a huge file of something else costs nothing (paths come from manifests, traces and control
+    requests)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InvalidComponent(f"{origin}: no such file") from None
+    except OSError as exc:
+        raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise InvalidComponent(f"{origin} is a directory, not a .wasm file")
+        raise InvalidComponent(f"{origin} is not a regular file")
+    if info.st_size > MAX_COMPONENT_BYTES:
+        os.close(fd)
+        raise InvalidComponent(
+            f"{origin} is {info.st_size} bytes, over the {MAX_COMPONENT_BYTES}-byte limit"
+        )
+    with os.fdopen(fd, "rb") as file:
+        try:
+            head = file.read(8)
+            check_component_bytes(head, origin)
+            data = head + file.read(MAX_COMPONENT_BYTES + 1 - len(head))
+        except OSError as exc:
+            raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
+    if len(data) > MAX_COMPONENT_BYTES:
+        raise InvalidComponent(f"{origin} grew past the {MAX_COMPONENT_BYTES}-byte limit")
+    return data
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,14 +136,7 @@ class Component:
         else:
             path = Path(source)
             origin = str(path)
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                raise InvalidComponent(f"{origin}: no such file") from None
-            except IsADirectoryError:
-                raise InvalidComponent(f"{origin} is a directory, not a .wasm file") from None
-            except OSError as exc:
-                raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
+            data = _read_component_file(path, origin)
         check_component_bytes(data, origin)
         size = len(data)
         digest = hashlib.sha256(data).hexdigest()
