@@ -16,14 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mighty._cachedir import cache_root
+from mighty._resources import interpreter_source, sandbox_wit
 from mighty.build import build_component
 from mighty.engine import Component
 
 __all__ = ["INTERPRETER_SOURCE", "INTERPRETER_WIT", "interpreter_component"]
 
-_ROOT = Path(__file__).resolve().parent.parent
-INTERPRETER_SOURCE = _ROOT / "guests" / "interpreter" / "interpreter.py"
-INTERPRETER_WIT = _ROOT / "wit" / "sandbox"
+# Package data of the installed wheel, or the checkout's own files (see mighty._resources).
+INTERPRETER_SOURCE = interpreter_source()
+INTERPRETER_WIT = sandbox_wit()
 
 _lock = threading.Lock()
 _loaded: Component | None = None

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mighty._errors import BadInput
+from mighty._resources import agent_sdk, agent_wit
 from mighty.agents._tree import AgentChild, BreakerSettings, SupervisorSpec
 from mighty.agents._types import AgentType, MailboxSettings
 from mighty.budget import Budget
@@ -42,7 +43,6 @@ from mighty.wasi import Policy
 
 __all__ = ["Manifest", "load_manifest"]
 
-_REPO = Path(__file__).resolve().parent.parent.parent
 _UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
 _UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
 
@@ -179,8 +179,8 @@ def agent_types(
             built = build_component(
                 source,
                 output=out,
-                wit=_REPO / "wit" / "agent",
-                python_path=[_REPO / "guests" / "sdk"],
+                wit=agent_wit(),
+                python_path=[agent_sdk()],
                 progress=progress,
             )
             component = Component.load(built.path, progress=progress)
