@@ -45,8 +45,7 @@ from mighty._errors import (
     OutOfFuel,
     OutOfMemory,
 )
-from mighty.engine import MemoryAccount, SignalShield, get_engine
-from mighty.engine._native import immortal
+from mighty.engine import MemoryAccount, SignalShield, get_engine, immortal
 from mighty.gate import GuestContext, GuestViolation, HostFunctionFailed
 
 __all__ = [

@@ -9,6 +9,7 @@ from mighty.engine._memory import (
     learn_hot_pages,
     live_memories,
 )
+from mighty.engine._native import immortal
 from mighty.engine._signals import SignalShield, shielded
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "SignalShield",
     "check_component_bytes",
     "get_engine",
+    "immortal",
     "instantiating_into",
     "learn_hot_pages",
     "live_memories",

@@ -54,7 +54,7 @@ from mighty.abi import Err as ErrValue
 from mighty.abi import Ok as OkValue
 from mighty.abi import Some as SomeValue
 from mighty.abi import Variant as VariantValue
-from mighty.engine._native import immortal
+from mighty.engine import immortal
 
 __all__ = [
     "Binding",

@@ -24,10 +24,8 @@ from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import Component, SignalShield, get_engine, learn_hot_pages, shielded
 from mighty.gate import CallHook, Gate, GuestContext
-from mighty.trace._recorder import InstanceRecording, Recorder
-from mighty.wasi import Policy, WasiProvider
-from mighty.wasi._cli import outputs
-from mighty.wasi._output import CaptureOutput
+from mighty.trace import InstanceRecording, Recorder
+from mighty.wasi import CaptureOutput, Policy, WasiProvider, outputs
 
 __all__ = ["Instance", "call_once", "default_gate"]
 

@@ -1,5 +1,6 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
+from mighty.wasi._cli import outputs
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import DEFAULT_OUTPUT_CAP, DirGrant, MemoryDir, OutputPolicy, Policy
 from mighty.wasi._provider import WasiProvider
@@ -12,4 +13,5 @@ __all__ = [
     "OutputPolicy",
     "Policy",
     "WasiProvider",
+    "outputs",
 ]
