@@ -155,8 +155,10 @@ def test_collector_reads_marks_and_expectations(tmp_path: Path) -> None:
         (14, "python", None, ""),
     ]
     assert expected_output(found[2].code.splitlines()[0]) == "1"
-    assert matches('{"ok": false, "error": {"kind": "x", ...}}', '{"ok": false, "error": '
-                   '{"kind": "x", "message": "m"}}')
+    assert matches(
+        '{"ok": false, "error": {"kind": "x", ...}}',
+        '{"ok": false, "error": {"kind": "x", "message": "m"}}',
+    )
     assert not matches("b ... a", "a b")
 
 
