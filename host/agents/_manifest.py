@@ -9,7 +9,7 @@ fuel = 1_000_000_000               # per message
 memory = "128MiB"
 timeout = 5.0
 accepts = ["put", "get", "crash"]  # anything else is refused before the guest sees it
-dirs = ["data:/data:ro"]           # HOST:GUEST[:ro], HOST relative to this file
+dirs = ["data:/data"]              # read-only; HOST:GUEST:rw to write; HOST relative to here
 mailbox = { capacity = 256, on_full = "block" }
 
 [supervisor]
@@ -198,11 +198,16 @@ def agent_types(
         for grant in spec.dirs:
             parts = grant.split(":")
             if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-                raise BadInput(f"agent type {name!r}: dirs takes HOST:GUEST[:ro], got {grant!r}")
+                raise BadInput(
+                    f"agent type {name!r}: dirs takes HOST:GUEST (read-only) or "
+                    f"HOST:GUEST:rw (read-write), got {grant!r}"
+                )
             host = (base / parts[0]).resolve()
             if not host.is_dir():
                 raise BadInput(f"agent type {name!r}: {host} is not a directory")
-            policy = policy.with_dir(host, parts[1], readonly=len(parts) == 3 and parts[2] == "ro")
+            # Read-only unless asked for, as on the command line and in Policy.with_dir.
+            readonly = not (len(parts) == 3 and parts[2] == "rw")
+            policy = policy.with_dir(host, parts[1], readonly=readonly)
         types.append(
             AgentType(
                 name,

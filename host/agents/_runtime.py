@@ -37,6 +37,7 @@ supervisor, and stop/start would still have to wait for it).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -55,6 +56,15 @@ from pydantic import ValidationError
 from mighty._errors import BudgetExceeded, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok, Variant
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._output import (
+    OUTPUT_TAIL_BYTES,
+    OUTPUT_TAIL_LINES,
+    AgentOutput,
+    LineSplitter,
+    OutputTail,
+    Stream,
+    stream_level,
+)
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._types import (
     AgentCrashed,
@@ -74,7 +84,7 @@ from mighty.agents._types import (
 from mighty.budget import Budget
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind
 from mighty.instance import Instance
-from mighty.wasi import WasiProvider
+from mighty.wasi import CaptureOutput, WasiProvider
 
 __all__ = ["AgentProcess", "AgentStats", "Runtime"]
 
@@ -135,6 +145,9 @@ class AgentProcess:
     _owner: int | None = None
     _state: threading.Lock = field(default_factory=threading.Lock)
     _run: threading.Lock = field(default_factory=threading.Lock)
+    output: OutputTail = field(default_factory=OutputTail)
+    """The agent's last lines of log(), stdout and stderr, across restarts (bounded)."""
+    _splitters: tuple[LineSplitter, ...] = ()
 
     # -- life ------------------------------------------------------------------------------
 
@@ -155,11 +168,14 @@ class AgentProcess:
             )
         except MightyError as exc:
             raise BadSpawn(f"cannot start {self.address}: {exc}") from exc
+        self._attach_output(instance)
         try:
             outcome = instance.call("init", self.init)
         except MightyError as exc:
             instance.close()
             raise BadSpawn(f"{self.address} failed in init: {exc}") from exc
+        finally:
+            self._flush_output()
         if isinstance(outcome, Err):
             instance.close()
             raise BadSpawn(f"{self.address} refused its init: {outcome.value}")
@@ -176,6 +192,31 @@ class AgentProcess:
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
         self.mailbox.resume()
         self._wake()
+
+    def _attach_output(self, instance: Instance) -> None:
+        """Stream the instance's stdout and stderr, line by line, to the runtime's output.
+
+        A sink the type's policy already has keeps receiving every byte.
+        """
+        splitters = []
+        streams: tuple[tuple[Stream, CaptureOutput], ...] = (
+            ("stdout", instance.stdout),
+            ("stderr", instance.stderr),
+        )
+        for stream, capture in streams:
+            splitter = LineSplitter(functools.partial(self.runtime.output, self, stream))
+            splitters.append(splitter)
+            previous = capture.sink
+            if previous is None:
+                capture.sink = splitter.feed
+            else:
+                capture.sink = functools.partial(_both, previous, splitter.feed)
+        self._splitters = tuple(splitters)
+
+    def _flush_output(self) -> None:
+        """The turn is over: a partial line of stdout or stderr is a line now."""
+        for splitter in self._splitters:
+            splitter.flush()
 
     def _refusal(self) -> str:
         return "it was stopped for good" if self._retired else "the runtime is shutting down"
@@ -328,6 +369,7 @@ class AgentProcess:
             return self._crashed(envelope, exc)
         finally:
             self.current = None
+            self._flush_output()
         if instance.last_usage is not None:
             self.stats.fuel += instance.last_usage.fuel
         if isinstance(outcome, Ok):
@@ -394,6 +436,11 @@ class AgentProcess:
         self.runtime.emit("agent.restarted", self.address, {"restarts": self.stats.restarts})
 
 
+def _both(first: Callable[[bytes], None], second: Callable[[bytes], None], data: bytes) -> None:
+    first(data)
+    second(data)
+
+
 def _settle(
     envelope: Envelope, *, value: bytes | None = None, error: Exception | None = None
 ) -> bool:
@@ -423,7 +470,14 @@ class Runtime:
         workers: int | None = None,
         recorder: Any = None,
         on_event: Callable[[AgentEvent], None] | None = None,
+        on_output: Callable[[AgentOutput], None] | None = None,
+        output_lines: int = OUTPUT_TAIL_LINES,
+        output_bytes: int = OUTPUT_TAIL_BYTES,
     ) -> None:
+        """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
+        written, on the thread running the agent; each agent also keeps its last
+        ``output_lines`` lines (at most ``output_bytes`` characters) in ``AgentProcess.output``.
+        """
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
         self.gate = Gate([WasiProvider(), AgentHostProvider(self)])
@@ -435,6 +489,9 @@ class Runtime:
         self._breakers: dict[str, Any] = {}
         self.events: deque[AgentEvent] = deque(maxlen=_EVENTS_KEPT)
         self._on_event = on_event
+        self._on_output = on_output
+        self._output_lines = output_lines
+        self._output_bytes = output_bytes
         # Agents buried (stopped for good), kept for reports of what they did and left undone.
         self._retired: deque[AgentProcess] = deque(maxlen=_EVENTS_KEPT)
         self._closing = False
@@ -480,6 +537,7 @@ class Runtime:
             Mailbox(settings.capacity, settings.on_full, settings.block_timeout),
             name=name,
             on_exit=on_exit,
+            output=OutputTail(self._output_lines, self._output_bytes),
         )
         with self._lock:
             if name is not None and name in self._names:
@@ -651,6 +709,18 @@ class Runtime:
             except Exception:  # noqa: BLE001 -- an observer must not break an agent's turn
                 _log.exception("on_event raised on %s", kind)
 
+    def output(
+        self, process: AgentProcess, stream: Stream, text: str, level: str | None = None
+    ) -> None:
+        """One line written by ``process``: kept in its tail and passed to ``on_output``."""
+        item = AgentOutput(process.address, stream, text, level or stream_level(stream))
+        process.output.add(item)
+        if self._on_output is not None:
+            try:
+                self._on_output(item)
+            except Exception:  # noqa: BLE001 -- an observer must not break an agent's turn
+                _log.exception("on_output raised for %s", process.address)
+
     def events_of(self, kind: str) -> Iterator[AgentEvent]:
         return (e for e in list(self.events) if e.kind == kind)
 
@@ -803,7 +873,10 @@ class AgentHostProvider:
                 return _agent_error(exc)
 
         def log(ctx: GuestContext, level: str, text: str) -> None:
-            runtime.emit("log", _process(ctx).address, {"level": level[:16], "text": text[:8192]})
+            process = _process(ctx)
+            level, text = level[:16], text[:8192]
+            runtime.emit("log", process.address, {"level": level, "text": text})
+            runtime.output(process, "log", text, level)
 
         def emit(ctx: GuestContext, name: str, body: bytes) -> None:
             try:

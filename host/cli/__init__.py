@@ -1,5 +1,6 @@
 """The `mty` command line."""
 
+from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
 from mighty.cli._mcp import sandbox_group
 from mighty.cli._run import reload_command, run_command
@@ -10,5 +11,8 @@ main.add_command(exec_command, "exec")
 main.add_command(sandbox_group, "sandbox")
 main.add_command(run_command, "run")
 main.add_command(reload_command, "reload")
+main.add_command(compile_command, "compile")
+main.add_command(inspect_command, "inspect-component")
+main.add_command(inspect_command, "wit")
 
 __all__ = ["main", "parse_size"]

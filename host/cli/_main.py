@@ -35,13 +35,15 @@ from mighty._errors import (
     HostError,
     MightyError,
 )
+from mighty.cli._progress import Waits
 
 if TYPE_CHECKING:
+    from mighty.engine import Component
     from mighty.instance import Instance
     from mighty.trace import Recorder
     from mighty.wasi import Policy
 
-__all__ = ["escape_control", "main", "parse_size"]
+__all__ = ["broken_pipe", "escape_control", "main", "parse_size", "refuse_internal", "version_text"]
 
 EXIT_OK = 0
 EXIT_GUEST = 1
@@ -184,6 +186,8 @@ def _errors(as_json: bool) -> Iterator[None]:
         _fail_signal(signal.SIGINT, as_json)
     except Terminated:
         _fail_signal(signal.SIGTERM, as_json)
+    except BrokenPipeError:
+        broken_pipe()
     except Exception as exc:
         if os.environ.get("MTY_DEBUG"):
             raise
@@ -193,6 +197,20 @@ def _errors(as_json: bool) -> Iterator[None]:
             kind="internal",
             code=EXIT_USAGE,
         )
+
+
+def broken_pipe() -> NoReturn:
+    """The reader of our output went away (``mty trace show X | head``): exit at once, quietly.
+
+    Descriptor 1 is pointed at /dev/null first, so that the flush at interpreter exit does not
+    fail again ("Exception ignored ... BrokenPipeError"). Exit status 141 is what a shell
+    reports for a death by SIGPIPE, which is how a C tool in the same spot would end.
+    """
+    with suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _progress(enabled: bool) -> Callable[[str], None] | None:
@@ -214,14 +232,51 @@ class _Group(click.Group):
         as_json = "--json" in ctx.args
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            broken_pipe()
         except KeyboardInterrupt:
             _fail_signal(signal.SIGINT, as_json)
         except Terminated:
             _fail_signal(signal.SIGTERM, as_json)
 
 
+def version_text() -> str:
+    """What ``mty --version`` prints: mighty, the toolchain under it, the engine's settings."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from mighty.engine import SETTINGS
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"mty (mighty) {of('mighty-host')}\n"
+        f"wasmtime {of('wasmtime')}\n"
+        f"componentize-py {of('componentize-py')}\n"
+        f"engine fingerprint {SETTINGS.fingerprint}"
+    )
+
+
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(version_text())
+    ctx.exit()
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mighty-host", prog_name="mty")
+@click.option(
+    "-V",
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the versions of mighty, wasmtime and componentize-py, and the engine fingerprint.",
+)
 def main() -> None:
     """mighty: build and run handlers compiled to WebAssembly components."""
     # SIGTERM ends a command the way Ctrl-C does: the guest call is cancelled cleanly, the
@@ -256,6 +311,7 @@ def main() -> None:
     help="Where to write the component.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def build(
     source: Path,
     wit: Path | None,
@@ -263,16 +319,28 @@ def build(
     python_path: Sequence[Path],
     output: Path,
     quiet: bool,
+    as_json: bool,
 ) -> None:
     """Compile the Python handler SOURCE to a WebAssembly component (cached by content hash)."""
     from mighty.build import build_component
 
-    with _errors(as_json=False):
-        show = _progress(not quiet and sys.stderr.isatty())
+    with _errors(as_json), Waits(not quiet) as show:
         wit, python_path = _agent_defaults(source, wit, python_path)
         result = build_component(
             source, output=output, wit=wit, world=world, python_path=python_path, progress=show
         )
+        show.done()
+        if as_json:
+            document = {
+                "ok": True,
+                "path": str(result.path),
+                "cached": result.cached,
+                "seconds": round(result.seconds, 3),
+                "component_sha256": result.component_sha256,
+                "build_digest": result.digest,
+            }
+            click.echo(json.dumps(document))
+            return
         note = "cached" if result.cached else f"built in {result.seconds:.1f} s"
         if not quiet:
             click.echo(f"{result.path} ({note}, sha256 {result.component_sha256[:12]})")
@@ -329,8 +397,8 @@ def _agent_defaults(
     "--dir",
     "dirs",
     multiple=True,
-    metavar="HOST:GUEST[:ro]",
-    help="Preopen a host directory; repeatable.",
+    metavar="HOST:GUEST[:rw]",
+    help="Preopen a host directory, read-only unless :rw; repeatable.",
 )
 @click.option(
     "--clock",
@@ -350,6 +418,7 @@ def _agent_defaults(
     help="Record the run to TRACE (default: mty-trace-<time>.bin).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
 def call(
     component: Path,
     func: str,
@@ -365,6 +434,7 @@ def call(
     seed: int | None,
     record: str | None,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Call FUNC of COMPONENT with JSON-encoded ARGS and print the result as JSON.
 
@@ -381,8 +451,9 @@ def call(
         budget = Budget(**{k: v for k, v in changes.items() if v is not None})
         policy = _policy(env, guest_args, stdin, dirs, clock, seed)
         decoded = _json_args(args)
-        show = _progress(not as_json and sys.stderr.isatty())
-        loaded = Component.load(component, progress=show)
+        with Waits(not quiet) as show:
+            loaded = Component.load(component, progress=show)
+        refuse_internal(loaded, func)
         recorder = _recorder(record)
         try:
             # --fuel/--timeout are for the call; instantiation (which runs guest start-up code)
@@ -529,7 +600,14 @@ def debug(trace: Path, instance: int | None) -> None:
     with _errors(as_json=False):
         interactive = sys.stdin.isatty()
         debugger = Debugger(trace, instance=instance)
-        for line in debugger.start():
+        lines = debugger.start()
+        finished = debugger.finished
+        if debugger.current is None and finished is not None and finished.error is not None:
+            # Nothing to step through (not a trace, no such instance): fail as `mty replay`.
+            debugger.close()
+            if isinstance(finished.error, MightyError):
+                raise finished.error
+        for line in lines:
             click.echo(line)
         done = False
         while not done:
@@ -572,6 +650,18 @@ def trace_show(path: Path, as_json: bool) -> None:
             )
             for name, count in sorted(item["imports"].items()):
                 click.echo(f"    {count:6d}  {name}")
+
+
+def refuse_internal(component: Component, func: str) -> None:
+    """BadInput when ``func`` is a toolchain internal (componentize-py's ``exports#init``)."""
+    if func in component.export_functions(include_internal=True) and (
+        func not in component.export_functions()
+    ):
+        raise BadInput(
+            f"{func} is an internal export of the toolchain (componentize-py runs it while "
+            "building), not a function of the handler; `mty inspect-component "
+            f"{component.origin}` lists the functions it exports"
+        )
 
 
 def _json_args(args: Sequence[str]) -> list[Any]:
@@ -628,9 +718,12 @@ def _policy(
     policy = policy.with_clock(clock)  # type: ignore[arg-type] # click.Choice checked it
     for spec in dirs:
         parts = spec.split(":")
-        readonly = len(parts) == 3 and parts[2] == "ro"
+        # Read-only unless asked for: the same default as Policy.with_dir and manifests.
+        readonly = not (len(parts) == 3 and parts[2] == "rw")
         if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-            raise BadInput(f"--dir takes HOST:GUEST or HOST:GUEST:ro, got {spec!r}")
+            raise BadInput(
+                f"--dir takes HOST:GUEST (read-only) or HOST:GUEST:rw (read-write), got {spec!r}"
+            )
         host = Path(parts[0])
         if not host.is_dir():
             raise BadInput(f"--dir {spec}: {host} is not a directory")

@@ -23,6 +23,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import suppress
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,7 +31,9 @@ from typing import Any
 import click
 
 from mighty._errors import BadInput
-from mighty.cli._main import _errors, _progress
+from mighty.agents._output import AgentOutput, level_number
+from mighty.cli._main import _errors, _write_text
+from mighty.cli._progress import Waits
 
 __all__ = ["run_command"]
 
@@ -89,23 +92,48 @@ class _Interrupted(Exception):
 )
 @click.option("--keep-running", is_flag=True, help="After the start messages, run until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def run_command(manifest: Path, record: str | None, keep_running: bool, as_json: bool) -> None:
-    """Run the agents, supervision tree and start messages of MANIFEST."""
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Least severe agent line shown (print() output is info, stderr warning).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No agent output and no progress on stderr.")
+def run_command(
+    manifest: Path,
+    record: str | None,
+    keep_running: bool,
+    as_json: bool,
+    log_level: str,
+    quiet: bool,
+) -> None:
+    """Run the agents, supervision tree and start messages of MANIFEST.
+
+    Each agent's log() lines and print() output (its stdout and stderr) are shown on stderr as
+    they are written, prefixed with the agent's address; --json also carries each agent's last
+    lines (at most 200 lines and 64 KiB per agent) in the summary.
+    """
     from mighty.agents import Runtime, start_tree
     from mighty.agents._manifest import agent_types, load_manifest, supervisor_spec
     from mighty.trace import Recorder
 
+    threshold = level_number(log_level)
     with _Signals() as signals, _errors(as_json):
         spec, base = load_manifest(manifest)
-        show = _progress(sys.stderr.isatty() and not as_json)
-        types = agent_types(spec, base, show)
+        with Waits(not quiet) as show:
+            types = agent_types(spec, base, show)
         failures: list[str] = []
         replies: list[dict[str, Any]] = []
         if signals.first is not None:  # while building: nothing ran yet
             _cancelled(signals.first, replies, failures, None, as_json)
         recorder = Recorder(Path(record) if record else None) if record is not None else None
         stop = threading.Event()
-        runtime = Runtime(workers=spec.workers, recorder=recorder)
+        runtime = Runtime(
+            workers=spec.workers,
+            recorder=recorder,
+            on_output=None if quiet else _OutputWriter(threshold),
+        )
         control = _control_server(runtime)
         try:
             for agent_type in types:
@@ -129,7 +157,7 @@ def run_command(manifest: Path, record: str | None, keep_running: bool, as_json:
             runtime.shutdown(drain=False, timeout=_SHUTDOWN_TIMEOUT)
             if recorder is not None:
                 recorder.close()
-        summary = _summary(runtime)
+        summary = _summary(runtime, threshold)
         if signals.first is not None:
             _cancelled(signals.first, replies, failures, summary, as_json)
         unhandled = summary["unhandled"]
@@ -251,7 +279,32 @@ def _control_server(runtime: Any) -> Any:
     return server
 
 
-def _summary(runtime: Any) -> dict[str, Any]:
+class _OutputWriter:
+    """Agent lines to stderr as they come (from any worker thread), one whole line at a time.
+
+    Each line of a multi-line text gets the address, so no agent's text can pass for
+    another's; on a terminal the text is escaped like all guest output (see _main).
+    """
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self._lock = threading.Lock()
+
+    def __call__(self, item: AgentOutput) -> None:
+        if level_number(item.level) < self.threshold:
+            return
+        if item.stream == "log":
+            head = f"[{item.address}] {item.level}: "
+        elif item.stream == "stderr":
+            head = f"[{item.address}] stderr: "
+        else:
+            head = f"[{item.address}] "
+        text = "".join(f"{head}{line}\n" for line in item.text.split("\n"))
+        with self._lock, suppress(OSError, ValueError):
+            _write_text(sys.stderr, text)
+
+
+def _summary(runtime: Any, threshold: int = 0) -> dict[str, Any]:
     processes = sorted(
         {id(p): p for p in (*runtime.retired(), *runtime.agents())}.values(),
         key=lambda p: int(p.address.rpartition(":")[2]),
@@ -269,6 +322,8 @@ def _summary(runtime: Any) -> dict[str, Any]:
             "dropped": p.stats.dropped,
             "fuel": p.stats.fuel,
             "mailbox_high_water": p.mailbox.high_water,
+            "output": [o.to_json() for o in p.output.items() if level_number(o.level) >= threshold],
+            "output_dropped": p.output.dropped,
         }
         for p in processes
     ]
@@ -332,8 +387,14 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
     help="Seconds to wait for in-flight messages.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
 def reload_command(
-    agent_type: str, source: Path, socket_path: Path | None, drain_timeout: float, as_json: bool
+    agent_type: str,
+    source: Path,
+    socket_path: Path | None,
+    drain_timeout: float,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Hot-swap AGENT_TYPE in a running `mty run` to the component --from NEW.wasm."""
     from mighty.control import ENV_VAR, ControlError, request
@@ -345,16 +406,19 @@ def reload_command(
         if not source.is_file():
             raise BadInput(f"{source}: no such file")
         try:
-            result = request(
-                path,
-                "reload",
-                {
-                    "agent_type": agent_type,
-                    "component": str(source.resolve()),
-                    "drain_timeout": drain_timeout,
-                },
-                timeout=drain_timeout + 120,
-            )
+            # The running side compiles the new component first: tens of seconds, once.
+            with Waits(not quiet) as show:
+                show.wait(f"reloading {agent_type} from {source}")
+                result = request(
+                    path,
+                    "reload",
+                    {
+                        "agent_type": agent_type,
+                        "component": str(source.resolve()),
+                        "drain_timeout": drain_timeout,
+                    },
+                    timeout=drain_timeout + 120,
+                )
         except ControlError as exc:
             if as_json:
                 click.echo(

@@ -18,11 +18,11 @@ from mighty.cli._main import (
     EXIT_OK,
     EXIT_USAGE,
     _errors,
-    _progress,
     _Size,
     _write_text,
     escape_control,
 )
+from mighty.cli._progress import Waits
 
 __all__ = ["exec_command"]
 
@@ -37,8 +37,14 @@ __all__ = ["exec_command"]
     help="Wall-clock seconds (default 5).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the RunResult as one JSON object.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
 def exec_command(
-    file: Path, fuel: int | None, memory: int | None, timeout: float | None, as_json: bool
+    file: Path,
+    fuel: int | None,
+    memory: int | None,
+    timeout: float | None,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Run FILE ('-' for stdin) as Python in a fresh sandbox: no files, no network, no tools.
 
@@ -66,8 +72,9 @@ def exec_command(
             limits = Limits().replace(**{k: v for k, v in changes.items() if v is not None})
         except (TypeError, ValueError) as exc:
             raise BadInput(str(exc)) from None
-        show = _progress(not as_json and sys.stderr.isatty())
-        with Sandbox(limits=limits, pool=0, progress=show) as sandbox:
+        with Waits(not quiet) as show:
+            sandbox = Sandbox(limits=limits, pool=0, progress=show)
+        with sandbox:
             result = sandbox.run(code)
         if as_json:
             click.echo(json.dumps(result.to_json()))

@@ -167,8 +167,14 @@ class Component:
             cache.store(key, compiled)
         return cls(compiled, digest, origin, size, False, _imports(compiled), images)
 
-    def export_functions(self) -> dict[str, wc.FuncType]:
-        """Every exported function, top level by name and nested ones as ``instance#name``."""
+    def export_functions(self, *, include_internal: bool = False) -> dict[str, wc.FuncType]:
+        """Every exported function, top level by name and nested ones as ``instance#name``.
+
+        Toolchain internals are left out unless ``include_internal``: componentize-py's
+        ``exports#init(app-name, symbols, stub-wasi)``, which it calls itself while building
+        (pre-initialisation) and which no host should call. It is recognised by its name and
+        its parameters, so a handler's own ``init`` in an interface named ``exports`` stays.
+        """
         engine = get_engine()
         found: dict[str, wc.FuncType] = {}
         for name, extern in self.wasm.type.exports(engine).items():
@@ -180,4 +186,12 @@ class Component:
                     inner_item = inner_extern.ty
                     if isinstance(inner_item, wc.FuncType):
                         found[f"{name}#{inner}"] = inner_item
+        if not include_internal:
+            internal = found.get("exports#init")
+            if internal is not None and [p[0] for p in internal.params] == [
+                "app-name",
+                "symbols",
+                "stub-wasi",
+            ]:
+                del found["exports#init"]
         return found

@@ -1,0 +1,140 @@
+"""`mty inspect-component X.wasm` (alias `mty wit`) and `mty compile X.wasm`.
+
+inspect-component lists what a component exports (the functions `mty call` takes, by the same
+names) and imports, with WIT signatures rendered by mighty.abi. Toolchain internals
+(componentize-py's ``exports#init``) are left out, as they are from ``Instance.exports``;
+``--json`` names them under ``internal``.
+
+compile loads the component into the compiled cache ahead of time, so the first `mty call` or
+`mty run` does not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from mighty.cli._main import _errors
+from mighty.cli._progress import Waits
+
+if TYPE_CHECKING:
+    from wasmtime import component as wc
+
+    from mighty.engine import Component
+
+__all__ = ["compile_command", "describe_component", "inspect_command"]
+
+
+def _function(name: str, fty: wc.FuncType) -> dict[str, Any]:
+    from mighty.abi import FuncSig
+
+    try:
+        sig = FuncSig.from_func_type(fty)
+    except Exception as exc:  # noqa: BLE001 - a type abi cannot render yet must not hide the rest
+        return {"name": name, "params": None, "result": None, "wit": f"{name}: ? ({exc})"}
+    params = [{"name": p, "type": str(ty)} for p, ty in sig.params]
+    result = None if sig.result is None else str(sig.result)
+    text = ", ".join(f"{p['name']}: {p['type']}" for p in params)
+    wit = f"{name}: func({text})" + ("" if result is None else f" -> {result}")
+    return {"name": name, "params": params, "result": result, "wit": wit}
+
+
+def describe_component(component: Component) -> dict[str, Any]:
+    """Exports and imports of ``component`` with their WIT signatures, as JSON-ready data."""
+    from wasmtime import component as wc
+
+    from mighty.engine import get_engine
+
+    shown = component.export_functions()
+    internal = sorted(set(component.export_functions(include_internal=True)) - set(shown))
+    imports: list[dict[str, Any]] = []
+    for name, extern in component.wasm.type.imports(get_engine()).items():
+        item = extern.ty
+        if isinstance(item, wc.FuncType):
+            imports.append({"name": name, "function": _function(name, item)})
+            continue
+        functions: list[dict[str, Any]] = []
+        resources: list[str] = []
+        if isinstance(item, wc.ComponentInstanceType):
+            for inner, inner_extern in item.exports(get_engine()).items():
+                if isinstance(inner_extern.ty, wc.FuncType):
+                    functions.append(_function(inner, inner_extern.ty))
+                elif isinstance(inner_extern.ty, wc.ResourceType):
+                    resources.append(inner)
+        imports.append({"name": name, "resources": resources, "functions": functions})
+    return {
+        "component": component.origin,
+        "sha256": component.sha256,
+        "bytes": component.size,
+        "exports": [_function(name, fty) for name, fty in shown.items()],
+        "internal": internal,
+        "imports": imports,
+    }
+
+
+@click.command("inspect-component")
+@click.argument("component", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
+def inspect_command(component: Path, as_json: bool, quiet: bool) -> None:
+    """List the exports and imports of COMPONENT with their WIT signatures."""
+    from mighty.engine import Component
+
+    with _errors(as_json):
+        with Waits(not quiet) as show:
+            loaded = Component.load(component, progress=show)
+        described = describe_component(loaded)
+        if as_json:
+            click.echo(json.dumps({"ok": True, **described}))
+            return
+        click.echo(f"{component} (sha256 {loaded.sha256[:12]}, {loaded.size / 1e6:.1f} MB)")
+        click.echo(f"exports (call with `mty call {component} NAME ARGS...`):")
+        for item in described["exports"]:
+            click.echo(f"  {item['wit']}")
+        if not described["exports"]:
+            click.echo("  (no functions)")
+        click.echo("imports:")
+        for entry in described["imports"]:
+            if "function" in entry:
+                click.echo(f"  {entry['function']['wit']}")
+                continue
+            click.echo(f"  {entry['name']}")
+            for resource in entry["resources"]:
+                click.echo(f"    resource {resource}")
+            for item in entry["functions"]:
+                click.echo(f"    {item['wit']}")
+
+
+@click.command("compile")
+@click.argument("components", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
+def compile_command(components: tuple[Path, ...], as_json: bool, quiet: bool) -> None:
+    """Compile COMPONENTS ahead of time into the compiled cache (what the first call would do)."""
+    import time
+
+    from mighty.engine import Component
+
+    with _errors(as_json):
+        done: list[dict[str, Any]] = []
+        for path in components:
+            started = time.monotonic()
+            with Waits(not quiet) as show:
+                loaded = Component.load(path, progress=show)
+            seconds = time.monotonic() - started
+            done.append(
+                {
+                    "component": str(path),
+                    "sha256": loaded.sha256,
+                    "cached": loaded.from_cache,
+                    "seconds": round(seconds, 3),
+                }
+            )
+            if not as_json and not quiet:
+                note = "already compiled" if loaded.from_cache else f"compiled in {seconds:.1f} s"
+                click.echo(f"{path}: {note} (sha256 {loaded.sha256[:12]})")
+        if as_json:
+            click.echo(json.dumps({"ok": True, "components": done}))
