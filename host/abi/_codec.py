@@ -38,7 +38,7 @@ import math
 import reprlib
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from wasmtime import _ffi as ffi
@@ -881,6 +881,11 @@ class FuncCodec:
             _val_delete(_byref(val))
 
     # -- serving a host import ------------------------------------------------------------------
+
+    def lifters(self) -> list[Callable[[Any], Any]]:
+        """One lift function per parameter, for a caller that lifts some parameters itself (the
+        gate turns top-level resource handles straight into its own handles)."""
+        return [c.lift for c in self._params]
 
     def lift_args(self, args_ptr: Any, nargs: int) -> list[Any]:
         """Lift a host import's arguments. Reads only: wasmtime frees them after the callback."""

@@ -243,7 +243,8 @@ def _context_of(context_ptr: Any) -> GuestContext:
 class _Registered:
     binding: Binding
     codec: FuncCodec | None = None
-    to_host: Callable[[GuestContext, list[Any]], list[Any]] | None = None
+    # Lifts the raw arguments straight into what hooks see (top-level resources as Handles).
+    lift: Callable[[GuestContext, Any, Any, int], list[Any]] | None = None
     resolve: Callable[[GuestContext, list[Any]], list[Any]] | None = None
     to_guest: Callable[[GuestContext, Any], Any] | None = None
 
@@ -275,7 +276,7 @@ def _dispatch(
         if reg.codec is None:
             _compile(reg, type_ptr)
         assert reg.codec is not None
-        assert reg.to_host is not None
+        assert reg.lift is not None
         assert reg.to_guest is not None
         # Resource handles must be resolved through the context of this very call: wasmtime
         # tracks the guest's borrows per call, not per store.
@@ -283,18 +284,21 @@ def _dispatch(
         ctx.call_store = store
         # Hooks see resources as Handles (what a trace can record); the implementation gets
         # the host objects behind them.
-        args = reg.to_host(ctx, reg.codec.lift_args(args_ptr, nargs))
+        args = reg.lift(ctx, context_ptr, args_ptr, nargs)
         fn = reg.binding.fn
         resolve = reg.resolve
-
-        def call() -> Any:
-            return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
-
-        run = call
-        for hook in reversed(ctx.hooks):
-            run = _wrap(hook, ctx, reg.binding, args, run)
         ctx.calls += 1
-        result = run()
+        if ctx.hooks:
+
+            def call() -> Any:
+                return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
+
+            run = call
+            for hook in reversed(ctx.hooks):
+                run = _wrap(hook, ctx, reg.binding, args, run)
+            result = run()
+        else:
+            result = fn(ctx, *(args if resolve is None else resolve(ctx, args)))
         reg.codec.lower_result(store, reg.to_guest(ctx, result), results_ptr)
         store._invalidate()
         return 0
@@ -360,11 +364,29 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
         for t in param_types
     ]
 
-    def to_host(ctx: GuestContext, values: list[Any]) -> list[Any]:
-        return [
-            conv(ctx, v) if conv is not None else v
-            for conv, v in zip(converters, values, strict=True)
-        ]
+    # A top-level own/borrow parameter (most WASI calls: the stream, the descriptor) is read
+    # straight off wasmtime's value into a Handle: no ResourceAny/ResourceHost objects, no
+    # clone. Resources nested in lists, options and records go through the codec and then
+    # the converter.
+    lifters = codec.lifters()
+    nparams = len(lifters)
+    steps: list[tuple[Callable[[Any], Any] | None, _Conv | None]] = [
+        (None, None) if isinstance(t, OwnType | BorrowType) else (lift, conv)
+        for t, lift, conv in zip(param_types, lifters, converters, strict=True)
+    ]
+
+    def lift_all(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
+        if nargs != nparams:
+            raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+        out = []
+        for i, (lift, conv) in enumerate(steps):
+            if lift is None:
+                out.append(_handle_at(context_ptr, args_ptr[i].of.resource))
+            elif conv is None:
+                out.append(lift(args_ptr[i]))
+            else:
+                out.append(conv(ctx, lift(args_ptr[i])))
+        return out
 
     def resolve(ctx: GuestContext, values: list[Any]) -> list[Any]:
         return [
@@ -379,12 +401,32 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
     def to_guest(ctx: GuestContext, value: Any) -> Any:
         return value if result_conv is None else result_conv(ctx, value)
 
-    reg.to_host = to_host
+    reg.lift = lift_all
     reg.to_guest = to_guest
     reg.codec = codec
 
 
 _Conv = Callable[[GuestContext, Any], Any]
+
+
+_HOST_PTR = ctypes.POINTER(ffi.wasmtime_component_resource_host_t)
+
+
+def _handle_at(context_ptr: Any, resource: Any) -> Handle:
+    """The Handle of the host resource in a raw argument value (its borrow is released)."""
+    host = _HOST_PTR()
+    error = ffi.wasmtime_component_resource_any_to_host(context_ptr, resource, ctypes.byref(host))
+    if error:
+        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(error)}")
+    try:
+        type_id = ffi.wasmtime_component_resource_host_type(host)
+        rep = ffi.wasmtime_component_resource_host_rep(host)
+    finally:
+        ffi.wasmtime_component_resource_host_delete(host)
+    kind = _KINDS.get(type_id)
+    if kind is None:
+        raise StaleHandle(f"a resource of unknown host type {type_id}")
+    return Handle(kind, rep)
 
 
 def _to_handle(ctx: GuestContext, value: Any) -> Handle:

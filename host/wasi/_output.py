@@ -79,6 +79,9 @@ class CaptureOutput(OutputStream):
             raise ValueError(f"write permit must be positive, got {permit}")
         self.cap = cap
         self.sink = sink
+        # Asked once here, not at every check-write: isinstance against a runtime-checkable
+        # Protocol walks its members each time (a third of the print path's cost).
+        self._room = sink.room if isinstance(sink, LimitedSink) else None
         self.permit = permit
         self.total = 0
         """Bytes written, kept or not."""
@@ -102,9 +105,8 @@ class CaptureOutput(OutputStream):
             self.sink(data)
 
     def check_write(self) -> int:
-        sink = self.sink
-        if isinstance(sink, LimitedSink):
-            room = sink.room()
+        if self._room is not None:
+            room = self._room()
             # One byte past the room: the write that passes the limit reaches the sink whole
             # enough to trip it, and nothing under the limit is ever cut short.
             return min(self.permit, max(0, int(room)) + 1)
