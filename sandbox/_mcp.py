@@ -28,20 +28,27 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, redirect_stdout
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, redirect_stdout, suppress
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Protocol
 
+import anyio
+import anyio.to_thread
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, ConfigDict, Field
 
 from mighty._errors import BadInput, MightyError
 from mighty.sandbox import Limits, Sandbox, interpreter_component
-from mighty.sandbox._tools import cut_text, json_problem, tools_from
+from mighty.sandbox._tools import cut_text, describe_tools, json_problem, tools_from
 
 __all__ = [
     "RUN_PYTHON",
+    "Preparation",
     "RunOutput",
     "SandboxLike",
     "build_sandbox_server",
@@ -184,11 +191,14 @@ out_of_memory, deadline_exceeded, output_limit, tool_limit, ...) and a message."
 
 def tool_description(sandbox: SandboxLike, *, limits: str | None = None) -> str:
     """The ``run_python`` description: how to use it, the limits, and the host tools' stubs."""
+    return _description(sandbox.describe_tools(), limits)
+
+
+def _description(stubs: str, limits: str | None) -> str:
     parts = [_SUMMARY]
     if limits:
         parts.append(f"Limits per call: {limits}. Exceeding one ends the call with an error.")
-    stubs = sandbox.describe_tools().strip()
-    parts.append(f"Host functions available to the code:\n```python\n{stubs}\n```")
+    parts.append(f"Host functions available to the code:\n```python\n{stubs.strip()}\n```")
     return "\n\n".join(parts)
 
 
@@ -242,38 +252,111 @@ async def run_call(
     return checked_call_result(document)
 
 
+class Preparation:
+    """The interpreter built and compiled in a background thread, from the server's start.
+
+    The server answers ``initialize`` and ``tools/list`` at once; a call waits for this first
+    (reporting MCP progress when the client asked for it). A failure is every call's error.
+    """
+
+    def __init__(self, prepare: Callable[[], object]) -> None:
+        self.started = time.monotonic()
+        self.error: MightyError | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(prepare,), name="mighty-mcp-prepare", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, prepare: Callable[[], object]) -> None:
+        try:
+            prepare()
+        except MightyError as exc:
+            self.error = exc
+            _log.error("preparing the interpreter failed: %s", exc.message)
+        except Exception as exc:  # noqa: BLE001 - reported to every call instead of lost
+            self.error = MightyError(f"preparing the interpreter failed: {exc}")
+            _log.exception("preparing the interpreter failed")
+        finally:
+            self._done.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    async def wait_async(self, report: Callable[[float], Awaitable[None]] | None = None) -> None:
+        """Wait without blocking the event loop; ``report(elapsed)`` about every second."""
+        while not self._done.is_set():
+            await anyio.to_thread.run_sync(self._done.wait, 1.0)
+            if report is not None and not self._done.is_set():
+                await report(time.monotonic() - self.started)
+        if self.error is not None:
+            raise self.error
+
+
 def build_server(
     new_sandbox: Callable[[], SandboxLike],
     *,
     limits: str | None = None,
     name: str = "mighty-sandbox",
+    stubs: str | None = None,
+    preparation: Preparation | None = None,
 ) -> MCPServer[Any]:
     """An MCP server with one tool, ``run_python``, that runs each call in ``new_sandbox()``.
 
-    ``new_sandbox()`` is also called once here, for the tools' stubs in the description.
+    The tools' stubs in the description are ``stubs``, or else those of a ``new_sandbox()``
+    made once here. With a ``preparation``, each call first waits for it.
+    ``serverInfo.version`` is mighty's version.
     """
 
     async def run_python(
+        ctx: Context,
         code: Annotated[str, Field(description="Python source to run.")],
         inputs: Annotated[
             dict[str, Any] | None,
             Field(description="JSON object; each key becomes a global variable of the code."),
         ] = None,
     ) -> Annotated[CallToolResult, RunOutput]:
+        if preparation is not None and not preparation.ready:
+
+            async def report(elapsed: float) -> None:
+                message = f"preparing the Python interpreter (first start): {elapsed:.0f} s"
+                with suppress(Exception):  # progress is a courtesy; the call goes on
+                    await ctx.report_progress(elapsed, None, message)
+
+            try:
+                await preparation.wait_async(report)
+            except MightyError as exc:
+                return checked_call_result(_host_failure(exc))
+        elif preparation is not None and preparation.error is not None:
+            return checked_call_result(_host_failure(preparation.error))
         return await run_call(new_sandbox(), code, inputs)
 
     server: MCPServer[Any] = MCPServer(
         name,
         instructions="Code mode: call run_python with a Python program; it can call host tools.",
+        version=_version(),
         log_level="WARNING",
     )
+    # Given stubs spare a sandbox made here (which would wait for the interpreter).
+    description = _describe(new_sandbox(), limits) if stubs is None else _description(stubs, limits)
     server.add_tool(
         run_python,
         name=RUN_PYTHON,
         title="Run Python in a sandbox",
-        description=_describe(new_sandbox(), limits),
+        description=description,
     )
     return server
+
+
+def _version() -> str:
+    try:
+        return version("mighty-host")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _describe(sandbox: SandboxLike, limits: str | None) -> str:
@@ -365,24 +448,31 @@ def build_sandbox_server(
     memory: int | None = None,
     timeout: float | None = None,
     progress: Callable[[str], None] | None = None,
+    background: bool = True,
 ) -> MCPServer[Any]:
     """The server of ``mty sandbox serve``: a new ``Sandbox`` per call, with these tools and
     limits (the sandbox's defaults for those not given).
 
-    The interpreter is built (first use on this machine) or loaded here, before serving, so a
-    broken setup fails at start and the first call is fast; ``progress`` hears about it.
+    Bad limits or tools fail here. The interpreter (built and compiled on first use on this
+    machine, tens of seconds) is prepared in the background when ``background``, so that the
+    server answers ``initialize`` at once and the first call waits for it; else here, before
+    serving. ``progress`` hears about it either way.
     """
     given: dict[str, Any] = {"fuel": fuel, "memory": memory, "timeout": timeout}
     try:
         limits = Limits().replace(
             **{key: value for key, value in given.items() if value is not None}
         )
-        tools_from(tools)  # a bad tool fails here, at start, not at the first call
-        interpreter_component(progress)
+        checked = tools_from(tools)  # a bad tool fails here, at start, not at the first call
     except MightyError:
         raise
     except (TypeError, ValueError) as exc:
         raise BadInput(str(exc)) from exc
+    preparation: Preparation | None = None
+    if background:
+        preparation = Preparation(lambda: interpreter_component(progress))
+    else:
+        interpreter_component(progress)
 
     # Every run of a Sandbox is already a never-used interpreter instance; a Sandbox per call
     # (with no spares) adds that nothing made for one call, no spare instance nor tool-loop
@@ -390,7 +480,12 @@ def build_sandbox_server(
     def new_sandbox() -> Sandbox:
         return Sandbox(tools, limits=limits, pool=0)
 
-    return build_server(new_sandbox, limits=describe_limits(limits))
+    return build_server(
+        new_sandbox,
+        limits=describe_limits(limits),
+        stubs=describe_tools(checked),
+        preparation=preparation,
+    )
 
 
 def describe_limits(limits: Limits) -> str:

@@ -2,6 +2,13 @@
 
 from mighty.agents._compose import broadcast, pipe
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._output import (
+    LOG_LEVELS,
+    AgentOutput,
+    LineSplitter,
+    OutputTail,
+    level_number,
+)
 from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._supervisor import (
@@ -32,10 +39,12 @@ from mighty.agents._types import (
 )
 
 __all__ = [
+    "LOG_LEVELS",
     "AgentChild",
     "AgentCrashed",
     "AgentError",
     "AgentEvent",
+    "AgentOutput",
     "AgentProcess",
     "AgentStats",
     "AgentType",
@@ -49,6 +58,7 @@ __all__ = [
     "CircuitOpenError",
     "Envelope",
     "HandlerFailed",
+    "LineSplitter",
     "Mailbox",
     "MailboxClosed",
     "MailboxEmpty",
@@ -56,6 +66,7 @@ __all__ = [
     "MailboxFullError",
     "MailboxSettings",
     "NoProc",
+    "OutputTail",
     "Refused",
     "Runtime",
     "Scheduler",
@@ -68,6 +79,7 @@ __all__ = [
     "broadcast",
     "decode_body",
     "encode_body",
+    "level_number",
     "pipe",
     "start_tree",
 ]

@@ -45,6 +45,28 @@ def sandbox_group() -> None:
     """Code mode: run untrusted Python in a fresh WebAssembly sandbox."""
 
 
+@sandbox_group.command("prepare")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
+def prepare(quiet: bool) -> None:
+    """Build and compile the sandbox's Python interpreter now (first use pays it otherwise)."""
+    import time
+
+    from mighty.cli._main import _errors
+    from mighty.cli._progress import Waits
+    from mighty.sandbox import interpreter_component
+
+    with _errors(as_json=False):
+        started = time.monotonic()
+        with Waits(not quiet) as show:
+            component = interpreter_component(show)
+        if not quiet:
+            seconds = time.monotonic() - started
+            click.echo(
+                f"interpreter ready: {component.origin} (sha256 {component.sha256[:12]}, "
+                f"{seconds:.1f} s)"
+            )
+
+
 @sandbox_group.command("serve")
 @click.option(
     "--tools",
@@ -62,7 +84,11 @@ def sandbox_group() -> None:
 def serve(
     tools_spec: str | None, fuel: int | None, memory: int | None, timeout: float | None
 ) -> None:
-    """Serve the MCP tool `run_python` on stdio; each call runs in a fresh sandbox."""
+    """Serve the MCP tool `run_python` on stdio; each call runs in a fresh sandbox.
+
+    The server answers at once; the interpreter is prepared in the background (the first call
+    waits for it; `mty sandbox prepare` does it ahead of time).
+    """
     try:
         from mighty.sandbox import _mcp
     except ImportError as exc:

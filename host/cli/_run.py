@@ -31,7 +31,7 @@ from typing import Any
 import click
 
 from mighty._errors import BadInput
-from mighty.agents._output import AgentOutput, level_number
+from mighty.agents import AgentOutput, level_number
 from mighty.cli._main import _errors, _write_text
 from mighty.cli._progress import Waits
 

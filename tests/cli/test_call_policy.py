@@ -48,11 +48,13 @@ def test_env_args_stdin_and_output(probe_wasm: Path, tmp_path: Path) -> None:
 
 
 def test_dir_read_only_and_read_write(probe_wasm: Path, tmp_path: Path) -> None:
-    """--dir grants a directory, read-only with :ro."""
+    """--dir grants a directory, read-only by default and with :ro, read-write with :rw."""
     (tmp_path / "f.txt").write_text("content")
     snippet = "\ntry:\n    open('/d/new', 'w')\n    w = 'wrote'\nexcept OSError:\n    w = 'refused'\nresult = open('/d/f.txt').read() + ' ' + w\n"
+    _, plain = call_json(probe_wasm, snippet, "--dir", f"{tmp_path}:/d")
     _, ro = call_json(probe_wasm, snippet, "--dir", f"{tmp_path}:/d:ro")
-    _, rw = call_json(probe_wasm, snippet, "--dir", f"{tmp_path}:/d")
+    _, rw = call_json(probe_wasm, snippet, "--dir", f"{tmp_path}:/d:rw")
+    assert plain["result"] == {"ok": "content refused"}
     assert ro["result"] == {"ok": "content refused"}
     assert rw["result"] == {"ok": "content wrote"}
 

@@ -26,10 +26,7 @@ class Chatty(Agent):
     def spam(self, body, sender):
         for i in range(body["n"]):
             print(f"line {i}")
-        return None
+        return
 
 
 WitWorld = export(Chatty)
-# v2
-# v3
-# v4
