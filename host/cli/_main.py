@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
@@ -211,16 +211,6 @@ def broken_pipe() -> NoReturn:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     sys.exit(128 + signal.SIGPIPE)
-
-
-def _progress(enabled: bool) -> Callable[[str], None] | None:
-    if not enabled:
-        return None
-
-    def show(message: str) -> None:
-        click.echo(f"mty: {message}", err=True)
-
-    return show
 
 
 class _Group(click.Group):

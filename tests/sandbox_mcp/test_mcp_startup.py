@@ -56,10 +56,10 @@ def test_calls_wait_for_preparation_with_progress() -> None:
     release = threading.Event()
     preparation = Preparation(lambda: release.wait(30))
     server = build_server(_Sandbox, stubs="", preparation=preparation)
-    progress: list[tuple[float, str | None]] = []
+    notes: list[tuple[float, str | None]] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append((value, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append((progress, message))
 
     async def scenario() -> None:
         async with Client(server) as client:
@@ -75,8 +75,8 @@ def test_calls_wait_for_preparation_with_progress() -> None:
             assert result.is_error is False
 
     anyio.run(scenario)
-    assert progress, "no progress notification while the interpreter was prepared"
-    assert all("preparing the Python interpreter" in (m or "") for _, m in progress)
+    assert notes, "no progress notification while the interpreter was prepared"
+    assert all("preparing the Python interpreter" in (m or "") for _, m in notes)
 
 
 def test_failed_preparation_is_every_calls_error() -> None:
