@@ -495,6 +495,9 @@ def _check_nesting() -> None:
 
 _WARM_CODE = 'x = [1, 2.5, "a", {"b": None}]\nresult = x'
 _WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
+# Background threads making instances. One: with two, the runs' own thread and both makers
+# share 2 cores, and neither back-to-back latency nor runs/s improved here (load 5-6).
+_FILLERS = 1
 _MAX_POOL = 64
 """At most this many ready instances per sandbox (each ~0.5 MB resident, see docs/sandbox.md)."""
 
@@ -519,12 +522,14 @@ class _Pool:
         self._cond = threading.Condition()
         self._closed = False
         self._failed = False
-        self._thread: threading.Thread | None = None
-        if size > 0:
-            self._thread = threading.Thread(
-                target=self._fill, name="mighty-sandbox-pool", daemon=True
+        self._making = 0
+        self._threads: list[threading.Thread] = []
+        for index in range(min(size, _FILLERS)):
+            thread = threading.Thread(
+                target=self._fill, name=f"mighty-sandbox-pool-{index}", daemon=True
             )
-            self._thread.start()
+            self._threads.append(thread)
+            thread.start()
 
     def take(self) -> _Live | None:
         """A ready instance, or None (the caller makes its own) when none is ready."""
@@ -539,7 +544,7 @@ class _Pool:
     def release(self, live: _Live) -> None:
         """An instance after its one run: freed in the background (inline if there is none)."""
         with self._cond:
-            if self._thread is not None and not self._closed and len(self._used) < _MAX_POOL:
+            if self._threads and not self._closed and len(self._used) < _MAX_POOL:
                 self._used.append(live)
                 self._cond.notify_all()
                 return
@@ -556,14 +561,16 @@ class _Pool:
                 while (
                     not self._closed
                     and not self._used
-                    and (self._failed or len(self._ready) >= self._size)
+                    and (self._failed or len(self._ready) + self._making >= self._size)
                 ):
                     self._cond.wait()
                 if self._closed:
                     return
                 used = list(self._used)
                 self._used.clear()
-                make = not self._failed and len(self._ready) < self._size
+                make = not self._failed and len(self._ready) + self._making < self._size
+                if make:
+                    self._making += 1
             for old in used:
                 old.close()
             if not make:
@@ -573,9 +580,11 @@ class _Pool:
                 live.warm()
             except Exception:  # noqa: BLE001 - a run makes its own and reports the failure
                 with self._cond:
+                    self._making -= 1
                     self._failed = True
                 continue
             with self._cond:
+                self._making -= 1
                 if not self._closed:
                     self._ready.append(live)
                     continue

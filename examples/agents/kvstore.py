@@ -5,7 +5,7 @@ its supervisor starts it again with a fresh instance and the same mailbox. The s
 data in memory only, so a crash loses the data but never the messages still queued.
 """
 
-from mighty_agent import Agent, export, on
+from mighty_agent import Agent, export, log, on
 
 
 class KvStore(Agent):
@@ -13,10 +13,12 @@ class KvStore(Agent):
 
     def setup(self, init):
         self.data = dict(init or {})
+        log(f"started with {len(self.data)} key(s)")
 
     @on("put")
     def put(self, body, sender):
         self.data[body["key"]] = body["value"]
+        log(f"put {body['key']!r}", level="debug")
         return {"ok": True}
 
     @on("get")
@@ -33,6 +35,7 @@ class KvStore(Agent):
 
     @on("crash")
     def crash(self, body, sender):
+        log("crashing on purpose", level="warning")
         # A trap, not an exception: the whole agent goes down, as with a real bug.
         import sys
 
