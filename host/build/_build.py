@@ -9,6 +9,20 @@ The cache is content-addressed (``builds/<sha256 of every input>.wasm``) with no
 locks: an entry is written by an atomic rename, so concurrent builders of the same inputs each
 leave a complete, identical file and the last rename wins. Failed builds are not cached; the
 failure is cheap to reproduce and the user is about to edit the file anyway.
+
+Reproducibility: componentize-py runs on a *staged copy* of the handler's import graph
+(``_inputs.build_inputs``), never on the user's folders: every staged file and directory has
+the same fixed mtime (``SOURCE_DATE_EPOCH``, else 1980-01-01), so the guest's import system
+records the same stamps; a regular file named ``__pycache__`` in every staged directory stops
+the guest CPython writing bytecode there (it used to write ``__pycache__/*.pyc`` into the
+user's folder, so a second build loaded code the first had compiled: another heap); and the
+roots are mounted ``/0``, ``/1``... in the guest, so no host path reaches the component. The
+subprocess gets a fixed environment for what it reads of it (``PYTHONHASHSEED=0``, ``TZ=UTC``,
+``SOURCE_DATE_EPOCH``, no bytecode writes on the host side) and runs in the staging directory.
+What is left is componentize-py's own: it pre-initialises the guest under a WASI context of
+real entropy and real clocks (0.25.1: ``WasiCtxBuilder::new()``; upstream issue
+bytecodealliance/componentize-py#247), so the guest's hash secret, ``random`` state and time
+stamps in the snapshot heap differ from run to run. docs/determinism.md has the measurements.
 """
 
 from __future__ import annotations
@@ -28,7 +42,13 @@ from pathlib import Path
 from mighty._cachedir import atomic_copy, cache_root
 from mighty._errors import BadInput, BuildError
 from mighty.build._diagnose import diagnose
-from mighty.build._inputs import compute_digest, find_worlds, installed_distributions
+from mighty.build._inputs import (
+    BuildInput,
+    build_inputs,
+    compute_digest,
+    find_worlds,
+    installed_distributions,
+)
 
 __all__ = ["DEFAULT_TIMEOUT", "BuildResult", "ComponentizeError", "build_component"]
 
@@ -39,6 +59,7 @@ _TOOL = "componentize-py"
 _PROGRESS_INTERVAL = 1.0
 _COMPONENT_PREAMBLE = b"\0asm"
 _COMPONENT_LAYER = b"\x0d\x00\x01\x00"  # version 0x0d, layer 1: a component, not a core module
+_DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 
 Progress = Callable[[str], None]
 """Receives short human-readable status lines while a build runs."""
@@ -116,7 +137,6 @@ def build_component(
         world=world,
         tool_version=version,
         distributions=installed_distributions(),
-        exclude=output,
     )
     builds = cache_root() / "builds"
     cached_path = builds / f"{digest}.wasm"
@@ -138,26 +158,37 @@ def build_component(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{digest}.", suffix=".wasm.tmp", dir=builds)
     os.close(fd)
     tmp_path = Path(tmp_name)
+    stage = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}.", suffix=".stage", dir=builds)).resolve()
     try:
+        staged = _stage(build_inputs(source.stem, roots), len(roots), stage)
         command = [
             executable,
             "-d",
-            str(wit),
+            str(wit.resolve()),
             "-w",
             world,
             "componentize",
             source.stem,
-            *(arg for root in roots for arg in ("-p", str(root))),
+            *(arg for root in staged for arg in ("-p", str(root))),
             "-o",
-            str(tmp_path),
+            str(tmp_path.resolve()),
         ]
-        _run(command, roots=roots, source=source, timeout=timeout, report=report, started=started)
+        _run(
+            command,
+            roots=roots,
+            source=source,
+            timeout=timeout,
+            report=report,
+            started=started,
+            cwd=stage,
+        )
         if not _is_component_file(tmp_path):
             raise BuildError(f"{_TOOL} succeeded but {tmp_path} is not a WebAssembly component")
         _fsync(tmp_path)
         os.replace(tmp_path, cached_path)
     finally:
         tmp_path.unlink(missing_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
 
     atomic_copy(cached_path, output)
     seconds = time.monotonic() - started
@@ -173,6 +204,40 @@ def build_component(
 
 def _ignore(_: str) -> None:
     pass
+
+
+def _source_epoch() -> int:
+    """The fixed mtime of staged files: ``$SOURCE_DATE_EPOCH`` (reproducible-builds.org), else
+    1980-01-01 (the earliest a zip, hence a wheel, can hold)."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return int(value) if value.isdigit() else _DEFAULT_EPOCH
+
+
+def _stage(inputs: Sequence[BuildInput], count: int, stage: Path) -> list[Path]:
+    """Copy ``inputs`` under ``stage/<root index>/``; return the staged roots, in order.
+
+    Only bytes are copied (no mode bits, owners or times of the originals), then every file
+    and directory gets the same mtime, deepest first so setting a file's time does not move
+    its directory's again.
+    """
+    staged = [stage / str(index) for index in range(count)]
+    for root in staged:
+        root.mkdir()
+    for index, rel, path in inputs:
+        target = staged[index].joinpath(*rel.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    epoch = _source_epoch()
+    for root in staged:
+        for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+            directory = Path(dirpath)
+            if "__pycache__" not in filenames and "__pycache__" not in dirnames:
+                (directory / "__pycache__").write_bytes(b"")
+                filenames.append("__pycache__")
+            for name in filenames:
+                os.utime(directory / name, (epoch, epoch))
+            os.utime(directory, (epoch, epoch))
+    return staged
 
 
 def _check_source(source: Path) -> Path:
@@ -253,11 +318,18 @@ def _run(
     timeout: float,
     report: Progress,
     started: float,
+    cwd: Path,
 ) -> None:
     env = dict(os.environ)
     # A Rust backtrace is noise to a handler author and hides the Python error we parse out.
     env["RUST_BACKTRACE"] = "0"
     env["RUST_LIB_BACKTRACE"] = "0"
+    # The tool's own (host) Python: the same hash seed, clock zone and epoch on every machine,
+    # and no bytecode written beside its sources.
+    env["PYTHONHASHSEED"] = "0"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["TZ"] = "UTC"
+    env["SOURCE_DATE_EPOCH"] = str(_source_epoch())
     run_started = time.monotonic()
     with subprocess.Popen(  # noqa: S603  (fixed executable, arguments are paths, no shell)
         command,
@@ -265,6 +337,7 @@ def _run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
+        cwd=cwd,
         text=True,
         encoding="utf-8",
         errors="replace",

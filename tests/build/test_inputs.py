@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mighty.build._inputs import compute_digest, find_worlds, input_files
+from mighty.build._inputs import build_inputs, compute_digest, find_worlds, input_files
 
 WIT = """\
 package demo:app;
@@ -36,7 +36,6 @@ def digest(
     roots: list[Path] | None = None,
     wit: Path | None = None,
     tool_version: str = "0.25.1",
-    exclude: Path | None = None,
 ) -> str:
     return compute_digest(
         module=module,
@@ -44,7 +43,6 @@ def digest(
         wit=wit if wit is not None else root / "wit",
         world=world,
         tool_version=tool_version,
-        exclude=exclude,
     )
 
 
@@ -79,6 +77,7 @@ def test_extra_python_path_is_in_the_key(project: Path, tmp_path: Path) -> None:
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "util.py").write_text("Y = 1\n")
+    (project / "handler.py").write_text("import helper\nimport util\n")
     with_lib = digest(project, roots=[project, lib])
     assert with_lib != digest(project)
     (lib / "util.py").write_text("Y = 2\n")
@@ -88,7 +87,7 @@ def test_extra_python_path_is_in_the_key(project: Path, tmp_path: Path) -> None:
 
 def test_caches_bytecode_and_output_are_ignored(project: Path) -> None:
     """__pycache__, .git, *.pyc, unrelated binaries and the build's output do not count."""
-    before = digest(project, exclude=project / "out.wasm")
+    before = digest(project)
     (project / "__pycache__").mkdir()
     (project / "__pycache__" / "handler.cpython-314.pyc").write_bytes(b"\0")
     (project / ".git").mkdir()
@@ -96,7 +95,7 @@ def test_caches_bytecode_and_output_are_ignored(project: Path) -> None:
     (project / "stale.pyc").write_bytes(b"\0")
     (project / "out.wasm").write_bytes(b"\0asm")
     (project / "logo.png").write_bytes(b"\x89PNG")
-    assert digest(project, exclude=project / "out.wasm") == before
+    assert digest(project) == before
 
 
 def test_moving_the_project_keeps_the_digest(project: Path, tmp_path: Path) -> None:
@@ -130,3 +129,50 @@ def test_find_worlds_in_the_example() -> None:
     """The hello example defines exactly the world `hello`."""
     example_wit = Path(__file__).parents[2] / "examples" / "hello" / "wit"
     assert find_worlds(example_wit) == ["hello"]
+
+
+def test_unrelated_files_do_not_change_the_digest(project: Path) -> None:
+    """A manifest, a README, data and another handler's module beside the handler do not count."""
+    before = digest(project)
+    (project / "mighty.toml").write_text('[agents.a]\nsource = "handler.py"\n')
+    (project / "README.md").write_text("hello\n")
+    (project / "other_handler.py").write_text("import helper\nX = 3\n")
+    (project / "data.json").write_text("{}\n")
+    assert digest(project) == before
+    (project / "mighty.toml").write_text('[agents.a]\nsource = "handler.py"\nfuel = 5\n')
+    assert digest(project) == before
+
+
+def test_imported_modules_count_transitively(project: Path) -> None:
+    """A module imported by an imported module counts; so does every file of a package."""
+    (project / "helper.py").write_text("from deep import VALUE\n")
+    (project / "deep.py").write_text("VALUE = 1\n")
+    before = digest(project)
+    (project / "deep.py").write_text("VALUE = 2\n")
+    assert digest(project) != before
+    (project / "pkg").mkdir()
+    (project / "pkg" / "__init__.py").write_text("")
+    (project / "pkg" / "sub.py").write_text("A = 1\n")
+    (project / "handler.py").write_text(
+        "import helper\nimport importlib\nimportlib.import_module('pkg')\n"
+    )
+    with_pkg = digest(project)
+    (project / "pkg" / "sub.py").write_text("A = 2\n")
+    assert digest(project) != with_pkg
+
+
+def test_build_inputs_follow_the_roots_in_order(project: Path, tmp_path: Path) -> None:
+    """A name resolves in the first root that has it; stdlib and missing names are not inputs."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "helper.py").write_text("SHADOWED = 1\n")
+    (lib / "extra.py").write_text("")
+    (project / "handler.py").write_text("import os, json, helper, extra, nowhere\n")
+    found = [(i, rel) for i, rel, _ in build_inputs("handler", [project, lib])]
+    assert found == [(0, "handler.py"), (0, "helper.py"), (1, "extra.py")]
+
+
+def test_a_syntax_error_is_still_an_input(project: Path) -> None:
+    """A module that does not parse is hashed (the build reports it); its imports are not known."""
+    (project / "handler.py").write_text("import helper\ndef (:\n")
+    assert [rel for _, rel, _ in build_inputs("handler", [project])] == ["handler.py"]
