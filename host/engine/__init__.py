@@ -11,12 +11,14 @@ from mighty.engine._memory import (
 )
 from mighty.engine._native import immortal
 from mighty.engine._signals import SignalShield, shielded
+from mighty.engine._store import ComponentStore
 
 __all__ = [
     "EPOCH_TICK",
     "SETTINGS",
     "CompiledCache",
     "Component",
+    "ComponentStore",
     "EngineSettings",
     "MemoryAccount",
     "SignalShield",

@@ -18,6 +18,7 @@ from mighty.engine._engine import get_engine
 from mighty.engine._image import MemoryImage, split_images
 from mighty.engine._memory import MemoryAccount, instantiating_into
 from mighty.engine._signals import shielded
+from mighty.engine._store import keep_component
 
 __all__ = ["Component", "check_component_bytes"]
 
@@ -140,6 +141,7 @@ class Component:
         check_component_bytes(data, origin)
         size = len(data)
         digest = hashlib.sha256(data).hexdigest()
+        keep_component(digest, data)  # traces find it by hash (_store); a stat when kept
         # Cut the images whether or not a compiled form is cached: they live in memory only.
         # The cache key says which bytes were compiled, so a compiled form of the emptied bytes
         # is never loaded without its images (or the other way round).

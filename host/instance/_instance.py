@@ -93,7 +93,15 @@ class Instance:
         linker = self._gate.linker_for(get_engine(), component.imports, component.origin)
         self._recording: InstanceRecording | None = None
         if record is not None:
-            self._recording = record.attach(component, asdict(self.budget), self.policy)
+            seeded = state or {}
+            agent, name = seeded.get("agent.address"), seeded.get("agent.name")
+            self._recording = record.attach(
+                component,
+                asdict(self.budget),
+                self.policy,
+                agent=agent if isinstance(agent, str) else None,
+                name=name if isinstance(name, str) else None,
+            )
             self._recording.fuel_limit = self.budget.fuel
             hooks = (self._recording, *hooks)
         self._meter = Meter(self.budget)

@@ -92,22 +92,37 @@ class Recorder:
             self._writer.append(record)
 
     def attach(
-        self, component: Component, budget: dict[str, Any], policy: Any
+        self,
+        component: Component,
+        budget: dict[str, Any],
+        policy: Any,
+        *,
+        agent: str | None = None,
+        name: str | None = None,
     ) -> InstanceRecording:
-        """Start recording a new instance of ``component``; returns its recording."""
+        """Start recording a new instance of ``component``; returns its recording.
+
+        ``agent`` (an address such as ``kv:3``) goes into every record of the instance, and
+        ``name`` (the agent's registered name) into its start record, so one agent can be
+        replayed alone across its restarts and swaps. The component is named by its sha256
+        (found again in the component store) and by the absolute path it was loaded from.
+        """
         instance_id = next(self._ids)
-        self.append(
-            {
-                "k": "instance",
-                "i": instance_id,
-                "component": component.sha256,
-                "path": component.origin,
-                "size": component.size,
-                "budget": budget,
-                "policy": describe_policy(policy),
-            }
-        )
-        return InstanceRecording(self, instance_id)
+        record: dict[str, Any] = {
+            "k": "instance",
+            "i": instance_id,
+            "component": component.sha256,
+            "path": _absolute(component.origin),
+            "size": component.size,
+            "budget": budget,
+            "policy": describe_policy(policy),
+        }
+        if agent is not None:
+            record["a"] = agent
+        if name is not None:
+            record["name"] = name
+        self.append(record)
+        return InstanceRecording(self, instance_id, agent)
 
     def close(self) -> None:
         with self._lock:
@@ -120,14 +135,27 @@ class Recorder:
         self.close()
 
 
+def _absolute(origin: str) -> str:
+    """``origin`` made absolute when it is a path (``<bytes>`` and the like stay as they are)."""
+    if origin.startswith("<"):
+        return origin
+    return str(Path(origin).absolute())
+
+
 class InstanceRecording:
     """The recording of one instance: its gate hook and its export calls."""
 
-    def __init__(self, recorder: Recorder, instance_id: int) -> None:
+    def __init__(self, recorder: Recorder, instance_id: int, agent: str | None = None) -> None:
         self.recorder = recorder
         self.instance_id = instance_id
+        self.agent = agent
         self.step = 0
         self.fuel_limit = 0
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self.agent is not None:
+            record["a"] = self.agent
+        self.recorder.append(record)
 
     def _next_step(self) -> int:
         self.step += 1
@@ -157,7 +185,7 @@ class InstanceRecording:
             outcome, result = "host_error", repr(exc)
             raise
         finally:
-            self.recorder.append(
+            self._append(
                 {
                     "k": "import",
                     "i": self.instance_id,
@@ -184,7 +212,7 @@ class InstanceRecording:
 
     def begin_export(self, name: str, args: Sequence[Any], budget: dict[str, Any]) -> None:
         self.fuel_limit = int(budget["fuel"])
-        self.recorder.append(
+        self._append(
             {
                 "k": "call",
                 "i": self.instance_id,
@@ -209,7 +237,7 @@ class InstanceRecording:
                 "kind": str(getattr(error, "kind", type(error).__name__)),
                 "message": str(getattr(error, "message", error)),
             }
-        self.recorder.append(
+        self._append(
             {
                 "k": "export",
                 "i": self.instance_id,
@@ -224,6 +252,4 @@ class InstanceRecording:
         )
 
     def close(self, stdout: bytes, stderr: bytes) -> None:
-        self.recorder.append(
-            {"k": "close", "i": self.instance_id, "stdout": stdout, "stderr": stderr}
-        )
+        self._append({"k": "close", "i": self.instance_id, "stdout": stdout, "stderr": stderr})

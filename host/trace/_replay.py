@@ -39,7 +39,7 @@ import cbor2
 from mighty._errors import HostError, MightyError
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.budget import DEFAULT_FUEL, DEFAULT_MEMORY, Budget
-from mighty.engine import Component
+from mighty.engine import Component, ComponentStore
 from mighty.gate import (
     Binding,
     Gate,
@@ -401,12 +401,19 @@ def replay_trace(
     substitute: str | Path | None = None,
     observer: Observer | None = None,
     limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
+    agent: str | None = None,
+    component_dirs: Sequence[Path] = (),
+    store: ComponentStore | None = None,
 ) -> ReplayReport:
     """Replay a trace (or one instance of it); return the report or raise on divergence.
 
-    Components are found by the path recorded in the trace, or in ``components`` (sha256 ->
-    path); their bytes must hash to the recorded sha256. ``substitute`` replays every instance
-    against that component instead (a new build): the report is then where it diverges.
+    Components are found by their recorded sha256, in this order: the component store
+    (``store``, default the cache's), the absolute path recorded in the trace, ``components``
+    (sha256 -> path), then any ``.wasm`` in ``component_dirs`` of the recorded size; their
+    bytes must hash to the recorded sha256. ``agent`` (an address ``kv:3`` or a registered
+    name) replays only that agent's instances, every restart and swap of it, in order.
+    ``substitute`` replays every instance against that component instead (a new build): the
+    report is then where it diverges.
     ``observer`` sees every call, import and export as it is replayed (the debugger pauses
     there); raising :class:`ReplayAborted` from it ends the replay. ``limits`` caps every
     recorded budget and the component files read (see :class:`ReplayLimits`).
@@ -424,6 +431,8 @@ def replay_trace(
         if instance not in groups:
             raise HostError(f"the trace has no instance {instance} (it has {sorted(groups)})")
         groups = {instance: groups[instance]}
+    if agent is not None:
+        groups = _agent_groups(groups, agent)
     total = hashlib.sha256()
     reports: list[InstanceReport] = []
     counter = [0]
@@ -438,7 +447,7 @@ def replay_trace(
         component = (
             _read_component(Path(substitute), None, limits)
             if substitute
-            else _load(head, components, limits)
+            else _load(head, components, limits, component_dirs, store)
         )
         replayer = _Replayer(instance_id, observer, counter)
         report = InstanceReport(instance_id, head["component"])
@@ -663,30 +672,63 @@ def _read_up_to(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _agent_groups(
+    groups: dict[int, list[dict[str, Any]]], agent: str
+) -> dict[int, list[dict[str, Any]]]:
+    """The instances that were agent ``agent`` (by address, else by registered name)."""
+    by_address = {i: r for i, r in groups.items() if r[0].get("a") == agent}
+    chosen = by_address or {i: r for i, r in groups.items() if r[0].get("name") == agent}
+    if not chosen:
+        known = sorted({str(r[0]["a"]) for r in groups.values() if r[0].get("a") is not None})
+        raise HostError(
+            f"the trace has no agent {agent!r} (agents: {', '.join(known) or 'none recorded'})"
+        )
+    return chosen
+
+
 def _load(
-    head: dict[str, Any], components: dict[str, Path] | None, limits: ReplayLimits
+    head: dict[str, Any],
+    components: dict[str, Path] | None,
+    limits: ReplayLimits,
+    component_dirs: Sequence[Path] = (),
+    store: ComponentStore | None = None,
 ) -> Component:
     sha = str(head["component"])
-    candidates = []
+    recorded = head.get("size")
+    size = recorded if type(recorded) is int else None
+    looked: list[str] = []
+    try:
+        kept = (store or ComponentStore()).path_for(sha)
+    except ValueError:
+        kept = None
+    candidates: list[Path] = []
+    if kept is not None:
+        candidates.append(kept)
+    if head.get("path") and not str(head["path"]).startswith("<"):
+        candidates.append(Path(head["path"]))
     if components and sha in components:
         candidates.append(Path(components[sha]))
-    if head.get("path") and head["path"] != "<bytes>":
-        candidates.append(Path(head["path"]))
     for candidate in candidates:
-        if candidate.exists():
-            recorded = head.get("size")
-            loaded = _read_component(candidate, recorded if type(recorded) is int else None, limits)
-            if loaded.sha256 == sha:
-                return loaded
-            raise NondeterminismError(
-                f"{candidate} is not the recorded component (sha256 {loaded.sha256[:12]}, "
-                f"recorded {sha[:12]}); pass the recorded one",
-                instance=int(head["i"]),
-                step=0,
-                expected=sha,
-                got=loaded.sha256,
-            )
+        if not candidate.exists():
+            looked.append(f"{candidate} (absent)")
+            continue
+        try:
+            # Checked before it is read: a regular file, within the limit, of the recorded size.
+            loaded = _read_component(candidate, size, limits)
+        except HostError as exc:
+            looked.append(f"{candidate} ({exc.message})")
+            continue
+        if loaded.sha256 == sha:
+            return loaded
+        looked.append(f"{candidate} (not the recorded component: sha256 {loaded.sha256[:12]})")
+    for directory in component_dirs:
+        looked.append(f"{directory}/*.wasm")
+        for candidate in sorted(Path(directory).glob("*.wasm")):
+            if candidate.is_file() and (size is None or candidate.stat().st_size == size):
+                loaded = _read_component(candidate, size, limits)
+                if loaded.sha256 == sha:
+                    return loaded
     raise HostError(
-        f"cannot find the recorded component {sha[:12]} (looked at: "
-        f"{', '.join(map(str, candidates)) or 'no path recorded'})"
+        f"cannot find the recorded component {sha[:12]} (looked at: {', '.join(looked)});"
+        " pass --component-dir DIR holding it, or --component FILE to replay another build"
     )

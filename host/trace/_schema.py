@@ -115,6 +115,13 @@ _SCHEMA: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
 }
 
 
+# Every kind may name the agent the instance is (its address, ``type:pid``): traces of
+# format 1 written before agents were recorded have no such field.
+for _required, _optional in _SCHEMA.values():
+    _optional["a"] = _is_str
+_SCHEMA["instance"][1]["name"] = _is_str
+
+
 def check_record(record: dict[str, Any], offset: int) -> None:
     """Raise ``TraceInvalid`` (at ``offset``) unless ``record`` follows its kind's schema."""
     kind = record.get("k")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mighty import Budget, Component, Instance
 from mighty._errors import HostError
+from mighty.engine import ComponentStore
 from mighty.trace import (
     DEFAULT_REPLAY_LIMITS,
     Recorder,
@@ -251,7 +252,7 @@ def test_component_path_checked_before_reading(tmp_path: Path, budget_wasm_path:
 
         bad = _rewrite(trace, tmp_path / f"{target.name}.mtytrace", point)
         with pytest.raises(HostError, match=message):
-            replay_trace(bad)
+            replay_trace(bad, store=ComponentStore(tmp_path / "empty-store"))
     assert replay_trace(trace).instances[0].exports == 1  # the host is fine after
 
 
