@@ -164,7 +164,11 @@ class AgentProcess:
                 policy=self.type.policy,
                 gate=self.runtime.gate,
                 record=self.runtime.recorder,
-                state={"agent.process": self},
+                state={
+                    "agent.process": self,
+                    "agent.address": self.address,
+                    "agent.name": self.name,
+                },
             )
         except MightyError as exc:
             raise BadSpawn(f"cannot start {self.address}: {exc}") from exc

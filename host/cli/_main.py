@@ -491,13 +491,22 @@ def call(
 @main.command()
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
-    "--agent", "instance", type=int, help="Replay only this instance (agent) of the trace."
+    "--agent",
+    "agent",
+    help="Replay only this agent: an address (kv:3), a registered name, or an instance number.",
 )
 @click.option(
     "--component",
     "changed",
     type=click.Path(path_type=Path, dir_okay=False),
     help="Replay against this component instead (find where a new build diverges).",
+)
+@click.option(
+    "--component-dir",
+    "component_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Also look for the recorded components (by sha256) among the .wasm files here.",
 )
 @click.option(
     "--max-fuel",
@@ -520,8 +529,9 @@ def call(
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def replay(
     trace: Path,
-    instance: int | None,
+    agent: str | None,
     changed: Path | None,
+    component_dirs: tuple[Path, ...],
     max_fuel: int | None,
     max_memory: int | None,
     timeout: float | None,
@@ -531,6 +541,8 @@ def replay(
 
     The budget recorded in TRACE is capped by the replay limits (defaults in
     mighty.trace.DEFAULT_REPLAY_LIMITS; raise them with --max-fuel/--max-memory/--timeout).
+    Each recorded component is looked up by sha256 in the component store, then at its
+    recorded path, then in every --component-dir.
     """
     from dataclasses import replace as _replace
 
@@ -546,7 +558,15 @@ def replay(
             changes["timeout"] = timeout
         limits = _replace(DEFAULT_REPLAY_LIMITS, **changes)
         try:
-            report = replay_trace(trace, instance=instance, substitute=changed, limits=limits)
+            instance = int(agent) if agent is not None and agent.isdigit() else None
+            report = replay_trace(
+                trace,
+                instance=instance,
+                agent=agent if instance is None else None,
+                substitute=changed,
+                limits=limits,
+                component_dirs=component_dirs,
+            )
         except NondeterminismError as exc:
             if as_json:
                 click.echo(
