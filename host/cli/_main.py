@@ -336,9 +336,6 @@ def build(
             click.echo(f"{result.path} ({note}, sha256 {result.component_sha256[:12]})")
 
 
-_REPO = Path(__file__).resolve().parent.parent.parent
-
-
 def _agent_defaults(
     source: Path, wit: Path | None, python_path: Sequence[Path]
 ) -> tuple[Path | None, Sequence[Path]]:
@@ -352,7 +349,9 @@ def _agent_defaults(
         return wit, python_path
     if "mighty_agent" not in text:
         return wit, python_path
-    return _REPO / "wit" / "agent", [*python_path, _REPO / "guests" / "sdk"]
+    from mighty._resources import agent_sdk, agent_wit
+
+    return agent_wit(), [*python_path, agent_sdk()]
 
 
 # Negative numbers are JSON arguments, not options: `mty call x.wasm add 1 -5`.
@@ -694,12 +693,37 @@ def _recorder(record: str | None) -> Recorder | None:
     return recorder
 
 
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-    return value
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """A recorded value as plain JSON: results and variants as objects, bytes as base64,
+    resources by name; never a Python repr unless the value is of no known kind."""
+    import base64
+    import math
+
+    from mighty.abi import Err, Ok, Some, Variant
+    from mighty.trace import HandleRef
+
+    if depth > 64:
+        return "..."
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, Ok | Err | Some):
+        key = "ok" if isinstance(value, Ok) else "err" if isinstance(value, Err) else "some"
+        return {key: _jsonable(value.value, depth + 1)}
+    if isinstance(value, Variant):
+        return {"case": value.case, "value": _jsonable(value.value, depth + 1)}
+    if isinstance(value, HandleRef):
+        return {"resource": f"{value.interface}/{value.name}", "rep": value.rep}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        if all(isinstance(key, str) for key in value):
+            return {key: _jsonable(item, depth + 1) for key, item in value.items()}
+        return [[_jsonable(k, depth + 1), _jsonable(v, depth + 1)] for k, v in value.items()]
+    return repr(value)[:200]
 
 
 def _policy(

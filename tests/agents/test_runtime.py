@@ -211,16 +211,27 @@ def test_circuit_breaker_fails_fast_then_probes(kvstore: Component) -> None:
                 [AgentChild("kv", "kv")],
                 intensity=10,
                 period=60,
-                circuit_breaker=BreakerSettings(failure_threshold=2, window=30, cooldown=0.3),
+                # Long enough that a loaded machine still asks within it; the probe is then
+                # awaited with a deadline instead of a fixed sleep.
+                circuit_breaker=BreakerSettings(failure_threshold=2, window=30, cooldown=2.0),
             ),
         )
         for _ in range(2):
             with pytest.raises(AgentCrashed):
                 rt.ask("kv", "crash", timeout=30)
+        opened = time.monotonic()
         with pytest.raises(CircuitOpenError):
             rt.ask("kv", "size")
-        time.sleep(0.4)
-        assert rt.ask("kv", "size") == {"size": 0}  # the probe
+        deadline = opened + 60
+        while True:
+            try:
+                probe = rt.ask("kv", "size")
+                break
+            except CircuitOpenError:
+                assert time.monotonic() < deadline, "the circuit never let a probe through"
+                time.sleep(0.05)
+        assert time.monotonic() - opened >= 1.5  # not before (most of) the cooldown
+        assert probe == {"size": 0}
         assert rt.ask("kv", "size") == {"size": 0}  # closed again
 
 
