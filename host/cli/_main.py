@@ -601,14 +601,20 @@ def replay(
 
 @main.command()
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--agent", "instance", type=int, help="Debug only this instance (agent).")
-def debug(trace: Path, instance: int | None) -> None:
+@click.option(
+    "--agent",
+    "agent",
+    help="Debug only this agent: an address (kv:3), a registered name, or an instance number.",
+)
+def debug(trace: Path, agent: str | None) -> None:
     """Step through a replay of TRACE. Commands come from the prompt or from stdin."""
     from mighty.trace import Debugger
 
     with _errors(as_json=False):
         interactive = sys.stdin.isatty()
-        debugger = Debugger(trace, instance=instance)
+        instance = int(agent) if agent is not None and agent.isdigit() else None
+        named = agent if agent is not None and instance is None else None
+        debugger = Debugger(trace, instance=instance, agent=named)
         lines = debugger.start()
         finished = debugger.finished
         if debugger.current is None and finished is not None and finished.error is not None:

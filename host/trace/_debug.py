@@ -76,10 +76,14 @@ class Debugger:
         trace: str | Path,
         *,
         instance: int | None = None,
+        agent: str | None = None,
         limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
     ) -> None:
+        """``instance`` or ``agent`` (an address such as ``kv:3`` or a registered name, as
+        :func:`replay_trace` takes) limits the replay to one agent."""
         self.trace = Path(trace)
         self.limits = limits
+        self._agent = agent
         self._events: queue.Queue[ReplayEvent | _Finished] = queue.Queue()
         self._go = threading.Semaphore(0)
         self._abort = False
@@ -98,7 +102,11 @@ class Debugger:
     def _run(self, instance: int | None) -> None:
         try:
             report = replay_trace(
-                self.trace, instance=instance, observer=self._observe, limits=self.limits
+                self.trace,
+                instance=instance,
+                agent=self._agent,
+                observer=self._observe,
+                limits=self.limits,
             )
             self._events.put(_Finished(report=report))
         except BaseException as exc:  # noqa: BLE001 - reported at the prompt

@@ -123,3 +123,16 @@ def test_agent_trace_replays_one_agent_by_address_or_name(
     assert [i["instance"] for i in json.loads(result.output)["instances"]] == [1]
     with pytest.raises(MightyError, match="no agent 'kv:9'"):
         replay_trace(trace, agent="kv:9")
+
+
+def test_debug_takes_an_agent_address(wat: Callable[[str], bytes], tmp_path: Path) -> None:
+    """`mty debug --agent kv:3` steps through that agent's instances only; a wrong one exits 2."""
+    component = guest(wat, tmp_path / "proj")
+    trace = tmp_path / "t.bin"
+    record_relative(trace, component, agents=("kv:1", "kv:3"))
+    result = CliRunner().invoke(main, ["debug", str(trace), "--agent", "kv:3"], input="continue\n")
+    assert result.exit_code == 0, result.output
+    assert "instance 2" in result.output
+    assert "instance 1 " not in result.output
+    missing = CliRunner().invoke(main, ["debug", str(trace), "--agent", "kv:9"], input="quit\n")
+    assert missing.exit_code == 2, missing.output
