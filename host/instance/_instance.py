@@ -145,6 +145,9 @@ class Instance:
 
     # -- calling -----------------------------------------------------------------------------
 
+    # Shielded as a whole, not only while the guest runs: the Python around the guest call
+    # (codecs, export lookup) drops wasmtime objects whose finalizers would swallow a Ctrl-C.
+    @shielded
     def call(
         self,
         name: str,
