@@ -42,6 +42,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from mighty._errors import BadInput
+from mighty._files import FileRefused
+from mighty._files import read_regular_file as _read_regular_file
 from mighty.control._protocol import (
     ENV_VAR,
     MAX_LINE,
@@ -338,53 +340,10 @@ class ControlServer:
             )
 
 
-class FileRefused(BadInput):
-    """A path given in a request is not a regular file this server will read."""
-
-    kind = "bad_file"
-
-
 def read_regular_file(path: str | os.PathLike[str], max_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of ``path`` if it is a regular file of at most ``max_bytes``, else FileRefused.
-
-    Opened ``O_NONBLOCK`` (a FIFO cannot block the open) and ``O_NOCTTY``; the type and the size
-    are checked with ``fstat`` on the open descriptor, before anything is read, so a path
-    swapped between the check and the read is still the file checked; the read stops at
-    ``max_bytes + 1`` in case the file grows meanwhile. Symlinks are followed (a build output
-    is often one); what they lead to gets the same checks.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise FileRefused(f"cannot open {os.fsdecode(path)}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(
-                f"{os.fsdecode(path)} is {_describe(info.st_mode)}, not a regular file"
-            )
-        if info.st_size > max_bytes:
-            raise FileRefused(
-                f"{os.fsdecode(path)} is {info.st_size} bytes, over the {max_bytes}-byte limit"
-            )
-        data = _read_up_to(fd, max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise FileRefused(f"{os.fsdecode(path)} grew past the {max_bytes}-byte limit")
-    return data
-
-
-def _read_up_to(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    left = limit
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    """The bytes of ``path`` if it is a regular file of at most ``max_bytes``, else FileRefused
+    (mighty's one reader of untrusted paths: no blocking on FIFOs, no devices, size first)."""
+    return _read_regular_file(path, max_bytes)
 
 
 def _ping(args: dict[str, Any]) -> dict[str, bool]:

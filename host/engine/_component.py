@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from wasmtime import WasmtimeError
 from wasmtime import component as wc
 
 from mighty._errors import CompileError, InvalidComponent
+from mighty._files import FileRefused, read_regular_file
 from mighty.engine._cache import CompiledCache
 from mighty.engine._engine import get_engine
 from mighty.engine._image import MemoryImage, split_images
@@ -53,36 +53,14 @@ MAX_COMPONENT_BYTES = 1 << 30
 
 def _read_component_file(path: Path, origin: str) -> bytes:
     """The file's bytes, if it is a regular file of at most MAX_COMPONENT_BYTES that starts like
-    WebAssembly: checked on the open descriptor before the rest is read, so a FIFO, a device or
-    a huge file of something else costs nothing (paths come from manifests, traces and control
-    requests)."""
+    WebAssembly: checked before the rest is read, so a FIFO, a device or a huge file of
+    something else costs nothing (paths come from manifests, traces and control requests)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise InvalidComponent(f"{origin}: no such file") from None
-    except OSError as exc:
-        raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise InvalidComponent(f"{origin} is a directory, not a .wasm file")
-        raise InvalidComponent(f"{origin} is not a regular file")
-    if info.st_size > MAX_COMPONENT_BYTES:
-        os.close(fd)
-        raise InvalidComponent(
-            f"{origin} is {info.st_size} bytes, over the {MAX_COMPONENT_BYTES}-byte limit"
+        return read_regular_file(
+            path, MAX_COMPONENT_BYTES, head=lambda head: check_component_bytes(head, origin)
         )
-    with os.fdopen(fd, "rb") as file:
-        try:
-            head = file.read(8)
-            check_component_bytes(head, origin)
-            data = head + file.read(MAX_COMPONENT_BYTES + 1 - len(head))
-        except OSError as exc:
-            raise InvalidComponent(f"{origin}: cannot read: {exc.strerror}") from exc
-    if len(data) > MAX_COMPONENT_BYTES:
-        raise InvalidComponent(f"{origin} grew past the {MAX_COMPONENT_BYTES}-byte limit")
-    return data
+    except FileRefused as exc:
+        raise InvalidComponent(exc.message) from exc
 
 
 @dataclass(frozen=True, eq=False)

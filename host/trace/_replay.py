@@ -26,8 +26,6 @@ magic, all before it is read whole.
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from typing import Any
 import cbor2
 
 from mighty._errors import HostError, MightyError
+from mighty._files import FileRefused, read_regular_file
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.budget import DEFAULT_FUEL, DEFAULT_MEMORY, Budget
 from mighty.engine import Component, ComponentStore
@@ -633,43 +632,20 @@ def _read_component(path: Path, size: int | None, limits: ReplayLimits) -> Compo
     """The component in ``path``, checked before it is read whole: a regular file (opened
     without blocking, so a FIFO cannot hang the replay), at most ``limits.component_bytes``
     (and ``size`` when the trace recorded one), starting with the wasm magic."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        raise HostError(f"cannot open component {path}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise HostError(f"component {path} is not a regular file")
-        if info.st_size > limits.component_bytes:
-            raise HostError(
-                f"component {path} is {info.st_size} bytes, over the replay limit of "
-                f"{limits.component_bytes}"
-            )
-        if size is not None and info.st_size != size:
-            raise HostError(f"component {path} is {info.st_size} bytes; the trace recorded {size}")
-        if os.read(fd, len(_WASM_MAGIC)) != _WASM_MAGIC:
-            raise HostError(f"component {path} is not a wasm file (bad magic)")
-        os.lseek(fd, 0, os.SEEK_SET)
-        data = _read_up_to(fd, limits.component_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limits.component_bytes:
-        raise HostError(f"component {path} grew past {limits.component_bytes} bytes")
+    data = read_regular_file(
+        path,
+        limits.component_bytes,
+        limit_text=f"replay limit of {limits.component_bytes} bytes",
+        size=size,
+        head=_check_magic,
+        head_size=len(_WASM_MAGIC),
+    )
     return Component.load(data)
 
 
-def _read_up_to(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``fd``, read in chunks."""
-    chunks: list[bytes] = []
-    left = limit
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+def _check_magic(head: bytes) -> None:
+    if head != _WASM_MAGIC:
+        raise FileRefused("not a wasm file (bad magic)")
 
 
 def _agent_groups(
