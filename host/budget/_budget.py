@@ -177,16 +177,29 @@ class _Interrupted(Exception):
     pass
 
 
-def _interrupt_check(state: _CallState) -> None:
+_STOP_MESSAGES = {
+    "interrupt": "mighty: call interrupted by a signal",
+    "cancel": "mighty: call cancelled",
+    "deadline": "mighty: deadline exceeded",
+}
+
+
+def _stop_reason(state: _CallState) -> str | None:
+    """Why the call must stop now (a signal, its cancel scope, its deadline), or None."""
     if state.interrupted is not None:
-        state.stopped = "interrupt"
-        raise _Interrupted("interrupted")
+        return "interrupt"
     if state.cancel is not None and state.cancel.cancel_called:
-        state.stopped = "cancel"
-        raise _Interrupted("cancelled")
+        return "cancel"
     if _now() >= state.deadline:
-        state.stopped = "deadline"
-        raise _Interrupted("deadline")
+        return "deadline"
+    return None
+
+
+def _interrupt_check(state: _CallState) -> None:
+    reason = _stop_reason(state)
+    if reason is not None:
+        state.stopped = reason
+        raise _Interrupted(reason)
 
 
 @contextmanager
@@ -213,15 +226,10 @@ def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
                 # The guest saw its grow fail (-1) and carried on; the ceiling is a hard limit.
                 state.stopped = "memory"
                 return _stop("mighty: memory limit exceeded")
-            if state.interrupted is not None:
-                state.stopped = "interrupt"
-                return _stop("mighty: call interrupted by a signal")
-            if state.cancel is not None and state.cancel.cancel_called:
-                state.stopped = "cancel"
-                return _stop("mighty: call cancelled")
-            if _now() >= state.deadline:
-                state.stopped = "deadline"
-                return _stop("mighty: deadline exceeded")
+            reason = _stop_reason(state)
+            if reason is not None:
+                state.stopped = reason
+                return _stop(_STOP_MESSAGES[reason])
         delta[0] = 1
         kind[0] = _UPDATE_DEADLINE_CONTINUE
         return 0
