@@ -283,23 +283,11 @@ class Meter:
             raise RuntimeError("a mighty instance is being used by two threads at once")
         self.entered = False
         state = _CallState(deadline=_now() + budget.timeout, cancel=cancel, account=self.account)
-        shield = SignalShield(state.interrupt)
         try:
-            with shield:
-                outcome = self._run(work, state, budget, describe, ctx)
-        except BaseException as error:
-            if shield.pending is None:
-                raise
-            delivered = _delivered(shield.pending, error)
-            if delivered is error:
-                raise
-            raise delivered from None
+            # A signal's handler marks this call interrupted: it stops at the next epoch tick.
+            return SignalShield(state.interrupt).run(self._run, work, state, budget, describe, ctx)
         finally:
             self._busy.release()
-        if shield.pending is not None:
-            # The signal came after the last check: the call finished, the signal still counts.
-            raise shield.pending
-        return outcome
 
     def _run(
         self,
@@ -451,20 +439,6 @@ def _signal_name(signum: int | None) -> str:
         return signal.Signals(signum or 0).name
     except ValueError:
         return f"signal {signum}"
-
-
-def _delivered(pending: BaseException, error: BaseException) -> BaseException:
-    """What a call interrupted by a signal raises: the clean ``Cancelled`` for Ctrl-C, else
-    whatever the signal's own handler raised (a ``SystemExit`` from a SIGTERM handler), with
-    the call's own failure as its context."""
-    if (
-        isinstance(pending, KeyboardInterrupt)
-        and isinstance(error, Cancelled)
-        and error.reason == "interrupted"
-    ):
-        return error
-    pending.__context__ = error
-    return pending
 
 
 _TRAP_CODES = (

@@ -98,6 +98,31 @@ class SignalShield:
         self.pending: BaseException | None = None
         self.signum: int | None = None
 
+    def run(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """``fn(*args, **kwargs)`` under this shield; then what a signal's handler raised.
+
+        When ``fn`` itself stopped because of the signal (a call ``Cancelled`` with reason
+        ``"interrupted"``), that is what comes out for Ctrl-C; otherwise the handler's own
+        exception does (a ``SystemExit`` from a SIGTERM handler), with ``fn``'s failure as its
+        context. A signal that came after ``fn``'s last check still counts: it is raised after
+        ``fn`` returned.
+        """
+        try:
+            with self:
+                result = fn(*args, **kwargs)
+        except BaseException as error:
+            pending = self.pending
+            if pending is None:
+                raise
+            if isinstance(pending, KeyboardInterrupt) and getattr(error, "reason", None) == (
+                "interrupted"
+            ):
+                raise
+            raise pending from error
+        if self.pending is not None:
+            raise self.pending
+        return result
+
     def __enter__(self) -> SignalShield:
         if threading.current_thread() is not _MAIN:
             return self
@@ -134,32 +159,15 @@ class SignalShield:
 
 
 def shielded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Run ``fn`` under a :class:`SignalShield`; raise what a signal's handler raised after it.
+    """Run ``fn`` under its own :class:`SignalShield` (see :meth:`SignalShield.run`).
 
     For whole operations that create and drop wasmtime objects (loading a component, making an
-    instance): a handler that raised inside one of their finalizers (``__del__``) would be
-    printed as "Exception ignored" and lost, and a Ctrl-C with it. When ``fn`` itself stopped
-    because of the signal (a call ``Cancelled`` with reason ``"interrupted"``), that is what
-    comes out; otherwise the handler's exception does, with ``fn``'s failure as its context.
+    instance, a call): a handler that raised inside one of their finalizers (``__del__``)
+    would be printed as "Exception ignored" and lost, and a Ctrl-C with it.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        shield = SignalShield()
-        try:
-            with shield:
-                result = fn(*args, **kwargs)
-        except BaseException as error:
-            pending = shield.pending
-            if pending is None:
-                raise
-            if isinstance(pending, KeyboardInterrupt) and getattr(error, "reason", None) == (
-                "interrupted"
-            ):
-                raise
-            raise pending from error
-        if shield.pending is not None:
-            raise shield.pending
-        return result
+        return SignalShield().run(fn, *args, **kwargs)
 
     return wrapper
