@@ -18,7 +18,9 @@ See docs/sandbox.md for limits, error kinds, tools and the threat model.
 from mighty.budget import CancelScope
 from mighty.sandbox._api import (
     ERROR_KINDS,
+    Artifact,
     Limits,
+    OutputListener,
     RunError,
     RunResult,
     RunUsage,
@@ -31,10 +33,12 @@ from mighty.wasi import DirGrant, MemoryDir
 
 __all__ = [
     "ERROR_KINDS",
+    "Artifact",
     "CancelScope",
     "DirGrant",
     "Limits",
     "MemoryDir",
+    "OutputListener",
     "RunError",
     "RunResult",
     "RunUsage",

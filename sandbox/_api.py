@@ -34,9 +34,12 @@ instance reset between runs (CPython state cannot be reset reliably from inside)
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextvars
 import functools
+import hashlib
 import json
+import logging
 import math
 import threading
 import weakref
@@ -79,7 +82,9 @@ from mighty.wasi import DirGrant, MemoryDir, OutputPolicy, Policy, WasiProvider
 __all__ = [
     "ERROR_KINDS",
     "MAX_ERROR_TEXT",
+    "Artifact",
     "Limits",
+    "OutputListener",
     "RunError",
     "RunResult",
     "RunUsage",
@@ -107,6 +112,12 @@ MAX_ERROR_TEXT = 64 << 10
 _MIN_ERROR_TEXT = 512
 _INSTANTIATE = Budget(fuel=2_000_000_000, timeout=30.0)
 """Instantiating runs the interpreter's start-up, not user code: its own fuel and time."""
+_log = logging.getLogger("mighty.sandbox")
+
+OutputListener = Callable[[str, str], None]
+"""``on_output(stream, text)``: ``stream`` is ``"stdout"`` or ``"stderr"``, ``text`` what the code
+just wrote to it (decoded as UTF-8, a character split across writes is delivered whole with the
+next one, invalid bytes as U+FFFD)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +127,13 @@ class Limits:
     - ``fuel``: wasm fuel (10**10 is about 1 s of pure-Python work in the interpreter);
     - ``memory``: bytes of linear memory, the interpreter included (it needs about 16 MiB);
     - ``timeout``: wall-clock seconds for the run, not counting time spent inside tools;
-    - ``output``: bytes of stdout and stderr together, and of the result's JSON;
+    - ``output``: bytes of stdout and stderr together shown in ``RunResult.stdout`` and
+      ``stderr`` (the view a model reads), and of the result's JSON;
+    - ``artifact``: bytes of stdout and stderr together kept whole: output past ``output`` is
+      cut from the view but kept, up to this, in ``RunResult.artifacts``; passing it (or
+      ``output``, whichever is larger) ends the run with ``output_limit``. The default stays
+      below what wasmtime copies in one host call (``LIFT_LIMIT``, ~2.7 MB), so any one write
+      under it is whole; ``artifact <= output`` means no artifacts;
     - ``tool_calls``: tool calls per run;
     - ``tool_timeout``: seconds one tool call may take (a ``Tool`` may override it).
     """
@@ -127,9 +144,10 @@ class Limits:
     output: int = 1 << 20
     tool_calls: int = 100
     tool_timeout: float = 30.0
+    artifact: int = 2 << 20
 
     def __post_init__(self) -> None:
-        for name in ("fuel", "memory", "output", "tool_calls"):
+        for name in ("fuel", "memory", "output", "tool_calls", "artifact"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
@@ -146,8 +164,8 @@ class Limits:
                 f"Limits.memory must be at least {_MIN_MEMORY} bytes (the interpreter alone "
                 f"needs about 16 MiB), got {self.memory}"
             )
-        if self.output < 0 or self.tool_calls < 0:
-            raise ValueError("Limits.output and Limits.tool_calls must be >= 0")
+        if self.output < 0 or self.tool_calls < 0 or self.artifact < 0:
+            raise ValueError("Limits.output, Limits.artifact and Limits.tool_calls must be >= 0")
 
     def replace(self, **changes: Any) -> Limits:
         """A copy with the given fields changed (validated like the original)."""
@@ -191,8 +209,40 @@ class RunUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class Artifact:
+    """One output stream kept whole because it went past ``Limits.output``.
+
+    ``name`` is ``"stdout"`` or ``"stderr"``; ``data`` every byte the code wrote to it (up to
+    ``Limits.artifact`` for both streams together). ``RunResult.to_json`` refers to it by name,
+    size and SHA-256 only: the bytes stay with the host.
+    """
+
+    name: str
+    data: bytes = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def text(self) -> str:
+        """The bytes as UTF-8 (invalid sequences as U+FFFD)."""
+        return self.data.decode("utf-8", "replace")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
-    """How a run ended. ``value`` is JSON-compatible data (``None`` on failure)."""
+    """How a run ended. ``value`` is JSON-compatible data (``None`` on failure).
+
+    ``stdout`` and ``stderr`` show at most ``Limits.output`` bytes together; a stream cut there
+    is in ``artifacts`` whole (see :class:`Artifact`).
+    """
 
     ok: bool
     value: Any = None
@@ -200,9 +250,14 @@ class RunResult:
     stderr: str = ""
     error: RunError | None = None
     usage: RunUsage = field(default_factory=RunUsage)
+    artifacts: tuple[Artifact, ...] = ()
+
+    def artifact(self, name: str) -> Artifact | None:
+        """The artifact of stream ``name``, if that stream was cut."""
+        return next((a for a in self.artifacts if a.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object ``mty exec --json`` prints."""
+        """The JSON object ``mty exec --json`` prints (artifacts by reference)."""
         return {
             "ok": self.ok,
             "value": self.value,
@@ -210,6 +265,7 @@ class RunResult:
             "stderr": self.stderr,
             "error": None if self.error is None else self.error.to_json(),
             "usage": self.usage.to_json(),
+            "artifacts": [artifact.to_json() for artifact in self.artifacts],
         }
 
 
@@ -217,20 +273,32 @@ class RunResult:
 
 
 class _Output:
-    """The run's stdout and stderr, kept up to the output limit; passing it ends the run.
+    """The run's stdout and stderr: a view up to ``Limits.output``, the whole up to
+    ``Limits.artifact``; passing the larger of the two ends the run.
 
     ``to_stdout`` and ``to_stderr`` are the policy's sinks, limited sinks in the sense of
     mighty.wasi's capture (``LimitedSink``): the capture asks them how much room is left and
     never grants a write more than one byte past it, so a write that passes the limit arrives
     (and ends the run with ``output_limit``) instead of being cut short by the guest, unseen.
+
+    The view of each stream is a prefix of what is kept of it (the first ``limit`` bytes of the
+    two together, in write order), so only the whole is stored. ``listener`` (the run's
+    ``on_output``) hears every kept chunk as it is written, on the run's thread, inside the
+    guest's write: its time counts against the run's timeout. An exception it raises is logged
+    once (``mighty.sandbox``, a warning with its traceback), the listener is not called again
+    in that run, and the run goes on: what the code sees and what the trace records do not
+    depend on the listener.
     """
 
-    def __init__(self, limit: int, host: ToolHost) -> None:
+    def __init__(self, limit: int, keep: int, host: ToolHost) -> None:
         self.limit = limit
+        self.keep = max(limit, keep)
         self.host = host
-        self.stdout = bytearray()
-        self.stderr = bytearray()
+        self.kept = {"stdout": bytearray(), "stderr": bytearray()}
+        self.shown = {"stdout": 0, "stderr": 0}
         self.total = 0
+        self.listener: OutputListener | None = None
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.to_stdout = _Output.Sink(self, "stdout")
         self.to_stderr = _Output.Sink(self, "stderr")
 
@@ -238,26 +306,67 @@ class _Output:
         # A trace describes the policy with dataclasses.asdict, which deep-copies the sinks.
         return self
 
-    def reset(self) -> None:
-        self.stdout = bytearray()
-        self.stderr = bytearray()
+    def reset(self, listener: OutputListener | None = None) -> None:
+        self.kept = {"stdout": bytearray(), "stderr": bytearray()}
+        self.shown = {"stdout": 0, "stderr": 0}
         self.total = 0
+        self.listener = listener
+        self._decoders = {}
 
     def room(self) -> int:
         """Bytes either stream may still write before the run ends."""
-        return max(0, self.limit - self.total)
+        return max(0, self.keep - self.total)
 
     def write(self, stream: str, chunk: bytes) -> None:
-        into = self.stdout if stream == "stdout" else self.stderr
-        room = self.limit - self.total
+        room = self.keep - self.total
         if room > 0:
-            into += chunk[:room]
+            piece = chunk[:room]
+            self.kept[stream] += piece
+            shown = self.limit - self.shown["stdout"] - self.shown["stderr"]
+            if shown > 0:
+                self.shown[stream] += min(shown, len(piece))
+            if self.listener is not None and piece:
+                self._tell(stream, bytes(piece), final=False)
         self.total += len(chunk)
-        if self.total > self.limit:
+        if self.total > self.keep:
             raise self.host.stop(
                 "output_limit",
-                f"the code wrote more than {self.limit} bytes to stdout and stderr",
+                f"the code wrote more than {self.keep} bytes to stdout and stderr",
             )
+
+    def finish(self) -> None:
+        """Hand the listener what its decoders still hold (a character cut at the end)."""
+        if self.listener is not None:
+            for stream in list(self._decoders):
+                self._tell(stream, b"", final=True)
+        self.listener = None
+
+    def _tell(self, stream: str, data: bytes, *, final: bool) -> None:
+        listener = self.listener
+        if listener is None:
+            return
+        try:
+            decoder = self._decoders.get(stream)
+            if decoder is None:
+                decoder = self._decoders[stream] = codecs.getincrementaldecoder("utf-8")("replace")
+            text = decoder.decode(data, final)
+            if text:
+                listener(stream, text)
+        except BaseException:  # noqa: BLE001 - a listener's failure must not reach the guest
+            # Signals cannot raise here (the call runs under a SignalShield): this is the
+            # listener's own exception, and the run does not depend on the listener.
+            self.listener = None
+            _log.warning("on_output raised; not called again in this run", exc_info=True)
+
+    def view(self, stream: str) -> str:
+        return bytes(self.kept[stream][: self.shown[stream]]).decode("utf-8", "replace")
+
+    def artifacts(self) -> tuple[Artifact, ...]:
+        return tuple(
+            Artifact(stream, bytes(data))
+            for stream, data in self.kept.items()
+            if len(data) > self.shown[stream]
+        )
 
     class Sink:
         """One stream's sink into the output (a ``LimitedSink``: it reports its room)."""
@@ -312,10 +421,13 @@ class _Live:
             timeout=limits.tool_timeout,
             background_loop=config.background_loop,
         )
-        self.output = _Output(limits.output, self.host)
+        self.output = _Output(limits.output, limits.artifact, self.host)
+        # The capture keeps what the output keeps: a trace's close record holds the capture's
+        # bytes, and replay checks them against every byte the replayed run writes.
+        keep = self.output.keep
         policy = Policy(
-            stdout=OutputPolicy(cap=limits.output, sink=self.output.to_stdout),
-            stderr=OutputPolicy(cap=limits.output, sink=self.output.to_stderr),
+            stdout=OutputPolicy(cap=keep, sink=self.output.to_stdout),
+            stderr=OutputPolicy(cap=keep, sink=self.output.to_stderr),
             dirs=config.files,
         )
         self.instance = Instance(
@@ -351,24 +463,30 @@ class _Live:
         payload: bytes,
         cancel: CancelScope | None,
         loop: asyncio.AbstractEventLoop | None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         scope = cancel
         self.host.begin(
             (lambda: scope.cancel_called) if scope is not None else (lambda: False), loop
         )
-        self.output.reset()
+        self.output.reset(on_output)
         limits = self.limits
         try:
             outcome, usage = self.instance.call_with_usage(
                 "run", code, payload, budget=limits.budget(), cancel=cancel
             )
         except GuestError as exc:
+            self.output.finish()
             if isinstance(exc, Cancelled) and exc.signal is not None:
                 # A signal (Ctrl-C) is the host's, not something the code did: the run stopped
                 # cleanly, and the caller gets the signal, as from Instance.call.
                 raise
             kind, message = self._failure(exc)
             return self._result(False, None, RunError(kind, message), exc.usage)
+        except BaseException:
+            self.output.finish()
+            raise
+        self.output.finish()
         if not outcome["ok"]:
             kind = str(outcome["error-kind"])
             text_limit = _error_text_limit(limits.output)
@@ -428,10 +546,11 @@ class _Live:
         return RunResult(
             ok=ok,
             value=value,
-            stdout=bytes(self.output.stdout).decode("utf-8", "replace"),
-            stderr=bytes(self.output.stderr).decode("utf-8", "replace"),
+            stdout=self.output.view("stdout"),
+            stderr=self.output.view("stderr"),
             error=error,
             usage=run_usage,
+            artifacts=self.output.artifacts(),
         )
 
 
@@ -700,14 +819,17 @@ class Sandbox:
         *,
         cancel: CancelScope | None = None,
         record: str | Path | None = None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         """Run ``code`` in a fresh interpreter; ``inputs`` become its global variables.
 
         The value is the ``result`` variable if the code sets one, else the value of its last
         expression. ``cancel`` stops the run from any thread. ``record`` writes a trace of the
-        run (replay it with ``mty replay``).
+        run (replay it with ``mty replay``). ``on_output(stream, text)`` hears stdout and
+        stderr as the code writes them (see :data:`OutputListener`), on the run's thread; an
+        exception it raises is logged and stops it being called, never the run.
         """
-        return self._run(code, inputs, cancel=cancel, record=record, loop=None)
+        return self._run(code, inputs, cancel=cancel, record=record, loop=None, on_output=on_output)
 
     async def run_async(
         self,
@@ -716,12 +838,22 @@ class Sandbox:
         *,
         cancel: CancelScope | None = None,
         record: str | Path | None = None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         """``run`` for asyncio hosts: runs on a worker thread; async tools run on this loop.
-        Cancelling the awaiting task cancels the run."""
+        Cancelling the awaiting task cancels the run. ``on_output`` is called on the worker
+        thread (hand its text to the loop with ``call_soon_threadsafe``)."""
         scope = cancel or CancelScope()
         loop = asyncio.get_running_loop()
-        work = functools.partial(self._run, code, inputs, cancel=scope, record=record, loop=loop)
+        work = functools.partial(
+            self._run,
+            code,
+            inputs,
+            cancel=scope,
+            record=record,
+            loop=loop,
+            on_output=on_output,
+        )
         # The worker thread sees this context: a run from inside a tool knows its depth.
         future = loop.run_in_executor(None, contextvars.copy_context().run, work)
         try:
@@ -743,6 +875,7 @@ class Sandbox:
         cancel: CancelScope | None,
         record: str | Path | None,
         loop: asyncio.AbstractEventLoop | None,
+        on_output: OutputListener | None = None,
     ) -> RunResult:
         if self._closed:
             raise ValueError("sandbox is closed")
@@ -751,7 +884,7 @@ class Sandbox:
         _check_nesting()
         payload = _encode_inputs(inputs, keep=False, max_value=self.limits.output)
         with self._instance(record) as live:
-            return live.execute(code, payload, cancel, loop)
+            return live.execute(code, payload, cancel, loop, on_output)
 
     @contextmanager
     def _instance(self, record: str | Path | None) -> Iterator[_Live]:

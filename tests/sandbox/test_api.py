@@ -23,10 +23,12 @@ def test_public_names() -> None:
     assert sorted(mighty.sandbox.__all__) == sorted(
         [
             "ERROR_KINDS",
+            "Artifact",
             "CancelScope",
             "DirGrant",
             "Limits",
             "MemoryDir",
+            "OutputListener",
             "RunError",
             "RunResult",
             "RunUsage",
@@ -54,7 +56,8 @@ def test_limits_have_safe_defaults_and_validate() -> None:
 def test_run_result_to_json_shape() -> None:
     """to_json has exactly the fields mty exec --json prints."""
     document = RunResult(ok=True, value=[1]).to_json()
-    assert set(document) == {"ok", "value", "stdout", "stderr", "error", "usage"}
+    assert set(document) == {"ok", "value", "stdout", "stderr", "error", "usage", "artifacts"}
+    assert document["artifacts"] == []
     assert set(document["usage"]) == {"fuel", "memory_peak", "wall_ms", "tool_calls", "tool_ms"}
     json.dumps(document)
 
