@@ -1,4 +1,5 @@
-"""Code mode over MCP: one tool, ``run_python``, served on stdio with the official ``mcp`` SDK.
+"""Code mode over MCP: one tool, ``run_python``, served on stdio or Streamable HTTP (see
+``_mcp_http``) with the official ``mcp`` SDK.
 
 Every call runs in a fresh sandbox, so nothing a call does (globals, files, a poisoned
 interpreter) reaches the next one. A guest failure is a tool *result* with ``isError`` set and the
@@ -22,16 +23,19 @@ Rejected:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import io
 import json
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, redirect_stdout, suppress
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, redirect_stdout, suppress
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Protocol
 
@@ -39,25 +43,37 @@ import anyio
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, ResourceLink, TextContent
 from pydantic import BaseModel, ConfigDict, Field
 
 from mighty._errors import BadInput, MightyError
 from mighty.sandbox import Limits, Sandbox, interpreter_component
+from mighty.sandbox._mcp_http import check_bind, parse_bind, read_token, serve_http
 from mighty.sandbox._tools import cut_text, describe_tools, json_problem, tools_from
 
 __all__ = [
+    "ARTIFACT_PART",
+    "ARTIFACT_SCHEME",
+    "MAX_PROGRESS_MESSAGE",
+    "MAX_REPLY",
+    "MAX_UNSENT_OUTPUT",
+    "MCP_OUTPUT",
     "RUN_PYTHON",
+    "ArtifactStore",
     "Preparation",
     "RunOutput",
     "SandboxLike",
     "build_sandbox_server",
     "build_server",
+    "check_bind",
     "checked_call_result",
     "describe_limits",
     "load_tools",
+    "parse_bind",
+    "read_token",
     "render_text",
     "run_call",
+    "serve_http",
     "serve_stdio",
     "stdout_to_stderr",
     "to_call_result",
@@ -79,8 +95,15 @@ class RunResultLike(Protocol):
 class SandboxLike(Protocol):
     """What the server needs of a ``Sandbox``: ``mighty.sandbox.Sandbox`` fits, and so do fakes."""
 
-    async def run_async(self, code: str, inputs: Mapping[str, Any] | None = None) -> RunResultLike:
-        """Run ``code`` to completion."""
+    async def run_async(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        on_output: Callable[[str, str], None] | None = None,
+    ) -> RunResultLike:
+        """Run ``code`` to completion; ``on_output(stream, text)`` hears its output (any
+        thread)."""
         ...
 
     def describe_tools(self) -> str:
@@ -116,6 +139,21 @@ class RunUsage(BaseModel):
     tool_ms: float | None = None
 
 
+class ArtifactRef(BaseModel):
+    """An output stream cut from the view, kept whole: read it at ``uri`` (resources/read)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="stdout or stderr.")
+    bytes: int
+    sha256: str
+    uri: str | None = Field(default=None, description="The artifact's key, as a URI.")
+    parts: list[str] = Field(
+        default_factory=list,
+        description="resources/read each (bytes) and join them in order for the whole stream.",
+    )
+
+
 class RunOutput(BaseModel):
     """The structured content of a ``run_python`` result: ``RunResult.to_json()``."""
 
@@ -127,6 +165,10 @@ class RunOutput(BaseModel):
     stderr: str = ""
     error: RunError | None = None
     usage: RunUsage | None = None
+    artifacts: list[ArtifactRef] = Field(
+        default_factory=list,
+        description="Streams longer than the output limit: stdout/stderr above are cut.",
+    )
 
 
 # -- rendering ----------------------------------------------------------------------------------
@@ -145,20 +187,264 @@ def render_text(document: Mapping[str, Any]) -> str:
         if error.get("traceback"):
             head += "\n" + str(error["traceback"]).rstrip()
     parts = [head]
+    cut = {
+        str(ref.get("name")): ref
+        for ref in document.get("artifacts") or ()
+        if isinstance(ref, Mapping)
+    }
     for name in ("stdout", "stderr"):
         text = document.get(name)
-        if text:
+        ref = cut.get(name)
+        if ref is not None:
+            where = f" at {ref['uri']}" if ref.get("uri") else ""
+            parts.append(
+                f"--- {name} (cut; {ref.get('bytes')} bytes in all{where}) ---\n"
+                f"{str(text or '').rstrip()}"
+            )
+        elif text:
             parts.append(f"--- {name} ---\n{str(text).rstrip()}")
     return "\n".join(parts)
 
 
 def to_call_result(document: Mapping[str, Any]) -> CallToolResult:
-    """The MCP result of a run: text rendering, the document as structured content, isError."""
+    """The MCP result of a run: text rendering, a link per artifact, the document as structured
+    content, isError."""
+    content: list[TextContent | ResourceLink] = [
+        TextContent(type="text", text=render_text(document))
+    ]
+    for ref in document.get("artifacts") or ():
+        if not isinstance(ref, Mapping):
+            continue
+        parts = [str(uri) for uri in ref.get("parts") or ()]
+        for index, uri in enumerate(parts):
+            content.append(
+                ResourceLink(
+                    type="resource_link",
+                    uri=uri,
+                    name=f"{ref.get('name')}-{index}",
+                    mime_type="application/octet-stream",
+                    description=(
+                        f"part {index + 1} of {len(parts)} of the whole {ref.get('name')} "
+                        f"({ref.get('bytes')} bytes, sha256 {ref.get('sha256')})"
+                    ),
+                )
+            )
     return CallToolResult(
-        content=[TextContent(type="text", text=render_text(document))],
+        content=list(content),
         structured_content=dict(document),
         is_error=not document.get("ok"),
     )
+
+
+# -- artifacts and progress -----------------------------------------------------------------
+
+ARTIFACT_SCHEME = "mighty-artifact"
+ARTIFACT_PART = 512 << 10
+"""Bytes of an artifact per resource (base64: ~683 KiB, under a client's 1 MiB SSE event)."""
+MAX_REPLY = 1000 << 10
+"""Most bytes of JSON in one ``run_python`` reply: the SDK client refuses an SSE event over
+1 MiB by default. (The default output view, ``MCP_OUTPUT``, keeps replies far below.)"""
+MCP_OUTPUT = 64 << 10
+"""The server's default ``Limits.output``: what a model sees of a call's output (the rest is an
+artifact). It appears twice in a reply (text and structured content)."""
+MAX_UNSENT_OUTPUT = 256 << 10
+"""Characters of a call's output waiting to be sent as progress; more is dropped and counted."""
+MAX_PROGRESS_MESSAGE = 16 << 10
+"""Characters of output in one progress notification."""
+
+
+class ArtifactStore:
+    """Recent calls' artifacts, read back with ``resources/read``: at most ``max_items`` and
+    ``max_bytes`` together, the oldest dropped first. Thread-safe.
+
+    Each is named by a fresh random key (144 bits) that only the call's own result carries, so
+    a client cannot read another client's output without being handed its link.
+    """
+
+    def __init__(self, *, max_bytes: int = 64 << 20, max_items: int = 256) -> None:
+        self.max_bytes = max_bytes
+        self.max_items = max_items
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, data: bytes) -> str | None:
+        """Keep ``data``; its URI, or None when it alone is over ``max_bytes``."""
+        if len(data) > self.max_bytes:
+            return None
+        key = secrets.token_urlsafe(18)
+        with self._lock:
+            self._items[key] = data
+            self._bytes += len(data)
+            while self._bytes > self.max_bytes or len(self._items) > self.max_items:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+        return f"{ARTIFACT_SCHEME}://{key}"
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def part(self, key: str, index: str) -> bytes:
+        """Bytes ``index * ARTIFACT_PART`` on of artifact ``key`` (ValueError if none)."""
+        data = self.get(key)
+        if data is None:
+            raise ValueError("no such artifact (unknown, or dropped to make room)")
+        if not index.isdigit() or len(index) > 6 or int(index) * ARTIFACT_PART >= len(data):
+            raise ValueError(f"no part {index[:20]!r} of this artifact")
+        start = int(index) * ARTIFACT_PART
+        return data[start : start + ARTIFACT_PART]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+def _store_artifacts(store: ArtifactStore, result: object, document: dict[str, Any]) -> None:
+    whole = {getattr(a, "name", None): getattr(a, "data", None) for a in _artifacts_of(result)}
+    for ref in document.get("artifacts") or ():
+        data = whole.get(ref.get("name"))
+        if isinstance(data, bytes):
+            uri = store.put(data)
+            if uri is not None:
+                ref["uri"] = uri
+                count = max(1, -(-len(data) // ARTIFACT_PART))
+                ref["parts"] = [f"{uri}/{index}" for index in range(count)]
+
+
+def _artifacts_of(result: object) -> Sequence[object]:
+    artifacts = getattr(result, "artifacts", ())
+    return artifacts if isinstance(artifacts, tuple | list) else ()
+
+
+def _progress_token(ctx: Context) -> str | int | None:
+    try:
+        meta = ctx.request_context.meta
+    except (AttributeError, ValueError):
+        return None
+    if not meta:
+        return None
+    token = meta.get("progress_token", meta.get("progressToken"))
+    return token if isinstance(token, str | int) else None
+
+
+class _Forwarder:
+    """A call's output as MCP progress notifications, sent from the server's loop.
+
+    Called (``forwarder(stream, text)``) on the run's worker thread: it only queues the text
+    (at most :data:`MAX_UNSENT_OUTPUT` characters waiting; what comes beyond is counted and
+    reported as dropped) and wakes ``pump``, which sends one notification per stream change or
+    :data:`MAX_PROGRESS_MESSAGE` characters: ``message`` is ``"stdout: <text>"`` or
+    ``"stderr: <text>"``, ``progress`` the characters sent so far. A client that is gone or
+    slow never slows the run: sending happens off its thread, and a send error stops the
+    forwarding, not the call.
+    """
+
+    def __init__(self, send: Callable[[float, str], Awaitable[None]]) -> None:
+        self._send = send
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[str, str]] = deque()
+        self._queued = 0
+        self._dropped = 0
+        self._woken = False
+        self._done = False
+        self._wake = asyncio.Event()
+        self.sent = 0
+
+    def __call__(self, stream: str, text: str) -> None:
+        with self._lock:
+            if self._queued + len(text) > MAX_UNSENT_OUTPUT:
+                self._dropped += len(text)
+            else:
+                self._queue.append((stream, text))
+                self._queued += len(text)
+            if self._woken:
+                return
+            self._woken = True
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    def close(self) -> None:
+        """No more output (called on the loop): ``pump`` sends what is left and returns."""
+        self._done = True
+        self._wake.set()
+
+    def _take(self) -> tuple[list[tuple[str, str]], int]:
+        with self._lock:
+            self._woken = False
+            items = list(self._queue)
+            self._queue.clear()
+            self._queued = 0
+            dropped, self._dropped = self._dropped, 0
+        return items, dropped
+
+    async def pump(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            items, dropped = self._take()
+            for message in _messages(items, dropped):
+                self.sent += len(message)
+                try:
+                    await self._send(float(self.sent), message)
+                except Exception:  # noqa: BLE001 - the client left; the call goes on
+                    _log.debug("progress notification failed; no more for this call")
+                    return
+            if self._done and not self._queue:
+                return
+
+
+def _messages(items: list[tuple[str, str]], dropped: int) -> Iterator[str]:
+    stream, size = "", 0
+    parts: list[str] = []
+    for name, text in items:
+        if name != stream or size >= MAX_PROGRESS_MESSAGE:
+            if parts:
+                yield from _split(stream, "".join(parts))
+            stream, parts, size = name, [], 0
+        parts.append(text)
+        size += len(text)
+    if parts:
+        yield from _split(stream, "".join(parts))
+    if dropped:
+        yield f"[{dropped} characters of output not forwarded: the client reads too slowly]"
+
+
+def _split(stream: str, text: str) -> Iterator[str]:
+    for start in range(0, len(text), MAX_PROGRESS_MESSAGE):
+        yield f"{stream}: {text[start : start + MAX_PROGRESS_MESSAGE]}"
+
+
+class _Admission:
+    """At most ``running`` calls run at once and ``waiting`` more wait; past that, ``busy``."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        self.running = running
+        self.waiting = waiting
+        self._slots = asyncio.Semaphore(running)
+        self._inside = 0
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[bool]:
+        if self._inside >= self.running + self.waiting:
+            yield False
+            return
+        self._inside += 1
+        try:
+            async with self._slots:
+                yield True
+        finally:
+            self._inside -= 1
+
+
+def _busy(admission: _Admission) -> dict[str, Any]:
+    message = (
+        f"the server is running {admission.running} calls and {admission.waiting} more are "
+        "waiting; try again shortly"
+    )
+    document = _internal_failure(message)
+    document["error"]["kind"] = "busy"
+    return document
 
 
 def _host_failure(exc: MightyError) -> dict[str, Any]:
@@ -220,8 +506,10 @@ def checked_call_result(document: Mapping[str, Any]) -> CallToolResult:
         problem = json_problem(json.loads(json.dumps(document, allow_nan=False)), "the reply")
         if problem is None:
             result = to_call_result(document)
-            result.model_dump_json(by_alias=True, exclude_none=True)
-            return result
+            size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+            if size <= MAX_REPLY:
+                return result
+            return to_call_result(_too_large(size))
     except Exception as exc:  # noqa: BLE001 - any failure here is this call's, not the server's
         problem = f"the reply could not be serialised: {type(exc).__name__}: {exc}"
     message = cut_text(f"internal error: {problem}", 1024)
@@ -229,20 +517,41 @@ def checked_call_result(document: Mapping[str, Any]) -> CallToolResult:
     return to_call_result(_internal_failure(message))
 
 
+def _too_large(size: int) -> dict[str, Any]:
+    document = _internal_failure(
+        f"the reply would be {size} bytes of JSON, over the {MAX_REPLY} an MCP client takes in "
+        "one message (the SDK's default SSE event limit is 1 MiB): print or return less"
+    )
+    document["error"]["kind"] = "output_limit"
+    return document
+
+
 async def run_call(
-    sandbox: SandboxLike, code: str, inputs: Mapping[str, Any] | None
+    sandbox: SandboxLike,
+    code: str,
+    inputs: Mapping[str, Any] | None,
+    *,
+    on_output: Callable[[str, str], None] | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> CallToolResult:
     """Run ``code`` in ``sandbox``, close it, and make the MCP result (``isError`` on failure).
 
+    ``on_output`` hears the run's output as it is written; with ``artifacts``, each stream cut
+    from the view is kept there and its reference gets a ``uri``.
     Never raises (but for cancellation): a failure of the host itself is an ``internal`` error
     result for this call, and the server goes on serving the others.
     """
     try:
         try:
-            result = await sandbox.run_async(code, inputs)
+            if on_output is None:
+                result = await sandbox.run_async(code, inputs)
+            else:
+                result = await sandbox.run_async(code, inputs, on_output=on_output)
         finally:
             sandbox.close()
         document = result.to_json()
+        if artifacts is not None:
+            _store_artifacts(artifacts, result, document)
     except MightyError as exc:
         document = _host_failure(exc)
     except Exception as exc:  # noqa: BLE001 - one call's failure must not end the server
@@ -304,13 +613,20 @@ def build_server(
     name: str = "mighty-sandbox",
     stubs: str | None = None,
     preparation: Preparation | None = None,
+    concurrency: tuple[int, int] | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> MCPServer[Any]:
     """An MCP server with one tool, ``run_python``, that runs each call in ``new_sandbox()``.
 
     The tools' stubs in the description are ``stubs``, or else those of a ``new_sandbox()``
     made once here. With a ``preparation``, each call first waits for it.
+    ``concurrency=(running, waiting)`` bounds the calls at once (past it a call is a ``busy``
+    error at once). A call whose client asked for progress gets its output as progress
+    notifications while it runs. With ``artifacts``, streams cut from a result's view are
+    kept there and readable as resources ``mighty-artifact://<key>``.
     ``serverInfo.version`` is mighty's version.
     """
+    admission = None if concurrency is None else _Admission(*concurrency)
 
     async def run_python(
         ctx: Context,
@@ -333,7 +649,12 @@ def build_server(
                 return checked_call_result(_host_failure(exc))
         elif preparation is not None and preparation.error is not None:
             return checked_call_result(_host_failure(preparation.error))
-        return await run_call(new_sandbox(), code, inputs)
+        if admission is None:
+            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts)
+        async with admission.slot() as admitted:
+            if not admitted:
+                return checked_call_result(_busy(admission))
+            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts)
 
     server: MCPServer[Any] = MCPServer(
         name,
@@ -349,7 +670,49 @@ def build_server(
         title="Run Python in a sandbox",
         description=description,
     )
+    if artifacts is not None:
+        store = artifacts
+
+        def read_artifact_part(key: str, index: str) -> bytes:
+            return store.part(key, index)
+
+        server.resource(
+            f"{ARTIFACT_SCHEME}://{{key}}/{{index}}",
+            name="artifact",
+            description=(
+                "Part of the whole stdout or stderr of a run_python call whose view was cut "
+                f"(bytes, {ARTIFACT_PART} per part; join the parts in order)."
+            ),
+            mime_type="application/octet-stream",
+        )(read_artifact_part)
     return server
+
+
+async def _forwarding_call(
+    ctx: Context,
+    new_sandbox: Callable[[], SandboxLike],
+    code: str,
+    inputs: Mapping[str, Any] | None,
+    artifacts: ArtifactStore | None,
+) -> CallToolResult:
+    if _progress_token(ctx) is None:
+        return await run_call(new_sandbox(), code, inputs, artifacts=artifacts)
+
+    async def send(progress: float, message: str) -> None:
+        await ctx.report_progress(progress, None, message)
+
+    forwarder = _Forwarder(send)
+    pump = asyncio.ensure_future(forwarder.pump())
+    try:
+        return await run_call(new_sandbox(), code, inputs, on_output=forwarder, artifacts=artifacts)
+    finally:
+        # Every notification goes out before the result: the client has all of it when the
+        # call returns.
+        forwarder.close()
+        try:
+            await asyncio.wait([pump])
+        finally:
+            pump.cancel()  # a no-op once it returned; else (we were cancelled) it stops
 
 
 def _version() -> str:
@@ -448,17 +811,29 @@ def build_sandbox_server(
     memory: int | None = None,
     timeout: float | None = None,
     progress: Callable[[str], None] | None = None,
+    output: int | None = None,
     background: bool = True,
+    pool: int = 4,
+    concurrency: tuple[int, int] = (8, 64),
 ) -> MCPServer[Any]:
-    """The server of ``mty sandbox serve``: a new ``Sandbox`` per call, with these tools and
-    limits (the sandbox's defaults for those not given).
+    """The server of ``mty sandbox serve``: one ``Sandbox`` with these tools and limits (the
+    sandbox's defaults for those not given) and ``pool`` warm instances, serving every call
+    and every client; each call runs in a never-used instance under its own budget.
 
     Bad limits or tools fail here. The interpreter (built and compiled on first use on this
     machine, tens of seconds) is prepared in the background when ``background``, so that the
     server answers ``initialize`` at once and the first call waits for it; else here, before
-    serving. ``progress`` hears about it either way.
+    serving. ``progress`` hears about it either way. ``concurrency`` is (calls running, calls
+    waiting) at most; more is a ``busy`` result at once. ``output`` is what a call's result
+    shows of its stdout and stderr (default :data:`MCP_OUTPUT`); the rest, up to the sandbox's
+    ``Limits.artifact``, is an artifact the client reads as resources.
     """
-    given: dict[str, Any] = {"fuel": fuel, "memory": memory, "timeout": timeout}
+    given: dict[str, Any] = {
+        "fuel": fuel,
+        "memory": memory,
+        "timeout": timeout,
+        "output": MCP_OUTPUT if output is None else output,
+    }
     try:
         limits = Limits().replace(
             **{key: value for key, value in given.items() if value is not None}
@@ -468,24 +843,54 @@ def build_sandbox_server(
         raise
     except (TypeError, ValueError) as exc:
         raise BadInput(str(exc)) from exc
+    shared: list[Sandbox] = []
+
+    # One sandbox for every call: each run already takes an instance that never ran anything
+    # (from the pool, made ahead of time) and closes it after; what the sandbox itself keeps
+    # (the pool, the tools' loop thread) holds no run's state.
+    def prepare() -> None:
+        interpreter_component(progress)
+        shared.append(Sandbox(tools, limits=limits, pool=pool))
+
     preparation: Preparation | None = None
     if background:
-        preparation = Preparation(lambda: interpreter_component(progress))
+        preparation = Preparation(prepare)
     else:
-        interpreter_component(progress)
+        prepare()
 
-    # Every run of a Sandbox is already a never-used interpreter instance; a Sandbox per call
-    # (with no spares) adds that nothing made for one call, no spare instance nor tool-loop
-    # thread, outlives it.
-    def new_sandbox() -> Sandbox:
-        return Sandbox(tools, limits=limits, pool=0)
+    def new_sandbox() -> SandboxLike:
+        return _Borrowed(shared[0])
 
     return build_server(
         new_sandbox,
         limits=describe_limits(limits),
         stubs=describe_tools(checked),
         preparation=preparation,
+        concurrency=concurrency,
+        artifacts=ArtifactStore(),
     )
+
+
+class _Borrowed:
+    """The shared sandbox for one call: ``close`` gives it back (it stays open)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    async def run_async(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        on_output: Callable[[str, str], None] | None = None,
+    ) -> RunResultLike:
+        return await self._sandbox.run_async(code, inputs, on_output=on_output)
+
+    def describe_tools(self) -> str:
+        return self._sandbox.describe_tools()
+
+    def close(self) -> None:
+        """Nothing: the sandbox serves the next call."""
 
 
 def describe_limits(limits: Limits) -> str:
@@ -493,5 +898,6 @@ def describe_limits(limits: Limits) -> str:
     return (
         f"fuel {limits.fuel}, memory {limits.memory} bytes, "
         f"timeout {limits.timeout:g} s (time inside host functions not counted), "
-        f"output {limits.output} bytes, {limits.tool_calls} host function calls"
+        f"output {limits.output} bytes shown (up to {max(limits.output, limits.artifact)} "
+        f"kept as a resource), {limits.tool_calls} host function calls"
     )

@@ -1,7 +1,7 @@
-"""`mty sandbox serve`: code mode as an MCP server on stdio.
+"""`mty sandbox serve`: code mode as an MCP server on stdio, or Streamable HTTP (`--http`).
 
-Stdout is the MCP channel, so this command writes nothing there itself: messages and errors go
-to stderr, and setup runs with file descriptor 1 pointed at stderr.
+On stdio, stdout is the MCP channel, so this command writes nothing there itself: messages and
+errors go to stderr, and setup runs with file descriptor 1 pointed at stderr (over HTTP too).
 """
 
 from __future__ import annotations
@@ -81,13 +81,38 @@ def prepare(quiet: bool) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Wall-clock seconds per call (default: the sandbox's).",
 )
+@click.option(
+    "--output",
+    type=_Bytes(),
+    help="Bytes of a call's stdout+stderr shown in its result (default 64KiB; the rest is an "
+    "artifact resource).",
+)
+@click.option(
+    "--http",
+    "http_bind",
+    metavar="HOST:PORT",
+    help="Serve Streamable HTTP at http://HOST:PORT/mcp instead of stdio (port 0: any free).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    help="With --http: a file holding the bearer token every request must carry "
+    "(required off loopback).",
+)
 def serve(
-    tools_spec: str | None, fuel: int | None, memory: int | None, timeout: float | None
+    tools_spec: str | None,
+    fuel: int | None,
+    memory: int | None,
+    timeout: float | None,
+    output: int | None,
+    http_bind: str | None,
+    token_file: str | None,
 ) -> None:
-    """Serve the MCP tool `run_python` on stdio; each call runs in a fresh sandbox.
+    """Serve the MCP tool `run_python` on stdio (or HTTP); each call runs in a fresh sandbox.
 
     The server answers at once; the interpreter is prepared in the background (the first call
-    waits for it; `mty sandbox prepare` does it ahead of time).
+    waits for it; `mty sandbox prepare` does it ahead of time). Over HTTP several clients are
+    served at once from one pool of warm instances; a public address needs --token-file.
     """
     try:
         from mighty.sandbox import _mcp
@@ -96,17 +121,36 @@ def serve(
             raise
         _fail(f"the MCP SDK is not installed ({exc}); pip install 'mighty-host[mcp]'", exc)
 
+    if token_file is not None and http_bind is None:
+        _fail("--token-file needs --http (stdio has no HTTP requests to check)")
     try:
+        token: str | None = None
+        host, port = "", 0
+        if http_bind is not None:
+            host, port = _mcp.parse_bind(http_bind)
+            token = _mcp.read_token(token_file) if token_file is not None else None
+            _mcp.check_bind(host, token)  # before anything is built: a refusal costs nothing
         with _mcp.stdout_to_stderr():
             server = _mcp.build_sandbox_server(
                 tools=_mcp.load_tools(tools_spec) if tools_spec else None,
                 fuel=fuel,
                 memory=memory,
                 timeout=timeout,
+                output=output,
                 progress=lambda message: click.echo(f"mty: {message}", err=True),
             )
     except MightyError as exc:
         _fail(exc.message, exc)
+    if http_bind is not None:
+
+        def ready(url: str) -> None:
+            click.echo(f"mty: serving MCP tool {_mcp.RUN_PYTHON!r} on {url}", err=True)
+
+        try:
+            _mcp.serve_http(server, host=host, port=port, token=token, on_ready=ready)
+        except MightyError as exc:
+            _fail(exc.message, exc)
+        return
     click.echo(f"mty: serving MCP tool {_mcp.RUN_PYTHON!r} on stdio", err=True)
     try:
         _mcp.serve_stdio(server)
