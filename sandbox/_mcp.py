@@ -43,6 +43,7 @@ import anyio
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.types import CallToolResult, ResourceLink, TextContent
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -286,12 +287,13 @@ class ArtifactStore:
             return self._items.get(key)
 
     def part(self, key: str, index: str) -> bytes:
-        """Bytes ``index * ARTIFACT_PART`` on of artifact ``key`` (ValueError if none)."""
+        """Bytes ``index * ARTIFACT_PART`` on of artifact ``key`` (the SDK's
+        ``ResourceNotFoundError``, answered as "not found", if there is none)."""
         data = self.get(key)
         if data is None:
-            raise ValueError("no such artifact (unknown, or dropped to make room)")
+            raise ResourceNotFoundError("no such artifact (unknown, or dropped to make room)")
         if not index.isdigit() or len(index) > 6 or int(index) * ARTIFACT_PART >= len(data):
-            raise ValueError(f"no part {index[:20]!r} of this artifact")
+            raise ResourceNotFoundError(f"no part {index[:20]!r} of this artifact")
         start = int(index) * ARTIFACT_PART
         return data[start : start + ARTIFACT_PART]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 
 def add(a: int, b: int) -> int:
     """Add two integers."""
@@ -19,3 +21,19 @@ def note(text: str) -> None:
 
 
 TOOLS = [add, shout, note]
+
+
+_MEETINGS: dict[str, threading.Barrier] = {}
+_MEETINGS_LOCK = threading.Lock()
+
+
+def meet(key: str, parties: int) -> int:
+    """Wait until `parties` calls with this key are all here (at most 60 s); the count met."""
+    with _MEETINGS_LOCK:
+        barrier = _MEETINGS.setdefault(key, threading.Barrier(parties, timeout=60))
+    barrier.wait()
+    return parties
+
+
+# `mty sandbox serve --http` tests: `meet` only succeeds if calls really run at the same time.
+HTTP_TOOLS = [add, shout, note, meet]
