@@ -1,16 +1,22 @@
 """Code mode over MCP: one tool, ``run_python``, served on stdio or Streamable HTTP (see
 ``_mcp_http``) with the official ``mcp`` SDK.
 
-Every call runs in a fresh sandbox, so nothing a call does (globals, files, a poisoned
-interpreter) reaches the next one. A guest failure is a tool *result* with ``isError`` set and the
-error's ``kind``, as the MCP spec asks for errors a model can read and correct; a protocol error
-would hide it from the model, and a crash would end the session.
+Every call runs in an interpreter instance that never ran anything (``mty sandbox serve``: from
+one shared sandbox's warm pool, for every call of every client), so nothing a call does
+(globals, files, a poisoned interpreter) reaches the next one. A guest failure is a tool
+*result* with ``isError`` set and the error's ``kind``, as the MCP spec asks for errors a model
+can read and correct; a protocol error would hide it from the model, and a crash would end the
+session.
 
 No call can bring the server down: ``run_call`` answers every call, whatever happens in it, and
 checks its reply serialises as the SDK will write it (strict JSON, valid Unicode) before handing
 it over; a reply that does not is replaced by an ``internal`` error result for that call alone.
 The SDK writes replies outside the tool handler, where an exception ends the server for every
-client.
+client; a reply too large for a client's default SSE event limit is an ``output_limit`` result.
+
+A call's output goes to its client as progress notifications while it runs (``_Forwarder``:
+queued off the run's thread, bounded, never slowing the run), and streams cut from the result's
+view are kept in an ``ArtifactStore`` the client reads as resources, in parts.
 
 Rejected:
 - One tool per host function (what a plain MCP bridge does): code mode exists so that a model
@@ -19,6 +25,10 @@ Rejected:
   passes a returned ``CallToolResult`` through as is, which is all we need.
 - A long-lived interpreter shared by calls (faster, but state leaks between calls and one
   runaway call poisons the rest).
+- A new ``Sandbox`` per call (what stdio did first): no warm pool, so each call paid for making
+  its instance; a shared sandbox's instances are just as unused.
+- Artifacts as one resource each: a 2 MiB stream is one SSE event over the SDK client's 1 MiB
+  default limit, so the whole could not be read by a default client.
 """
 
 from __future__ import annotations
