@@ -306,7 +306,16 @@ class _Output:
         # A trace describes the policy with dataclasses.asdict, which deep-copies the sinks.
         return self
 
-    def reset(self, listener: OutputListener | None = None) -> None:
+    def reset(
+        self,
+        listener: OutputListener | None = None,
+        limits: tuple[int, int] | None = None,
+    ) -> None:
+        """Empty for a run; ``limits`` (output, artifact) lower this run's (never raise them:
+        the capture under the sinks was sized for the instance's)."""
+        if limits is not None:
+            self.limit = limits[0]
+            self.keep = max(limits)
         self.kept = {"stdout": bytearray(), "stderr": bytearray()}
         self.shown = {"stdout": 0, "stderr": 0}
         self.total = 0
@@ -421,6 +430,7 @@ class _Live:
             timeout=limits.tool_timeout,
             background_loop=config.background_loop,
         )
+        self.run_limits = limits
         self.output = _Output(limits.output, limits.artifact, self.host)
         # The capture keeps what the output keeps: a trace's close record holds the capture's
         # bytes, and replay checks them against every byte the replayed run writes.
@@ -464,13 +474,20 @@ class _Live:
         cancel: CancelScope | None,
         loop: asyncio.AbstractEventLoop | None,
         on_output: OutputListener | None = None,
+        limits: Limits | None = None,
     ) -> RunResult:
+        """One run; ``limits`` (at most the instance's, see ``_check_run_limits``) are this
+        run's, else the instance's."""
         scope = cancel
         self.host.begin(
             (lambda: scope.cancel_called) if scope is not None else (lambda: False), loop
         )
-        self.output.reset(on_output)
-        limits = self.limits
+        limits = limits or self.limits
+        self.run_limits = limits
+        # Set for every run: a pooled instance's previous run may have had lower ones.
+        self.host.max_calls = limits.tool_calls
+        self.host.timeout = limits.tool_timeout
+        self.output.reset(on_output, (limits.output, limits.artifact))
         try:
             outcome, usage = self.instance.call_with_usage(
                 "run", code, payload, budget=limits.budget(), cancel=cancel
@@ -540,7 +557,7 @@ class _Live:
             fuel=usage.fuel if usage is not None else 0,
             memory_peak=usage.memory_peak if usage is not None else 0,
             wall_time=usage.wall_time if usage is not None else 0.0,
-            tool_calls=min(self.host.calls, self.limits.tool_calls),
+            tool_calls=min(self.host.calls, self.run_limits.tool_calls),
             tool_time=self.host.tool_time,
         )
         return RunResult(
@@ -598,6 +615,28 @@ def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: i
         ).encode()
     except (TypeError, ValueError) as exc:
         raise BadInput(f"inputs must be JSON-compatible data: {exc}") from None
+
+
+_RUN_LIMIT_FIELDS = ("fuel", "memory", "timeout", "output", "tool_calls", "tool_timeout")
+
+
+def _check_run_limits(limits: Limits, ceiling: Limits) -> None:
+    """A run's own limits may lower the sandbox's, never raise them (its pooled instances and
+    their output captures were made for the sandbox's)."""
+    if not isinstance(limits, Limits):
+        raise BadInput(f"limits must be a Limits, got {type(limits).__name__}")
+    over = [
+        f"{name}={getattr(limits, name)!r} (the sandbox's is {getattr(ceiling, name)!r})"
+        for name in _RUN_LIMIT_FIELDS
+        if getattr(limits, name) > getattr(ceiling, name)
+    ]
+    if max(limits.output, limits.artifact) > max(ceiling.output, ceiling.artifact):
+        over.append(
+            f"artifact={limits.artifact} (the sandbox keeps at most "
+            f"{max(ceiling.output, ceiling.artifact)} bytes of output)"
+        )
+    if over:
+        raise BadInput("a run's limits may only be lower than its sandbox's: " + ", ".join(over))
 
 
 def _check_nesting() -> None:
@@ -820,6 +859,7 @@ class Sandbox:
         cancel: CancelScope | None = None,
         record: str | Path | None = None,
         on_output: OutputListener | None = None,
+        limits: Limits | None = None,
     ) -> RunResult:
         """Run ``code`` in a fresh interpreter; ``inputs`` become its global variables.
 
@@ -827,9 +867,19 @@ class Sandbox:
         expression. ``cancel`` stops the run from any thread. ``record`` writes a trace of the
         run (replay it with ``mty replay``). ``on_output(stream, text)`` hears stdout and
         stderr as the code writes them (see :data:`OutputListener`), on the run's thread; an
-        exception it raises is logged and stops it being called, never the run.
+        exception it raises is logged and stops it being called, never the run. ``limits``
+        are this run's instead of the sandbox's; each field at most the sandbox's
+        (``BadInput`` otherwise): a run can be held tighter, never looser.
         """
-        return self._run(code, inputs, cancel=cancel, record=record, loop=None, on_output=on_output)
+        return self._run(
+            code,
+            inputs,
+            cancel=cancel,
+            record=record,
+            loop=None,
+            on_output=on_output,
+            limits=limits,
+        )
 
     async def run_async(
         self,
@@ -839,6 +889,7 @@ class Sandbox:
         cancel: CancelScope | None = None,
         record: str | Path | None = None,
         on_output: OutputListener | None = None,
+        limits: Limits | None = None,
     ) -> RunResult:
         """``run`` for asyncio hosts: runs on a worker thread; async tools run on this loop.
         Cancelling the awaiting task cancels the run. ``on_output`` is called on the worker
@@ -853,6 +904,7 @@ class Sandbox:
             record=record,
             loop=loop,
             on_output=on_output,
+            limits=limits,
         )
         # The worker thread sees this context: a run from inside a tool knows its depth.
         future = loop.run_in_executor(None, contextvars.copy_context().run, work)
@@ -876,15 +928,19 @@ class Sandbox:
         record: str | Path | None,
         loop: asyncio.AbstractEventLoop | None,
         on_output: OutputListener | None = None,
+        limits: Limits | None = None,
     ) -> RunResult:
         if self._closed:
             raise ValueError("sandbox is closed")
         if not isinstance(code, str):
             raise BadInput(f"code must be a str, got {type(code).__name__}")
         _check_nesting()
-        payload = _encode_inputs(inputs, keep=False, max_value=self.limits.output)
+        if limits is not None:
+            _check_run_limits(limits, self.limits)
+        run_limits = limits or self.limits
+        payload = _encode_inputs(inputs, keep=False, max_value=run_limits.output)
         with self._instance(record) as live:
-            return live.execute(code, payload, cancel, loop, on_output)
+            return live.execute(code, payload, cancel, loop, on_output, limits)
 
     @contextmanager
     def _instance(self, record: str | Path | None) -> Iterator[_Live]:

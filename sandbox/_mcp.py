@@ -71,6 +71,7 @@ __all__ = [
     "MCP_OUTPUT",
     "RUN_PYTHON",
     "ArtifactStore",
+    "CallLimits",
     "Preparation",
     "RunOutput",
     "SandboxLike",
@@ -112,9 +113,10 @@ class SandboxLike(Protocol):
         inputs: Mapping[str, Any] | None = None,
         *,
         on_output: Callable[[str, str], None] | None = None,
+        limits: Limits | None = None,
     ) -> RunResultLike:
         """Run ``code`` to completion; ``on_output(stream, text)`` hears its output (any
-        thread)."""
+        thread); ``limits``, when given, are this run's (at most the sandbox's)."""
         ...
 
     def describe_tools(self) -> str:
@@ -163,6 +165,27 @@ class ArtifactRef(BaseModel):
         default_factory=list,
         description="resources/read each (bytes) and join them in order for the whole stream.",
     )
+
+
+class CallLimits(BaseModel):
+    """Lower limits for one call; each is capped at the server's (a call can ask for less,
+    never more)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fuel: int | None = Field(default=None, gt=0, description="Wasm fuel (10**10 ~ 1 s).")
+    memory: int | None = Field(default=None, ge=32 << 20, description="Bytes of memory.")
+    timeout: float | None = Field(default=None, gt=0, le=86400, description="Seconds.")
+    output: int | None = Field(default=None, ge=0, description="Bytes of output shown.")
+    tool_calls: int | None = Field(default=None, ge=0, description="Host function calls.")
+
+    def within(self, ceiling: Limits) -> Limits:
+        """``ceiling`` with each given field lowered to this one's (never raised)."""
+        changes = {
+            name: min(value, getattr(ceiling, name))
+            for name, value in self.model_dump(exclude_none=True).items()
+        }
+        return ceiling.replace(**changes)
 
 
 class RunOutput(BaseModel):
@@ -483,7 +506,9 @@ interpreter: nothing persists between calls. `inputs`, if given, is a JSON objec
 become global variables. print() output comes back as stdout. There is no network and no host
 filesystem: the code reaches the host only through the functions below, which are already in
 scope. Do many tool calls and the work between them in one program rather than one run_python
-call per tool call. A failed run reports an error kind (exception, tool_error, out_of_fuel,
+call per tool call. `limits`, if given, lowers this call's limits (fuel, memory, timeout, output,
+tool_calls; capped at the server's). Output past the output limit is cut from stdout/stderr and
+listed under `artifacts`. A failed run reports an error kind (exception, tool_error, out_of_fuel,
 out_of_memory, deadline_exceeded, output_limit, tool_limit, ...) and a message."""
 
 
@@ -545,6 +570,7 @@ async def run_call(
     *,
     on_output: Callable[[str, str], None] | None = None,
     artifacts: ArtifactStore | None = None,
+    limits: Limits | None = None,
 ) -> CallToolResult:
     """Run ``code`` in ``sandbox``, close it, and make the MCP result (``isError`` on failure).
 
@@ -555,10 +581,12 @@ async def run_call(
     """
     try:
         try:
-            if on_output is None:
-                result = await sandbox.run_async(code, inputs)
-            else:
-                result = await sandbox.run_async(code, inputs, on_output=on_output)
+            extra: dict[str, Any] = {}
+            if on_output is not None:
+                extra["on_output"] = on_output
+            if limits is not None:
+                extra["limits"] = limits
+            result = await sandbox.run_async(code, inputs, **extra)
         finally:
             sandbox.close()
         document = result.to_json()
@@ -627,6 +655,7 @@ def build_server(
     preparation: Preparation | None = None,
     concurrency: tuple[int, int] | None = None,
     artifacts: ArtifactStore | None = None,
+    call_limits: Limits | None = None,
 ) -> MCPServer[Any]:
     """An MCP server with one tool, ``run_python``, that runs each call in ``new_sandbox()``.
 
@@ -635,7 +664,9 @@ def build_server(
     ``concurrency=(running, waiting)`` bounds the calls at once (past it a call is a ``busy``
     error at once). A call whose client asked for progress gets its output as progress
     notifications while it runs. With ``artifacts``, streams cut from a result's view are
-    kept there and readable as resources ``mighty-artifact://<key>``.
+    kept there and readable as resources ``mighty-artifact://<key>/<part>``. With
+    ``call_limits`` (the sandbox's), a call may pass ``limits`` to lower them for itself; without,
+    a call that passes ``limits`` is refused (``bad_input``).
     ``serverInfo.version`` is mighty's version.
     """
     admission = None if concurrency is None else _Admission(*concurrency)
@@ -646,6 +677,10 @@ def build_server(
         inputs: Annotated[
             dict[str, Any] | None,
             Field(description="JSON object; each key becomes a global variable of the code."),
+        ] = None,
+        limits: Annotated[
+            CallLimits | None,
+            Field(description="Lower limits for this call (capped at the server's)."),
         ] = None,
     ) -> Annotated[CallToolResult, RunOutput]:
         if preparation is not None and not preparation.ready:
@@ -661,12 +696,18 @@ def build_server(
                 return checked_call_result(_host_failure(exc))
         elif preparation is not None and preparation.error is not None:
             return checked_call_result(_host_failure(preparation.error))
+        run_limits = None
+        if limits is not None:
+            if call_limits is None:
+                refused = BadInput("this server takes no per-call limits")
+                return checked_call_result(_host_failure(refused))
+            run_limits = limits.within(call_limits)
         if admission is None:
-            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts)
+            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts, run_limits)
         async with admission.slot() as admitted:
             if not admitted:
                 return checked_call_result(_busy(admission))
-            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts)
+            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts, run_limits)
 
     server: MCPServer[Any] = MCPServer(
         name,
@@ -706,9 +747,10 @@ async def _forwarding_call(
     code: str,
     inputs: Mapping[str, Any] | None,
     artifacts: ArtifactStore | None,
+    limits: Limits | None,
 ) -> CallToolResult:
     if _progress_token(ctx) is None:
-        return await run_call(new_sandbox(), code, inputs, artifacts=artifacts)
+        return await run_call(new_sandbox(), code, inputs, artifacts=artifacts, limits=limits)
 
     async def send(progress: float, message: str) -> None:
         await ctx.report_progress(progress, None, message)
@@ -716,7 +758,9 @@ async def _forwarding_call(
     forwarder = _Forwarder(send)
     pump = asyncio.ensure_future(forwarder.pump())
     try:
-        return await run_call(new_sandbox(), code, inputs, on_output=forwarder, artifacts=artifacts)
+        return await run_call(
+            new_sandbox(), code, inputs, on_output=forwarder, artifacts=artifacts, limits=limits
+        )
     finally:
         # Every notification goes out before the result: the client has all of it when the
         # call returns.
@@ -880,6 +924,7 @@ def build_sandbox_server(
         preparation=preparation,
         concurrency=concurrency,
         artifacts=ArtifactStore(),
+        call_limits=limits,
     )
 
 
@@ -895,8 +940,9 @@ class _Borrowed:
         inputs: Mapping[str, Any] | None = None,
         *,
         on_output: Callable[[str, str], None] | None = None,
+        limits: Limits | None = None,
     ) -> RunResultLike:
-        return await self._sandbox.run_async(code, inputs, on_output=on_output)
+        return await self._sandbox.run_async(code, inputs, on_output=on_output, limits=limits)
 
     def describe_tools(self) -> str:
         return self._sandbox.describe_tools()

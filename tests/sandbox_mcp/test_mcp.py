@@ -182,7 +182,7 @@ def test_server_in_process_with_fake_sandbox() -> None:
             assert "def lookup(key: str) -> int" in tool.description
             assert "timeout 1 s" in tool.description
             assert tool.input_schema["required"] == ["code"]
-            assert set(tool.input_schema["properties"]) == {"code", "inputs"}
+            assert set(tool.input_schema["properties"]) == {"code", "inputs", "limits"}
             assert tool.output_schema is not None
             assert "ok" in tool.output_schema["properties"]
 

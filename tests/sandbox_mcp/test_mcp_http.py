@@ -167,6 +167,47 @@ def test_each_call_has_its_own_limits(server: _Server) -> None:
 
 
 @pytest.mark.slow
+def test_a_call_can_lower_its_limits_never_raise_them(server: _Server) -> None:
+    """`limits` in a call lowers that call's budget (timeout, tool calls, output); a value above
+    the server's is capped; a malformed one is refused; the next call has the full limits."""
+
+    async def scenario() -> None:
+        async with _session(server.url) as session:
+            spin = await session.call_tool(
+                RUN_PYTHON,
+                {"code": "while True: pass", "limits": {"timeout": 0.3}},
+                _FIRST_CALL_TIMEOUT,
+            )
+            assert _kind(spin) == "deadline_exceeded"
+            assert spin.structured_content is not None
+            assert "0.3 s" in spin.structured_content["error"]["message"]
+            calls = await session.call_tool(
+                RUN_PYTHON,
+                {"code": "[add(1, i) for i in range(10)]", "limits": {"tool_calls": 2}},
+            )
+            assert _kind(calls) == "tool_limit"
+            shown = await session.call_tool(
+                RUN_PYTHON, {"code": "print('q' * 50)", "limits": {"output": 5}}
+            )
+            assert shown.structured_content is not None
+            assert shown.structured_content["stdout"] == "q" * 5
+            assert shown.structured_content["artifacts"][0]["bytes"] == 51
+            capped = await session.call_tool(
+                RUN_PYTHON, {"code": "1", "limits": {"fuel": 10**30, "timeout": 10**4}}
+            )
+            assert _value(capped) == 1
+            for bad in ({"memory": 1}, {"timeout": -1}, {"nope": 1}):
+                refused = await session.call_tool(RUN_PYTHON, {"code": "1", "limits": bad})
+                assert refused.is_error is True, bad
+            full = await session.call_tool(
+                RUN_PYTHON, {"code": "[add(1, i) for i in range(50)][-1]"}
+            )
+            assert _value(full) == 50
+
+    _run(server, scenario)
+
+
+@pytest.mark.slow
 def test_output_streams_as_progress_and_the_rest_is_an_artifact(server: _Server) -> None:
     """Over HTTP a call's prints arrive as progress notifications before its result; output past
     the 64 KiB view comes back whole, in parts, as resources matching its SHA-256."""
