@@ -116,7 +116,8 @@ class BearerAuth:
     """ASGI middleware: an HTTP request passes only with ``Authorization: Bearer <token>``.
 
     Anything else (no header, another scheme, a wrong token, the header twice) is 401 with
-    ``WWW-Authenticate: Bearer``, before the request reaches the MCP app. Lifespan events pass.
+    ``WWW-Authenticate: Bearer``, before the request reaches the MCP app (a websocket without it
+    is closed; any other scope is dropped). Lifespan events pass.
     """
 
     def __init__(self, app: ASGIApp, token: str) -> None:
@@ -129,7 +130,14 @@ class BearerAuth:
         return hmac.compare_digest(hashlib.sha256(presented).digest(), self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self.allows(list(scope.get("headers") or [])):
+        kind = scope["type"]
+        if kind == "lifespan" or self.allows(list(scope.get("headers") or [])):
+            await self.app(scope, receive, send)
+            return
+        if kind == "websocket":  # the app serves none, but no unchecked scope gets through
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if kind == "http":
             body = b"missing or wrong bearer token\n"
             await send(
                 {
@@ -143,8 +151,6 @@ class BearerAuth:
                 }
             )
             await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
 
 
 def http_app(server: Any, *, host: str, token: str | None) -> ASGIApp:

@@ -436,6 +436,39 @@ async def _refuse_app(scope: Any, receive: Any, send: Any) -> None:
     raise AssertionError("not reached")
 
 
+def test_bearer_auth_as_asgi_middleware() -> None:
+    """Without the token: HTTP gets 401, a websocket is closed, the app is never reached;
+    lifespan and a request with the token reach it."""
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["type"])
+
+    async def scenario() -> None:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        auth = BearerAuth(app, TOKEN)
+        await auth({"type": "http", "headers": []}, receive, send)
+        assert sent[0]["status"] == 401
+        assert (b"www-authenticate", b'Bearer realm="mighty-sandbox"') in sent[0]["headers"]
+        sent.clear()
+        await auth({"type": "websocket", "headers": []}, receive, send)
+        assert sent == [{"type": "websocket.close", "code": 1008}]
+        assert reached == []
+        await auth({"type": "lifespan"}, receive, send)
+        good = [(b"authorization", f"Bearer {TOKEN}".encode())]
+        await auth({"type": "http", "headers": good}, receive, send)
+        assert reached == ["lifespan", "http"]
+
+    anyio.run(scenario)
+
+
 @given(
     st.lists(
         st.tuples(st.sampled_from(["stdout", "stderr"]), st.text(max_size=40_000)), max_size=6
