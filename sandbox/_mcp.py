@@ -375,7 +375,7 @@ class _Forwarder:
     forwarding, not the call.
     """
 
-    def __init__(self, send: Callable[[float, str], Awaitable[None]]) -> None:
+    def __init__(self, send: Callable[[float, str], Awaitable[None]], start: float = 0) -> None:
         self._send = send
         self._loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
@@ -385,7 +385,7 @@ class _Forwarder:
         self._woken = False
         self._done = False
         self._wake = asyncio.Event()
-        self.sent = 0
+        self.sent = start  # progress only grows: it goes on from what was reported before
 
     def __call__(self, stream: str, text: str) -> None:
         with self._lock:
@@ -683,9 +683,11 @@ def build_server(
             Field(description="Lower limits for this call (capped at the server's)."),
         ] = None,
     ) -> Annotated[CallToolResult, RunOutput]:
+        reported = [0.0]  # the last progress value this call sent
         if preparation is not None and not preparation.ready:
 
             async def report(elapsed: float) -> None:
+                reported[0] = elapsed
                 message = f"preparing the Python interpreter (first start): {elapsed:.0f} s"
                 with suppress(Exception):  # progress is a courtesy; the call goes on
                     await ctx.report_progress(elapsed, None, message)
@@ -703,11 +705,15 @@ def build_server(
                 return checked_call_result(_host_failure(refused))
             run_limits = limits.within(call_limits)
         if admission is None:
-            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts, run_limits)
+            return await _forwarding_call(
+                ctx, new_sandbox, code, inputs, artifacts, run_limits, reported[0]
+            )
         async with admission.slot() as admitted:
             if not admitted:
                 return checked_call_result(_busy(admission))
-            return await _forwarding_call(ctx, new_sandbox, code, inputs, artifacts, run_limits)
+            return await _forwarding_call(
+                ctx, new_sandbox, code, inputs, artifacts, run_limits, reported[0]
+            )
 
     server: MCPServer[Any] = MCPServer(
         name,
@@ -748,6 +754,7 @@ async def _forwarding_call(
     inputs: Mapping[str, Any] | None,
     artifacts: ArtifactStore | None,
     limits: Limits | None,
+    progressed: float,
 ) -> CallToolResult:
     if _progress_token(ctx) is None:
         return await run_call(new_sandbox(), code, inputs, artifacts=artifacts, limits=limits)
@@ -755,7 +762,7 @@ async def _forwarding_call(
     async def send(progress: float, message: str) -> None:
         await ctx.report_progress(progress, None, message)
 
-    forwarder = _Forwarder(send)
+    forwarder = _Forwarder(send, progressed)
     pump = asyncio.ensure_future(forwarder.pump())
     try:
         return await run_call(

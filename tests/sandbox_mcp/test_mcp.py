@@ -297,7 +297,16 @@ def test_serve_lists_and_runs(tmp_path: Path) -> None:
                 assert _text(two) == "2"
 
                 code = 'print("calling")\nresult = [add(2, n), shout("hi")]'
-                called = await session.call_tool(RUN_PYTHON, {"code": code, "inputs": {"n": 3}})
+                heard: list[str] = []
+
+                async def progress(done: float, total: float | None, message: str | None) -> None:
+                    heard.append(message or "")
+
+                called = await session.call_tool(
+                    RUN_PYTHON, {"code": code, "inputs": {"n": 3}}, progress_callback=progress
+                )
+                # The output came as progress too, before the result.
+                assert "".join(m.removeprefix("stdout: ") for m in heard) == "calling\n"
                 assert _value(called) == [5, "HI"]
                 assert called.structured_content is not None
                 assert called.structured_content["stdout"] == "calling\n"

@@ -215,9 +215,11 @@ def test_output_streams_as_progress_and_the_rest_is_an_artifact(server: _Server)
     async def scenario() -> None:
         async with _session(server.url) as session:
             heard: list[str] = []
+            values: list[float] = []
 
             async def progress(done: float, total: float | None, message: str | None) -> None:
                 heard.append(message or "")
+                values.append(done)
 
             code = "import sys\nfor i in range(5): print('line', i)\nsys.stderr.write('warn')\n7"
             result = await session.call_tool(
@@ -227,6 +229,7 @@ def test_output_streams_as_progress_and_the_rest_is_an_artifact(server: _Server)
             stdout = "".join(m.removeprefix("stdout: ") for m in heard if m.startswith("stdout: "))
             assert stdout == "".join(f"line {i}\n" for i in range(5))
             assert [m for m in heard if m.startswith("stderr: ")] == ["stderr: warn"]
+            assert values == sorted(set(values))  # progress only grows
 
             big = "print('y' * 1_500_000 + 'end')"
             cut = await session.call_tool(RUN_PYTHON, {"code": big})
