@@ -174,7 +174,12 @@ def serve_http(
 ) -> None:
     """Bind ``host:port`` (refused off loopback without a token), tell ``on_ready`` the URL, and
     serve until SIGINT or SIGTERM."""
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise BadInput(
+            f"serving HTTP needs uvicorn ({exc}); pip install 'mighty-host[mcp]'"
+        ) from None
 
     check_bind(host, token)
     app = http_app(server, host=host, token=token)
