@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mighty._errors import BadInput
@@ -55,3 +57,19 @@ def test_a_run_cannot_loosen_its_sandboxs_limits(interpreter: object) -> None:
         with pytest.raises(BadInput, match="must be a Limits"):
             box.run("1", limits={"timeout": 0.5})  # type: ignore[arg-type]
         assert box.run("1", limits=box.limits.replace(timeout=0.5)).value == 1
+
+
+def test_recorded_runs_with_lower_limits_replay_exactly(
+    interpreter: object, tmp_path: Path
+) -> None:
+    """A recorded run under its own lower output limits (cut, and flooded past them) replays."""
+    from mighty.trace import replay_trace
+
+    with Sandbox(pool=0) as box:
+        lower = box.limits.replace(output=10, artifact=100)
+        for index, code in enumerate(["print('x' * 50)", "while True: print('x' * 30)"]):
+            trace = tmp_path / f"run{index}.bin"
+            result = box.run(code, record=trace, limits=lower)
+            assert result.ok is (index == 0)
+            assert result.stdout == "x" * 10
+            assert replay_trace(trace).instances[0].exports == 1
