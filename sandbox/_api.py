@@ -59,7 +59,7 @@ from mighty._errors import (
 )
 from mighty.budget import Budget, CancelScope, Usage
 from mighty.engine import Component
-from mighty.gate import Gate
+from mighty.gate import CallHook, Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
 from mighty.sandbox._tools import (
@@ -303,7 +303,12 @@ class _Config:
 class _Live:
     """One interpreter instance with its tool host and output capture."""
 
-    def __init__(self, config: _Config, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        config: _Config,
+        recorder: Recorder | None = None,
+        hooks: Sequence[CallHook] = (),
+    ) -> None:
         limits = config.limits
         self.limits = limits
         self.host = ToolHost(
@@ -324,6 +329,7 @@ class _Live:
             policy=policy,
             gate=_gate(),
             record=recorder,
+            hooks=hooks,
             # A code-mode instance works at once: copy the pages a run writes in one go.
             prefault=True,
         )
@@ -700,14 +706,17 @@ class Sandbox:
         *,
         cancel: CancelScope | None = None,
         record: str | Path | None = None,
+        hooks: Sequence[CallHook] = (),
     ) -> RunResult:
         """Run ``code`` in a fresh interpreter; ``inputs`` become its global variables.
 
         The value is the ``result`` variable if the code sets one, else the value of its last
         expression. ``cancel`` stops the run from any thread. ``record`` writes a trace of the
-        run (replay it with ``mty replay``).
+        run (replay it with ``mty replay``). ``hooks`` wrap every import of the run (gate call
+        hooks; ``mighty.eval`` answers imports from a trace this way); like a recorded run, a
+        run with hooks gets a fresh instance of its own, not a warmed one from the pool.
         """
-        return self._run(code, inputs, cancel=cancel, record=record, loop=None)
+        return self._run(code, inputs, cancel=cancel, record=record, loop=None, hooks=hooks)
 
     async def run_async(
         self,
@@ -743,6 +752,7 @@ class Sandbox:
         cancel: CancelScope | None,
         record: str | Path | None,
         loop: asyncio.AbstractEventLoop | None,
+        hooks: Sequence[CallHook] = (),
     ) -> RunResult:
         if self._closed:
             raise ValueError("sandbox is closed")
@@ -750,20 +760,23 @@ class Sandbox:
             raise BadInput(f"code must be a str, got {type(code).__name__}")
         _check_nesting()
         payload = _encode_inputs(inputs, keep=False, max_value=self.limits.output)
-        with self._instance(record) as live:
+        with self._instance(record, hooks) as live:
             return live.execute(code, payload, cancel, loop)
 
     @contextmanager
-    def _instance(self, record: str | Path | None) -> Iterator[_Live]:
+    def _instance(
+        self, record: str | Path | None, hooks: Sequence[CallHook] = ()
+    ) -> Iterator[_Live]:
         recorder = Recorder(record) if record is not None else None
+        own = recorder is not None or bool(hooks)
         try:
-            live = None if recorder is not None else self._pool.take()
+            live = None if own else self._pool.take()
             if live is None:
-                live = _Live(self._config, recorder)
+                live = _Live(self._config, recorder, hooks)
             try:
                 yield live
             finally:
-                if recorder is None:
+                if not own:
                     self._pool.release(live)  # freed off the caller's path
                 else:
                     live.close()  # the trace's close record is written now

@@ -29,6 +29,7 @@ PACKAGES = [
     "mighty.cli",
     "mighty.control",
     "mighty.engine",
+    "mighty.eval",
     "mighty.gate",
     "mighty.instance",
     "mighty.reload",
