@@ -17,7 +17,7 @@ class Assistant(Agent):
         city = str(body.get("city"))
         answer = complete(PROMPT.format(city=city))
         self.answered = self.answered + 1
-        return dict(city=city, answer=answer)
+        return {"answer": answer, "city": city}
 
 
 WitWorld = export(Assistant)

@@ -21,7 +21,7 @@ from mighty.eval._compare import (
     register_comparator,
 )
 from mighty.eval._embed import EmbeddingCache, EmbedFunction, ModelUnavailable, minilm
-from mighty.eval._file import SuiteFileError, load_suite
+from mighty.eval._file import SuiteFileError, load_suite, load_tools
 from mighty.eval._outcome import Outcome, ToolCall, canonical_tool_args
 from mighty.eval._suite import CellResult, Suite, SuiteReport, Verdict, evidence_text
 
@@ -50,6 +50,7 @@ __all__ = [
     "evidence_text",
     "load_case",
     "load_suite",
+    "load_tools",
     "make_comparator",
     "minilm",
     "register_comparator",

@@ -42,7 +42,7 @@ from mighty.eval._case import Case, Member
 from mighty.eval._compare import Comparator, make_comparator
 from mighty.eval._suite import MAX_WORKERS, Suite
 
-__all__ = ["MAX_SUITE_FILE", "SuiteFileError", "load_suite"]
+__all__ = ["MAX_SUITE_FILE", "SuiteFileError", "load_suite", "load_tools"]
 
 MAX_SUITE_FILE = 1 << 20
 """Largest suite file read (bytes)."""

@@ -1,3 +1,4 @@
+# ruff: noqa: F821 - weather() and flights() are the tools the sandbox defines
 # The program a model wrote for "plan my trip from Paris to Oslo" (recorded as the baseline).
 paris = weather("Paris")
 oslo = weather("Oslo")

@@ -1,3 +1,4 @@
+# ruff: noqa: F821 - weather() and flights() are the tools the sandbox defines
 # Another generation for the same request: other order, keyword arguments, other words.
 options = flights(origin="Paris", destination="Oslo")
 there = weather(city="Oslo")
