@@ -154,3 +154,25 @@ def test_bad_cases_and_members_are_error_cells(
     assert cells["plan", "spin"].reason.startswith(("run: out_of_fuel", "run: deadline_exceeded"))
     assert ("plan", "text") not in cells  # members meet the cases of their kind only
     assert all(c.verdict == "error" for c in report.cells)
+
+
+def test_export_call_case_against_its_own_build(tmp_path: Path, hello_wasm: Path) -> None:
+    """A trace of plain export calls (`mty call --record`) passes for its build, with fuel."""
+    from mighty import Instance
+    from mighty.trace import Recorder
+
+    trace = tmp_path / "hello.bin"
+    with (
+        Recorder(trace) as recorder,
+        Instance(Component.load(hello_wasm), record=recorder) as hello,
+    ):
+        hello.call("greet", "world")
+        hello.call("word-stats", "a b a")
+    report = Suite(
+        [Case("hello", trace)],
+        [Member.component("same", hello_wasm)],
+        [Equal(), Equal(on="stdout")],
+    ).run()
+    (cell,) = report.cells
+    assert cell.verdict == "pass", evidence_text(cell)
+    assert cell.fuel == cell.baseline_fuel  # the very same bytes: the same fuel, here
