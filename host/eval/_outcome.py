@@ -112,7 +112,7 @@ def canonical_tool_args(payload: Any, params: list[dict[str, Any]] | None = None
     that JSON is kept as its text."""
     try:
         data = json.loads(bytes(payload)) if isinstance(payload, bytes | bytearray) else payload
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return repr(payload)[:4096]
     if not isinstance(data, dict):
         return dumps(data)
@@ -139,7 +139,7 @@ def tool_specs(list_tools_answer: Any) -> dict[str, list[dict[str, Any]]]:
     """Each tool's parameters from a ``list-tools`` answer (JSON text); {} when unreadable."""
     try:
         specs = json.loads(list_tools_answer) if isinstance(list_tools_answer, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(specs, list):
         return {}
