@@ -46,7 +46,14 @@ from mighty.eval._case import (
     load_case,
 )
 from mighty.eval._compare import Comparator, Comparison, Equal
-from mighty.eval._outcome import TOOLS, Outcome, canonical_tool_args, jsonable, tool_calls_of
+from mighty.eval._outcome import (
+    AGENT_HOST,
+    TOOLS,
+    Outcome,
+    canonical_tool_args,
+    jsonable,
+    tool_calls_of,
+)
 from mighty.gate import Gate
 from mighty.trace import (
     DEFAULT_REPLAY_LIMITS,
@@ -482,6 +489,15 @@ def _failure_kind(exc: MightyError, answers: TraceAnswers) -> str:
     return exc.kind
 
 
+def _nothing(_args: list[Any]) -> None:
+    return None
+
+
+# An agent's log lines and events are its own output, not questions to the recorded world: a
+# refactor that logs one more line has not diverged. (Outside a runtime they go nowhere.)
+_AGENT_OUTPUT = {(AGENT_HOST, "log"): _nothing, (AGENT_HOST, "emit"): _nothing}
+
+
 def _run_component(
     data: CaseData,
     component: Component,
@@ -496,7 +512,7 @@ def _run_component(
     stdout, stderr = bytearray(), bytearray()
     for instance_id, records in data.instances.items():
         head = records[0]
-        answers = TraceAnswers(records, instance=instance_id, policy=policy)
+        answers = TraceAnswers(records, instance=instance_id, policy=policy, local=_AGENT_OUTPUT)
         seen.append(answers)
         budget, _ = limits.cap(head["budget"], head["@"])
         try:

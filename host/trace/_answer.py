@@ -31,7 +31,7 @@ path stays what it was: nothing here runs unless a caller builds this hook.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -81,7 +81,8 @@ class AnsweredImport:
     """One import the member made: what it asked, what it got, and who answered.
 
     ``source`` is ``trace`` (a recorded answer), ``live`` (the real host function after the
-    run went live) or ``own`` (always real: the member's own output streams and handles).
+    run went live) or ``own`` (the member's own effects: its output streams and handles, and
+    the imports answered ``local``-ly).
     """
 
     index: int
@@ -136,7 +137,10 @@ class TraceAnswers:
     ``records`` are the instance's recorded ``import`` records (others are ignored).
     ``policy`` is ``strict`` or ``live`` (see the module note). ``key`` maps an import to its
     matching key (default: interface, function and canonical arguments). ``passthrough`` names
-    further imports that always go to the real host function.
+    further imports that always go to the real host function. ``local`` answers some imports
+    itself, never from the trace, whatever the policy: ``(interface, function) -> fn(args)``
+    (an agent's ``log`` and ``emit`` are its own output, with no host to go to outside a
+    runtime).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class TraceAnswers:
         policy: AnswerPolicy = "strict",
         key: KeyFunction | None = None,
         passthrough: Callable[[str, str], bool] | None = None,
+        local: Mapping[tuple[str, str], Callable[[list[Any]], Any]] | None = None,
     ) -> None:
         if policy not in ("strict", "live"):
             raise ValueError(f"policy must be 'strict' or 'live', got {policy!r}")
@@ -154,6 +159,7 @@ class TraceAnswers:
         self.policy: AnswerPolicy = policy
         self._custom_key = key
         self._passthrough = passthrough
+        self._local = dict(local or {})
         self._pending: list[dict[str, Any]] = [r for r in records if r.get("k") == "import"]
         self._used = [False] * len(self._pending)
         self._by_key: dict[Any, deque[int]] = {}
@@ -188,6 +194,12 @@ class TraceAnswers:
     ) -> Any:
         index = len(self.calls) + 1
         interface, function = binding.interface, binding.name
+        answer = self._local.get((interface, function)) if self._local else None
+        if answer is not None:
+            refs = to_refs(list(args))
+            result = answer(refs)
+            self.calls.append(AnsweredImport(index, interface, function, refs, result, "own"))
+            return result
         if self.live_from is not None or self._own(interface, function, args):
             result = call()
             source = "live" if self.live_from is not None else "own"

@@ -101,3 +101,16 @@ def test_policy_is_checked() -> None:
     """Only strict and live exist."""
     with pytest.raises(ValueError, match="policy"):
         TraceAnswers([], instance=1, policy="lenient")  # type: ignore[arg-type]
+
+
+def test_local_imports_are_answered_by_the_caller_whatever_the_trace() -> None:
+    """A `local` import (an agent's log line) never diverges and never consumes the trace."""
+    log = Binding("mighty:agent/host", "log", lambda ctx, level, text: None)
+    lines: list[list[Any]] = []
+    answers = TraceAnswers(
+        records([(CLOCK, [])]), instance=1, local={(log.interface, log.name): lines.append}
+    )
+    assert answers(None, log, ["info", "one more line"], live("live")) is None  # type: ignore[arg-type]
+    assert answers(None, CLOCK, [], live("live")) == "answer 1"  # type: ignore[arg-type]
+    assert lines == [["info", "one more line"]]
+    assert [a.source for a in answers.calls] == ["own", "trace"]
