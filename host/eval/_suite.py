@@ -445,12 +445,9 @@ class Suite:
                     data, component, gate_for(component), policy, self.limits
                 )
             result.fuel = got.fuel
-            live = next((a.live_from for a in answers if a.live_from is not None), None)
-            if live is not None:
-                result.live_from = (
-                    f"live from import {live.index} of instance {answers_instance(answers, live)} "
-                    f"({live.interface}#{live.function})"
-                )
+            went_live = [a for a in answers if a.live_from is not None]
+            if went_live:
+                result.live_from = _live_text(went_live[0])
             comparators = case.compare or self.compare
             result.comparisons = [c.compare(data.baseline, got) for c in comparators]
             result.verdict = "pass" if all(c.ok for c in result.comparisons) else "fail"
@@ -468,11 +465,13 @@ class Suite:
         return result
 
 
-def answers_instance(answers: list[TraceAnswers], live: Any) -> int:
-    for a in answers:
-        if a.live_from is live:
-            return a.instance
-    return -1
+def _live_text(answers: TraceAnswers) -> str:
+    live = answers.live_from
+    assert live is not None
+    return (
+        f"live from import {live.index} of instance {answers.instance} "
+        f"({live.interface}#{live.function})"
+    )
 
 
 def _imports(answers: list[TraceAnswers]) -> list[tuple[str, str, Any]]:
@@ -535,10 +534,12 @@ def _run_component(
                     if end is not None and not end.get("ok") and recorded == kind:
                         got.results.append({"fn": record["fn"], "ok": False, "error": kind})
                         break  # failed as the baseline did; the instance is spent
-                    raise _CellError(
-                        f"{record['fn']} (instance {instance_id} step {record['s']}): "
-                        f"{kind}: {exc.message}"
-                    ) from None
+                    where = f"{record['fn']} (instance {instance_id} step {record['s']})"
+                    if answers.live_from is not None:
+                        # Live past the trace on an import with no real host here (an agent's
+                        # ask or send outside a running runtime), or the live import failed.
+                        where += f", {_live_text(answers)}"
+                    raise _CellError(f"{where}: {kind}: {exc.message}") from None
                 if answers.divergence is not None:
                     raise _Diverged(answers.divergence)
                 got.results.append({"fn": record["fn"], "ok": True, "value": jsonable(value)})
