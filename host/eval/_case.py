@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from mighty._errors import BadInput, MightyError
 from mighty.engine import Component
+from mighty.eval._compare import Comparator
 from mighty.eval._outcome import TOOLS, Outcome, jsonable, tool_calls_of, tool_specs
-from mighty.trace import AnswerPolicy, TraceError, read_instances
+from mighty.trace import AnswerPolicy, read_instances
 
 __all__ = ["Case", "CaseData", "Member", "load_case"]
 
@@ -42,7 +43,7 @@ class Case:
     trace: Path
     agent: str | None = None
     instance: int | None = None
-    compare: tuple[Any, ...] | None = None
+    compare: tuple[Comparator, ...] | None = None
     policy: AnswerPolicy | None = None
 
     def __post_init__(self) -> None:
@@ -148,15 +149,14 @@ def code_result(res: Any) -> dict[str, Any]:
 
 
 def load_case(case: Case) -> CaseData:
-    """Read ``case``'s trace and its baseline; ``BadInput``/``TraceError`` when unusable."""
+    """Read ``case``'s trace and its baseline; ``BadInput`` or a ``TraceError`` (missing,
+    corrupt, malformed) when it cannot be used."""
     try:
         groups, truncated = read_instances(case.trace)
     except FileNotFoundError:
         raise BadInput(f"{case.trace}: no such trace file") from None
     except OSError as exc:
         raise BadInput(f"{case.trace}: {exc.strerror or exc}") from None
-    except TraceError:
-        raise
     if not groups:
         raise BadInput(f"{case.trace} holds no instance")
     chosen = _select(case, groups)
