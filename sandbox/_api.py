@@ -62,7 +62,7 @@ from mighty._errors import (
 )
 from mighty.budget import Budget, CancelScope, Usage
 from mighty.engine import Component
-from mighty.gate import Gate
+from mighty.gate import CallHook, Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
 from mighty.sandbox._tools import (
@@ -421,7 +421,12 @@ class _Config:
 class _Live:
     """One interpreter instance with its tool host and output capture."""
 
-    def __init__(self, config: _Config, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        config: _Config,
+        recorder: Recorder | None = None,
+        hooks: Sequence[CallHook] = (),
+    ) -> None:
         limits = config.limits
         self.limits = limits
         self.host = ToolHost(
@@ -446,6 +451,7 @@ class _Live:
             policy=policy,
             gate=_gate(),
             record=recorder,
+            hooks=hooks,
             # A code-mode instance works at once: copy the pages a run writes in one go.
             prefault=True,
         )
@@ -860,6 +866,7 @@ class Sandbox:
         record: str | Path | None = None,
         on_output: OutputListener | None = None,
         limits: Limits | None = None,
+        hooks: Sequence[CallHook] = (),
     ) -> RunResult:
         """Run ``code`` in a fresh interpreter; ``inputs`` become its global variables.
 
@@ -869,7 +876,10 @@ class Sandbox:
         stderr as the code writes them (see :data:`OutputListener`), on the run's thread; an
         exception it raises is logged and stops it being called, never the run. ``limits``
         are this run's instead of the sandbox's; each field at most the sandbox's
-        (``BadInput`` otherwise): a run can be held tighter, never looser.
+        (``BadInput`` otherwise): a run can be held tighter, never looser. ``hooks`` wrap
+        every import of the run (gate call hooks; ``mighty.eval`` answers imports from a trace
+        this way); like a recorded run, a run with hooks gets a fresh instance of its own, not
+        a warmed one from the pool.
         """
         return self._run(
             code,
@@ -879,6 +889,7 @@ class Sandbox:
             loop=None,
             on_output=on_output,
             limits=limits,
+            hooks=hooks,
         )
 
     async def run_async(
@@ -929,6 +940,7 @@ class Sandbox:
         loop: asyncio.AbstractEventLoop | None,
         on_output: OutputListener | None = None,
         limits: Limits | None = None,
+        hooks: Sequence[CallHook] = (),
     ) -> RunResult:
         if self._closed:
             raise ValueError("sandbox is closed")
@@ -939,20 +951,23 @@ class Sandbox:
             _check_run_limits(limits, self.limits)
         run_limits = limits or self.limits
         payload = _encode_inputs(inputs, keep=False, max_value=run_limits.output)
-        with self._instance(record) as live:
+        with self._instance(record, hooks) as live:
             return live.execute(code, payload, cancel, loop, on_output, limits)
 
     @contextmanager
-    def _instance(self, record: str | Path | None) -> Iterator[_Live]:
+    def _instance(
+        self, record: str | Path | None, hooks: Sequence[CallHook] = ()
+    ) -> Iterator[_Live]:
         recorder = Recorder(record) if record is not None else None
+        own = recorder is not None or bool(hooks)
         try:
-            live = None if recorder is not None else self._pool.take()
+            live = None if own else self._pool.take()
             if live is None:
-                live = _Live(self._config, recorder)
+                live = _Live(self._config, recorder, hooks)
             try:
                 yield live
             finally:
-                if recorder is None:
+                if not own:
                     self._pool.release(live)  # freed off the caller's path
                 else:
                     live.close()  # the trace's close record is written now

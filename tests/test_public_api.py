@@ -16,7 +16,8 @@ PINNED = {
     },
     "mighty.reload": {
         "Compatibility", "FieldInfo", "ReloadFailed", "ReloadRefused", "ReloadReport",
-        "SchemaError", "StateSchema", "check_compatible", "parse_schema", "reload_agent_type",
+        "SchemaError", "StateSchema", "SwapVerifier", "check_compatible", "parse_schema",
+        "reload_agent_type",
     },
 }  # fmt: skip
 
@@ -29,6 +30,7 @@ PACKAGES = [
     "mighty.cli",
     "mighty.control",
     "mighty.engine",
+    "mighty.eval",
     "mighty.gate",
     "mighty.instance",
     "mighty.reload",

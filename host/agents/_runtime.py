@@ -691,16 +691,24 @@ class Runtime:
         return result
 
     def reload(
-        self, agent_type: str, source: str | os.PathLike[str] | bytes, *, drain_timeout: float = 5.0
+        self,
+        agent_type: str,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        drain_timeout: float = 5.0,
+        verify: Any = None,
     ) -> Any:
         """Hot-swap every live agent of ``agent_type`` to the component in ``source``.
 
-        Returns a ReloadReport, or raises ReloadRefused (incompatible schema; nothing touched)
-        or ReloadFailed (rolled back; every agent runs its old version).
+        Returns a ReloadReport, or raises ReloadRefused (incompatible schema, or a cell of the
+        ``verify`` suite failed; nothing touched) or ReloadFailed (rolled back; every agent
+        runs its old version).
         """
         from mighty.reload import reload_agent_type
 
-        return reload_agent_type(self, agent_type, source, drain_timeout=drain_timeout)
+        return reload_agent_type(
+            self, agent_type, source, drain_timeout=drain_timeout, verify=verify
+        )
 
     # -- events -----------------------------------------------------------------------------
 

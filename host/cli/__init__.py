@@ -1,5 +1,6 @@
 """The `mty` command line."""
 
+from mighty.cli._eval import eval_command
 from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
 from mighty.cli._mcp import sandbox_group
@@ -14,5 +15,6 @@ main.add_command(reload_command, "reload")
 main.add_command(compile_command, "compile")
 main.add_command(inspect_command, "inspect-component")
 main.add_command(inspect_command, "wit")
+main.add_command(eval_command, "eval")
 
 __all__ = ["main", "parse_size"]

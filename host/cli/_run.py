@@ -386,6 +386,12 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
     show_default=True,
     help="Seconds to wait for in-flight messages.",
 )
+@click.option(
+    "--verify",
+    "verify",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Run this eval suite with the new component first; refuse unless every cell passes.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
 def reload_command(
@@ -393,6 +399,7 @@ def reload_command(
     source: Path,
     socket_path: Path | None,
     drain_timeout: float,
+    verify: Path | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -405,6 +412,13 @@ def reload_command(
             raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
         if not source.is_file():
             raise BadInput(f"{source}: no such file")
+        if verify is not None:
+            from mighty.cli._eval import refuse_swap, verify_swap
+
+            # Before the request: a refused swap never reaches the running side.
+            failing = verify_swap(verify, agent_type, source, quiet=quiet or as_json)
+            if failing:
+                refuse_swap(failing, as_json)
         try:
             # The running side compiles the new component first: tens of seconds, once.
             with Waits(not quiet) as show:

@@ -8,7 +8,13 @@ from mighty.reload._schema import (
     check_compatible,
     parse_schema,
 )
-from mighty.reload._swap import ReloadFailed, ReloadRefused, ReloadReport, reload_agent_type
+from mighty.reload._swap import (
+    ReloadFailed,
+    ReloadRefused,
+    ReloadReport,
+    SwapVerifier,
+    reload_agent_type,
+)
 
 __all__ = [
     "Compatibility",
@@ -18,6 +24,7 @@ __all__ = [
     "ReloadReport",
     "SchemaError",
     "StateSchema",
+    "SwapVerifier",
     "check_compatible",
     "parse_schema",
     "reload_agent_type",

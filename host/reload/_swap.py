@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mighty._errors import HostError, MightyError
 from mighty.abi import Err
@@ -38,7 +39,14 @@ from mighty.reload._schema import Compatibility, StateSchema, check_compatible, 
 if TYPE_CHECKING:
     from mighty.agents import AgentProcess, Runtime
 
-__all__ = ["ReloadFailed", "ReloadRefused", "ReloadReport", "reload_agent_type"]
+__all__ = ["ReloadFailed", "ReloadRefused", "ReloadReport", "SwapVerifier", "reload_agent_type"]
+
+
+class SwapVerifier(Protocol):
+    """Checks a new component before a swap (``mighty.eval.Suite`` is one): the cells that
+    failed, as lines; empty when the component may take over."""
+
+    def verify_swap(self, agent_type: str, component: Component) -> Sequence[str]: ...
 
 
 class ReloadRefused(HostError):
@@ -89,10 +97,22 @@ def reload_agent_type(
     source: str | os.PathLike[str] | bytes,
     *,
     drain_timeout: float = 5.0,
+    verify: SwapVerifier | None = None,
 ) -> ReloadReport:
-    """Swap ``type_name`` to the component in ``source`` for every live agent, or roll back."""
+    """Swap ``type_name`` to the component in ``source`` for every live agent, or roll back.
+
+    With ``verify`` (an eval suite), the new component is checked against it first, before
+    anything is paused: any failing cell refuses the swap (``ReloadRefused`` naming them)."""
     old_type = runtime.agent_type(type_name)
     component = Component.load(source)
+    if verify is not None:
+        failing = tuple(verify.verify_swap(type_name, component))
+        if failing:
+            raise ReloadRefused(
+                f"{type_name}: the verify suite failed {len(failing)} cell(s): "
+                + "; ".join(failing),
+                problems=failing,
+            )
     new_type = replace(old_type, component=component)
     agents = [p for p in runtime.agents() if p.type.name == type_name and p.alive]
 

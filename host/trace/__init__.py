@@ -5,6 +5,14 @@ them back and tell a torn tail (``truncated``) from damage (``TraceCorrupt``). `
 and ``decode_value`` are the lossless value encoding the records use.
 """
 
+from mighty.trace._answer import (
+    AnsweredImport,
+    AnswerPolicy,
+    LiveFrom,
+    TraceAnswers,
+    answer_gate,
+    read_instances,
+)
 from mighty.trace._debug import Debugger
 from mighty.trace._errors import (
     TraceCorrupt,
@@ -40,10 +48,13 @@ __all__ = [
     "DEFAULT_REPLAY_LIMITS",
     "FORMAT_VERSION",
     "MAX_FRAME",
+    "AnswerPolicy",
+    "AnsweredImport",
     "Debugger",
     "HandleRef",
     "InstanceRecording",
     "InstanceReport",
+    "LiveFrom",
     "NondeterminismError",
     "Recorder",
     "ReplayAborted",
@@ -52,6 +63,7 @@ __all__ = [
     "ReplayLimits",
     "ReplayReport",
     "Trace",
+    "TraceAnswers",
     "TraceCorrupt",
     "TraceError",
     "TraceInvalid",
@@ -59,9 +71,11 @@ __all__ = [
     "TraceTruncated",
     "TraceVersionError",
     "TraceWriter",
+    "answer_gate",
     "decode_value",
     "default_trace_path",
     "encode_value",
+    "read_instances",
     "read_trace",
     "replay_trace",
     "summarize",

@@ -95,6 +95,8 @@ def test_public_names_are_pinned() -> None:
         "Recorder", "ReplayReport", "default_trace_path", "replay_trace", "summarize", "Debugger",
         "DEFAULT_REPLAY_LIMITS", "ReplayLimitExceeded", "ReplayLimits", "TraceInvalid",
         "ReplayAborted", "ReplayEvent",
+        "AnswerPolicy", "AnsweredImport", "LiveFrom", "TraceAnswers", "answer_gate",
+        "read_instances",
     }  # fmt: skip
     for name in mighty.trace.__all__:
         assert getattr(mighty.trace, name) is not None

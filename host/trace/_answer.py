@@ -1,0 +1,324 @@
+"""Answering a *different* build's imports from a trace: while they match, then strict or live.
+
+``replay_trace`` checks that a guest repeats a recording exactly, step for step, fuel included.
+Evaluation (``mighty.eval``) asks something weaker: a member is another build (or another
+program), so its internal import pattern may differ, and what counts is what it produces. The
+:class:`TraceAnswers` hook answers each import the member makes from the recorded imports of one
+instance, **by key, not by position**:
+
+- the key of an import is its interface, function and canonical arguments (resources recorded
+  by the trace and handed to the member as stand-ins are translated back to the recorded
+  references first, so a member that opened them in another order still matches); a caller
+  may give its own key function (code mode keys tool calls by name and canonical JSON);
+- the n-th identical call is answered with the n-th recorded answer for that key, in recorded
+  order; a call past the recorded count does not match (so a loop that asks a tool once more
+  than the baseline did is seen);
+- imports whose arguments hold a live handle of the member's own (its stdout stream, say), and
+  the calls ``passthrough`` names, always go to the real host function: their effect is the
+  member's own output, which a comparator judges, not an input of the recorded world.
+
+At the first import that does not match, the policy decides: ``strict`` raises the
+:class:`NondeterminismError` ``mty replay`` would (the instance, the step, what the trace has
+and what came), and ``live`` calls the real host function for it and every later import,
+noting where (:attr:`TraceAnswers.live_from`).
+
+Rejected: positional matching with skips (a refactor that reads the clock once more would
+shift every later answer), and matching by function alone (two different questions to one
+tool would get each other's answers). This module is apart from ``_replay.py`` so the replay
+path stays what it was: nothing here runs unless a caller builds this hook.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from mighty.abi import Err, Ok, Some, Variant
+from mighty.engine import Component
+from mighty.gate import Binding, Gate, GuestContext, GuestViolation, Handle, request_exit
+from mighty.trace._format import TraceReader
+from mighty.trace._recorder import to_refs
+from mighty.trace._replay import (
+    NondeterminismError,
+    _brief,
+    _canonical,
+    _group,
+    _kind_named,
+    _RecordedHostError,
+    _StandIns,
+    _Stub,
+)
+from mighty.trace._values import HandleRef
+
+__all__ = [
+    "AnswerPolicy",
+    "AnsweredImport",
+    "LiveFrom",
+    "TraceAnswers",
+    "answer_gate",
+    "read_instances",
+]
+
+AnswerPolicy = Literal["strict", "live"]
+"""What happens at the first import the trace cannot answer."""
+KeyFunction = Callable[[str, str, list[Any]], Any]
+"""``(interface, function, args) -> key``: imports with equal keys are the same question;
+``None`` means the default key (interface, function and canonical arguments)."""
+
+_ALWAYS_LIVE = frozenset(
+    {
+        ("wasi:cli/stdout", "get-stdout"),
+        ("wasi:cli/stderr", "get-stderr"),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredImport:
+    """One import the member made: what it asked, what it got, and who answered.
+
+    ``source`` is ``trace`` (a recorded answer), ``live`` (the real host function after the
+    run went live) or ``own`` (the member's own effects: its output streams and handles, and
+    the imports answered ``local``-ly).
+    """
+
+    index: int
+    interface: str
+    function: str
+    args: Any
+    result: Any
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFrom:
+    """Where a ``live`` run left the trace: the member's import ``index`` (1-based) and why."""
+
+    index: int
+    interface: str
+    function: str
+    reason: str
+
+
+def read_instances(path: str | Path) -> tuple[dict[int, list[dict[str, Any]]], bool]:
+    """Every instance's records of the trace at ``path``, schema-checked, and ``truncated``.
+
+    Each record carries ``"@"``, its frame's byte offset. Raises ``TraceCorrupt`` /
+    ``TraceInvalid`` for a damaged or malformed trace.
+    """
+    with TraceReader(path) as reader:
+        groups = _group(reader)
+        return groups, reader.truncated
+
+
+def answer_gate(component: Component, base: Gate | None = None) -> Gate:
+    """``base`` (default: the default WASI gate) plus stand-ins for every other import of
+    ``component``: a stand-in only links; it fails if a call ever reaches it (a ``live`` run
+    that leaves the trace on an import nothing here implements, such as ``mighty:agent``)."""
+    from mighty.instance import default_gate
+
+    gate = base or default_gate()
+    missing = gate.missing(component.imports)
+    if not missing:
+        return gate
+    return Gate([*gate.providers, _StandIns(component, missing)])
+
+
+def _default_key(interface: str, function: str, args: list[Any]) -> Any:
+    return _canonical({"if": interface, "fn": function, "args": args})
+
+
+class TraceAnswers:
+    """A gate hook answering one instance's imports from its recorded imports, by key.
+
+    ``records`` are the instance's recorded ``import`` records (others are ignored).
+    ``policy`` is ``strict`` or ``live`` (see the module note). ``key`` maps an import to its
+    matching key (default: interface, function and canonical arguments). ``passthrough`` names
+    further imports that always go to the real host function. ``local`` answers some imports
+    itself, never from the trace, whatever the policy: ``(interface, function) -> fn(args)``
+    (an agent's ``log`` and ``emit`` are its own output, with no host to go to outside a
+    runtime).
+    """
+
+    def __init__(
+        self,
+        records: Sequence[dict[str, Any]],
+        *,
+        instance: int,
+        policy: AnswerPolicy = "strict",
+        key: KeyFunction | None = None,
+        passthrough: Callable[[str, str], bool] | None = None,
+        local: Mapping[tuple[str, str], Callable[[list[Any]], Any]] | None = None,
+    ) -> None:
+        if policy not in ("strict", "live"):
+            raise ValueError(f"policy must be 'strict' or 'live', got {policy!r}")
+        self.instance = instance
+        self.policy: AnswerPolicy = policy
+        self._custom_key = key
+        self._passthrough = passthrough
+        self._local = dict(local or {})
+        self._pending: list[dict[str, Any]] = [r for r in records if r.get("k") == "import"]
+        self._used = [False] * len(self._pending)
+        self._by_key: dict[Any, deque[int]] = {}
+        for position, record in enumerate(self._pending):
+            args = record["args"] if isinstance(record["args"], list) else [record["args"]]
+            k = self._key(str(record["if"]), str(record["fn"]), args)
+            self._by_key.setdefault(k, deque()).append(position)
+        self._stubs: dict[tuple[int, int], HandleRef] = {}
+        self._refs: dict[tuple[str, str, int], HandleRef] = {}
+        self.calls: list[AnsweredImport] = []
+        """Every import the member made, in order."""
+        self.live_from: LiveFrom | None = None
+        """Set when a ``live`` run left the trace."""
+        self.divergence: NondeterminismError | None = None
+        """Set when a ``strict`` run met an import the trace cannot answer."""
+
+    def _key(self, interface: str, function: str, args: list[Any]) -> Any:
+        if self._custom_key is not None:
+            k = self._custom_key(interface, function, args)
+            if k is not None:
+                return k
+        return _default_key(interface, function, args)
+
+    # -- the gate hook ------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        ctx: GuestContext,
+        binding: Binding,
+        args: Sequence[Any],
+        call: Callable[[], Any],
+    ) -> Any:
+        index = len(self.calls) + 1
+        interface, function = binding.interface, binding.name
+        answer = self._local.get((interface, function)) if self._local else None
+        if answer is not None:
+            refs = to_refs(list(args))
+            result = answer(refs)
+            self.calls.append(AnsweredImport(index, interface, function, refs, result, "own"))
+            return result
+        if self.live_from is not None or self._own(interface, function, args):
+            result = call()
+            source = "live" if self.live_from is not None else "own"
+            self.calls.append(
+                AnsweredImport(index, interface, function, to_refs(list(args)), result, source)
+            )
+            return result
+        got = [self._recorded_ref(a) for a in to_refs(list(args))]
+        queue = self._by_key.get(self._key(interface, function, got))
+        if not queue:
+            return self._unmatched(ctx, index, interface, function, got, call)
+        position = queue.popleft()
+        self._used[position] = True
+        record = self._pending[position]
+        outcome = record["out"]
+        self.calls.append(AnsweredImport(index, interface, function, got, record["res"], "trace"))
+        if outcome == "exit":
+            request_exit(int(record["res"]))
+        if outcome == "violation":
+            raise GuestViolation(str(record["res"]))
+        if outcome == "host_error":
+            raise _RecordedHostError(str(record["res"]))
+        return self._materialize(ctx, record["res"])
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _own(self, interface: str, function: str, args: Sequence[Any]) -> bool:
+        if (interface, function) in _ALWAYS_LIVE:
+            return True
+        if self._passthrough is not None and self._passthrough(interface, function):
+            return True
+        return any(self._live_handle(a) for a in args)
+
+    def _live_handle(self, value: Any) -> bool:
+        if isinstance(value, Handle):
+            return (value.kind.type_id, value.rep) not in self._stubs
+        if isinstance(value, list | tuple):
+            return any(self._live_handle(v) for v in value)
+        return False
+
+    def _recorded_ref(self, value: Any) -> Any:
+        if isinstance(value, HandleRef):
+            return self._refs.get((value.interface, value.name, value.rep), value)
+        if isinstance(value, list):
+            return [self._recorded_ref(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self._recorded_ref(v) for v in value)
+        return value
+
+    def _materialize(self, ctx: GuestContext, value: Any) -> Any:
+        """A recorded result with every HandleRef turned into a fresh stand-in resource."""
+        if isinstance(value, HandleRef):
+            handle = ctx.new(_kind_named(value.interface, value.name), None)
+            ctx._tables[handle.kind.type_id][handle.rep] = _Stub(value)
+            self._stubs[(handle.kind.type_id, handle.rep)] = value
+            self._refs[(value.interface, value.name, handle.rep)] = value
+            return handle
+        if isinstance(value, list):
+            return [self._materialize(ctx, v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self._materialize(ctx, v) for v in value)
+        if isinstance(value, Ok):
+            return Ok(self._materialize(ctx, value.value))
+        if isinstance(value, Err):
+            return Err(self._materialize(ctx, value.value))
+        if isinstance(value, Some):
+            return Some(self._materialize(ctx, value.value))
+        if isinstance(value, Variant):
+            return Variant(value.case, self._materialize(ctx, value.value))
+        if isinstance(value, dict):
+            return {k: self._materialize(ctx, v) for k, v in value.items()}
+        return value
+
+    def next_unused(self, interface: str, function: str) -> dict[str, Any] | None:
+        """The earliest recorded import not yet answered, of that function if there is one."""
+        fallback = None
+        for position, record in enumerate(self._pending):
+            if self._used[position]:
+                continue
+            if (record["if"], record["fn"]) == (interface, function):
+                return record
+            fallback = fallback or record
+        return fallback
+
+    def _unmatched(
+        self,
+        ctx: GuestContext,
+        index: int,
+        interface: str,
+        function: str,
+        got: list[Any],
+        call: Callable[[], Any],
+    ) -> Any:
+        expected = self.next_unused(interface, function)
+        if expected is None:
+            message = (
+                f"instance {self.instance}: the guest called {interface}#{function}"
+                f"{_brief(got)} after the last recorded import"
+            )
+            step = -1
+            want: Any = None
+        else:
+            step = int(expected["s"])
+            message = (
+                f"instance {self.instance} step {step}: the trace has "
+                f"{expected['if']}#{expected['fn']}{_brief(expected['args'])}, the guest called "
+                f"{interface}#{function}{_brief(got)}"
+            )
+            want = {"if": expected["if"], "fn": expected["fn"], "args": expected["args"]}
+        if self.policy == "strict":
+            self.divergence = NondeterminismError(
+                message,
+                instance=self.instance,
+                step=step,
+                expected=want,
+                got={"if": interface, "fn": function, "args": got},
+            )
+            raise self.divergence
+        self.live_from = LiveFrom(index, interface, function, message)
+        result = call()
+        self.calls.append(AnsweredImport(index, interface, function, got, result, "live"))
+        return result
