@@ -122,6 +122,8 @@ class SnapshotStore:
         directory = Path(state_dir)
         self.directory = directory
         self.path = directory / DB_NAME
+        if directory.exists() and not directory.is_dir():
+            raise BadStateDir(f"state_dir {directory}: not a directory")
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
