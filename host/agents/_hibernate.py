@@ -183,17 +183,32 @@ class Hibernator:
 
     # -- sleep -----------------------------------------------------------------------------
 
-    def hibernate(self, process: AgentProcess) -> bool:
+    def hibernate(self, process: AgentProcess, *, wait: float = 0.0) -> bool:
         """Snapshot ``process`` into the store and release its instance, if it is idle.
 
         False (nothing changed) when it is busy, asleep already, stopped, or the snapshot or
         the write failed (the agent stays awake; a ``hibernate.failed`` event says why).
+        ``wait``: seconds to wait for a turn in progress to end (an ask's reply is out before
+        its turn is over) while nothing else is queued.
         """
-        if not process._run.acquire(blocking=False):
+        deadline = time.monotonic() + wait
+        while True:
+            slept = self._hibernate_now(process)
+            if slept is not None:
+                return slept
+            if time.monotonic() >= deadline or len(process.mailbox) or not process.alive:
+                return False
+            time.sleep(0.0005)
+
+    def _hibernate_now(self, process: AgentProcess) -> bool | None:
+        """True: asleep now; False: will not (asleep, stopped, failed); None: busy, retry."""
+        if process.hibernated or not process.alive:
             return False
+        if not process._run.acquire(blocking=False):
+            return None
         try:
             if not _idle(process):
-                return False
+                return None
             instance = process.instance
             assert instance is not None
             if not (process.type.durable and process._in_store):
@@ -209,7 +224,7 @@ class Hibernator:
                 if not _idle(process):
                     # A message came while the snapshot was taken: stay awake (the row just
                     # written is a valid snapshot, overwritten at the next hibernation).
-                    return False
+                    return None
                 process.instance = None
                 process._in_store = True
             instance.close()

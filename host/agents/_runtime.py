@@ -753,15 +753,17 @@ class Runtime:
         if self.hibernation is not None:
             self.hibernation.store.delete(process.address)
 
-    def hibernate(self, address: str) -> bool:
-        """Put an idle agent to sleep now; False when it is busy or asleep already.
+    def hibernate(self, address: str, *, timeout: float = 1.0) -> bool:
+        """Put an agent to sleep now, waiting up to ``timeout`` s for a turn in progress to end.
 
-        Needs a ``state_dir``. Its next message wakes it (see docs/hibernation.md).
+        False when it has messages queued, is still running at the deadline, is asleep
+        already, or its snapshot could not be stored. Needs a ``state_dir``. Its next message
+        wakes it (see docs/hibernation.md).
         """
         process = self.process(address)
         if self.hibernation is None:
             raise BadInput("hibernation needs a runtime with a state_dir")
-        return self.hibernation.hibernate(process)
+        return self.hibernation.hibernate(process, wait=timeout)
 
     def hibernation_stats(self) -> dict[str, Any]:
         """Hibernation counters and wake latency (empty without a ``state_dir``)."""
