@@ -558,6 +558,8 @@ class Runtime:
         one line, when it cannot be used); ``clock`` replaces the idle timer's clock and its
         thread (the caller then calls ``runtime.hibernation.tick()``), for tests.
         """
+        # First: an unusable state_dir raises before any thread starts.
+        store = SnapshotStore(state_dir) if state_dir is not None else None
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
         self.gate = Gate([WasiProvider(), AgentHostProvider(self)])
@@ -577,8 +579,7 @@ class Runtime:
         self._closing = False
         self.hibernation: Hibernator | None = None
         """Hibernation and durability (None without a ``state_dir``)."""
-        if state_dir is not None:
-            store = SnapshotStore(state_dir)
+        if store is not None:
             store.discard_volatile()
             self._pids = itertools.count(store.max_pid() + 1)
             self.hibernation = Hibernator(self, store, clock=clock)

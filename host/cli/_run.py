@@ -367,6 +367,13 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
         )
     if summary["unhandled"]:
         click.echo(f"  left unhandled: {summary['unhandled']} accepted message(s)")
+    hibernation = summary.get("hibernation")
+    if hibernation:
+        click.echo(
+            f"  hibernation: {hibernation['hibernated']} asleep, "
+            f"{hibernation['hibernations']} hibernations, {hibernation['wakes']} wakes "
+            f"(p50 {hibernation['wake_ms_p50']} ms), {hibernation['recovered']} recovered"
+        )
 
 
 @click.command("reload")
