@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,49 @@ def test_kill_9_then_restart_keeps_every_acknowledged_deposit(
     assert result["hibernation"]["recovered"] == 1
     bank = next(a for a in result["agents"] if a["name"] == "bank")
     assert bank["wakes"] == 1
+
+
+def test_the_control_socket_status_shows_hibernated_agents(
+    counter_wasm: Path, tmp_path: Path
+) -> None:
+    """`mty run --keep-running`: the agent goes to sleep after its idle time; `status` says so
+    and counts it."""
+    from mighty.control import request
+
+    sock = tmp_path / "control.sock"
+    manifest = _manifest(
+        tmp_path / "mighty.toml",
+        counter_wasm,
+        '[[start]]\nto = "bank"\nmessage = "incr"\nbody = { by = 3 }\n',
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mighty.cli", "run", str(manifest), "-q", "--keep-running"],
+        env={**os.environ, "RUNTIME_CONTROL_SOCK": str(sock)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        status: dict[str, object] = {}
+        for _ in range(1200):  # a wait for the state, not a timing assertion
+            if proc.poll() is not None:
+                break
+            if sock.exists():
+                status = request(sock, "status")
+                agents = status["agents"]
+                assert isinstance(agents, list)
+                if agents and agents[0]["hibernated"]:
+                    break
+            time.sleep(0.05)
+        assert proc.poll() is None
+        agents = status["agents"]
+        assert isinstance(agents, list)
+        bank = agents[0]
+        assert bank["name"] == "bank" and bank["hibernated"] is True
+        assert bank["hibernations"] >= 1
+        counters = status["hibernation"]
+        assert isinstance(counters, dict)
+        assert counters["hibernated"] == 1 and counters["hibernations"] >= 1
+        assert counters["store_bytes"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
