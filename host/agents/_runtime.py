@@ -393,6 +393,11 @@ class AgentProcess:
             instance = hibernation.wake(self)
         except MightyError as exc:
             return self._crashed(None, exc)
+        except Exception as exc:  # noqa: BLE001 -- a host bug in a wake is this agent's crash
+            _log.exception("%s: unexpected error waking it", self.address)
+            error = HostError(f"internal error: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return self._crashed(None, error)
         with self._state:
             installed = self.alive
             if installed:
