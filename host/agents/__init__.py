@@ -1,6 +1,7 @@
 """Agents: components as supervised actors with mailboxes that send and ask one another."""
 
 from mighty.agents._compose import broadcast, pipe
+from mighty.agents._hibernate import HibernationStats, Hibernator
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._output import (
     LOG_LEVELS,
@@ -11,6 +12,15 @@ from mighty.agents._output import (
 )
 from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
 from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._store import (
+    BadStateDir,
+    SnapshotCorrupt,
+    SnapshotRefused,
+    SnapshotStore,
+    StoredSnapshot,
+    StoreError,
+    StoreUnavailable,
+)
 from mighty.agents._supervisor import (
     ChildSpec,
     CircuitBreaker,
@@ -51,6 +61,7 @@ __all__ = [
     "AskCycle",
     "AskTimeout",
     "BadSpawn",
+    "BadStateDir",
     "BreakerSettings",
     "ChildSpec",
     "CircuitBreaker",
@@ -58,6 +69,8 @@ __all__ = [
     "CircuitOpenError",
     "Envelope",
     "HandlerFailed",
+    "HibernationStats",
+    "Hibernator",
     "LineSplitter",
     "Mailbox",
     "MailboxClosed",
@@ -70,6 +83,12 @@ __all__ = [
     "Refused",
     "Runtime",
     "Scheduler",
+    "SnapshotCorrupt",
+    "SnapshotRefused",
+    "SnapshotStore",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredSnapshot",
     "Supervisor",
     "SupervisorEvent",
     "SupervisorFailed",

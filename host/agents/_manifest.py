@@ -11,6 +11,11 @@ timeout = 5.0
 accepts = ["put", "get", "crash"]  # anything else is refused before the guest sees it
 dirs = ["data:/data"]              # read-only; HOST:GUEST:rw to write; HOST relative to here
 mailbox = { capacity = 256, on_full = "block" }
+hibernate_after = 30.0             # idle seconds before it leaves memory (needs state_dir)
+durable = false                    # true: its state is stored after every message
+
+[runtime]
+state_dir = "state"                # the snapshot store (SQLite, WAL); relative to here
 
 [supervisor]
 strategy = "one_for_one"
@@ -41,7 +46,7 @@ from mighty.budget import Budget
 from mighty.engine import Component
 from mighty.wasi import Policy
 
-__all__ = ["Manifest", "load_manifest"]
+__all__ = ["Manifest", "load_manifest", "state_dir"]
 
 _UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
 _UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
@@ -79,6 +84,8 @@ class AgentTypeModel(_Model):
     dirs: list[str] = []
     env: dict[str, str] = {}
     mailbox: MailboxModel = MailboxModel()
+    hibernate_after: float | None = Field(None, gt=0)
+    durable: bool = False
 
     @field_validator("memory")
     @classmethod
@@ -119,10 +126,15 @@ class StartModel(_Model):
     timeout: float = Field(30.0, gt=0)
 
 
+class RuntimeModel(_Model):
+    state_dir: str | None = None
+
+
 class Manifest(_Model):
     """A parsed, validated `mighty.toml`."""
 
     workers: int | None = Field(None, ge=1)
+    runtime: RuntimeModel = RuntimeModel()
     agents: dict[str, AgentTypeModel]
     supervisor: SupervisorModel = SupervisorModel()
     start: list[StartModel] = []
@@ -148,7 +160,21 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
         )
         raise BadInput(f"{path}: {problems}") from None
     _check_tree(manifest, manifest.supervisor)
+    if manifest.runtime.state_dir is None:
+        for name, spec in manifest.agents.items():
+            if spec.durable or spec.hibernate_after is not None:
+                raise BadInput(
+                    f"{path}: agent type {name!r} sets hibernate_after or durable, which need "
+                    "[runtime] state_dir"
+                )
     return manifest, path.resolve().parent
+
+
+def state_dir(manifest: Manifest, base: Path) -> Path | None:
+    """The manifest's ``[runtime] state_dir``, relative to the manifest's directory."""
+    if manifest.runtime.state_dir is None:
+        return None
+    return base / manifest.runtime.state_dir
 
 
 def _check_tree(manifest: Manifest, node: SupervisorModel) -> None:
@@ -219,6 +245,8 @@ def agent_types(
                     spec.mailbox.capacity, spec.mailbox.on_full, spec.mailbox.block_timeout
                 ),
                 policy=policy,
+                hibernate_after=spec.hibernate_after,
+                durable=spec.durable,
             )
         )
     return types

@@ -53,8 +53,9 @@ from typing import Any
 import cbor2
 from pydantic import ValidationError
 
-from mighty._errors import BudgetExceeded, GuestError, HostError, MightyError
+from mighty._errors import BadInput, BudgetExceeded, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok, Variant
+from mighty.agents._hibernate import Hibernator
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
@@ -66,6 +67,7 @@ from mighty.agents._output import (
     stream_level,
 )
 from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._store import SnapshotStore
 from mighty.agents._types import (
     AgentCrashed,
     AgentError,
@@ -117,6 +119,8 @@ class AgentStats:
     dropped: int = 0
     unhandled: int = 0
     """Accepted into the mailbox but never handled: the agent was stopped for good first."""
+    hibernations: int = 0
+    wakes: int = 0
 
 
 @dataclass(eq=False)
@@ -148,6 +152,16 @@ class AgentProcess:
     output: OutputTail = field(default_factory=OutputTail)
     """The agent's last lines of log(), stdout and stderr, across restarts (bounded)."""
     _splitters: tuple[LineSplitter, ...] = ()
+    # Hibernation (see _hibernate): its state is in the store, so a wake or a restart restores
+    # it instead of running init; the idle timer's bookkeeping.
+    _in_store: bool = False
+    _idle_since: float = 0.0
+    _timer_armed: bool = False
+
+    @property
+    def hibernated(self) -> bool:
+        """Asleep: alive, its state in the snapshot store, no instance in memory."""
+        return self.alive and self.instance is None
 
     # -- life ------------------------------------------------------------------------------
 
@@ -155,34 +169,15 @@ class AgentProcess:
         """Instantiate the component and run ``init``; BadSpawn if either fails."""
         if self._retired or self.runtime.closing:
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
-        try:
-            # Instantiation and init run under the default budget; the type's budget is for
-            # each message (a tight per-message fuel must not make the agent unable to start).
-            instance = Instance(
-                self.type.component,
-                budget=Budget(memory=self.type.budget.memory),
-                policy=self.type.policy,
-                gate=self.runtime.gate,
-                record=self.runtime.recorder,
-                state={
-                    "agent.process": self,
-                    "agent.address": self.address,
-                    "agent.name": self.name,
-                },
-            )
-        except MightyError as exc:
-            raise BadSpawn(f"cannot start {self.address}: {exc}") from exc
-        self._attach_output(instance)
-        try:
-            outcome = instance.call("init", self.init)
-        except MightyError as exc:
-            instance.close()
-            raise BadSpawn(f"{self.address} failed in init: {exc}") from exc
-        finally:
-            self._flush_output()
-        if isinstance(outcome, Err):
-            instance.close()
-            raise BadSpawn(f"{self.address} refused its init: {outcome.value}")
+        hibernation = self.runtime.hibernation
+        if self._in_store and hibernation is not None:
+            # Its state is in the store (hibernated, durable): restore it, not init.
+            try:
+                instance = hibernation.wake(self)
+            except MightyError as exc:
+                raise BadSpawn(f"cannot start {self.address}: {exc}") from exc
+        else:
+            instance = self._init_instance()
         with self._state:
             # Checked again: a shutdown or a bury may have happened while init ran, and an
             # instance installed now would never be closed.
@@ -194,8 +189,52 @@ class AgentProcess:
         if refused:
             instance.close()
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
+        if hibernation is not None:
+            if self._in_store:
+                hibernation.woke(self)
+            hibernation.touch(self)
         self.mailbox.resume()
         self._wake()
+
+    def _instantiate(self) -> Instance:
+        """A new instance of the agent's component, its output streamed (not yet init)."""
+        # Instantiation and init run under the default budget; the type's budget is for each
+        # message (a tight per-message fuel must not make the agent unable to start).
+        instance = Instance(
+            self.type.component,
+            budget=Budget(memory=self.type.budget.memory),
+            policy=self.type.policy,
+            gate=self.runtime.gate,
+            record=self.runtime.recorder,
+            state={"agent.process": self, "agent.address": self.address, "agent.name": self.name},
+        )
+        self._attach_output(instance)
+        return instance
+
+    def _init_instance(self) -> Instance:
+        """A new instance that ran ``init`` (and, for a durable type, was stored); BadSpawn."""
+        try:
+            instance = self._instantiate()
+        except MightyError as exc:
+            raise BadSpawn(f"cannot start {self.address}: {exc}") from exc
+        try:
+            outcome = instance.call("init", self.init)
+        except MightyError as exc:
+            instance.close()
+            raise BadSpawn(f"{self.address} failed in init: {exc}") from exc
+        finally:
+            self._flush_output()
+        if isinstance(outcome, Err):
+            instance.close()
+            raise BadSpawn(f"{self.address} refused its init: {outcome.value}")
+        hibernation = self.runtime.hibernation
+        if self.type.durable and hibernation is not None:
+            try:
+                hibernation.persist(self, instance)
+            except MightyError as exc:
+                instance.close()
+                raise BadSpawn(f"{self.address}: cannot store its state: {exc}") from exc
+        return instance
 
     def _attach_output(self, instance: Instance) -> None:
         """Stream the instance's stdout and stderr, line by line, to the runtime's output.
@@ -305,6 +344,8 @@ class AgentProcess:
         with self._run:
             self._owner = threading.get_ident()
             try:
+                if self.hibernated:
+                    exit_reason = self._wake_in_turn()
                 for _ in range(_BATCH):
                     if not self.alive:
                         break
@@ -338,7 +379,34 @@ class AgentProcess:
             # Outside the run lock: the supervisor may stop, revive or retire this very agent
             # (and its siblings), which takes their run locks.
             self._exit(exit_reason)
+        elif not more and self.runtime.hibernation is not None:
+            self.runtime.hibernation.touch(self)
         return handled, more
+
+    def _wake_in_turn(self) -> str | None:
+        """Wake a hibernated agent before its next message (``_run`` held); a crash reason if
+        it cannot (the error is typed; the stored snapshot is left as it was)."""
+        hibernation = self.runtime.hibernation
+        try:
+            if hibernation is None:
+                raise HostError(f"{self.address} is hibernated but the runtime has no store")
+            instance = hibernation.wake(self)
+        except MightyError as exc:
+            return self._crashed(None, exc)
+        except Exception as exc:  # noqa: BLE001 -- a host bug in a wake is this agent's crash
+            _log.exception("%s: unexpected error waking it", self.address)
+            error = HostError(f"internal error: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return self._crashed(None, error)
+        with self._state:
+            installed = self.alive
+            if installed:
+                self.instance = instance
+        if not installed:  # stopped while it woke
+            instance.close()
+            return None
+        hibernation.woke(self)
+        return None
 
     def _exit(self, reason: str) -> None:
         """Tell the supervisor (or bury the agent when there is none, or no more runtime)."""
@@ -376,6 +444,13 @@ class AgentProcess:
             self._flush_output()
         if instance.last_usage is not None:
             self.stats.fuel += instance.last_usage.fuel
+        hibernation = self.runtime.hibernation
+        if self.type.durable and hibernation is not None:
+            # Write-ahead: the state is on disk before the reply is released.
+            try:
+                hibernation.persist(self, instance)
+            except MightyError as exc:
+                return self._crashed(envelope, exc)
         if isinstance(outcome, Ok):
             self.stats.handled += 1
             reply = outcome.value
@@ -477,11 +552,19 @@ class Runtime:
         on_output: Callable[[AgentOutput], None] | None = None,
         output_lines: int = OUTPUT_TAIL_LINES,
         output_bytes: int = OUTPUT_TAIL_BYTES,
+        state_dir: str | os.PathLike[str] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
         written, on the thread running the agent; each agent also keeps its last
         ``output_lines`` lines (at most ``output_bytes`` characters) in ``AgentProcess.output``.
+
+        ``state_dir`` holds the snapshot store of hibernated and durable agents (BadStateDir,
+        one line, when it cannot be used); ``clock`` replaces the idle timer's clock and its
+        thread (the caller then calls ``runtime.hibernation.tick()``), for tests.
         """
+        # First: an unusable state_dir raises before any thread starts.
+        store = SnapshotStore(state_dir) if state_dir is not None else None
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
         self.gate = Gate([WasiProvider(), AgentHostProvider(self)])
@@ -499,6 +582,12 @@ class Runtime:
         # Agents buried (stopped for good), kept for reports of what they did and left undone.
         self._retired: deque[AgentProcess] = deque(maxlen=_EVENTS_KEPT)
         self._closing = False
+        self.hibernation: Hibernator | None = None
+        """Hibernation and durability (None without a ``state_dir``)."""
+        if store is not None:
+            store.discard_volatile()
+            self._pids = itertools.count(store.max_pid() + 1)
+            self.hibernation = Hibernator(self, store, clock=clock)
 
     @property
     def closing(self) -> bool:
@@ -508,6 +597,11 @@ class Runtime:
     # -- types and processes ---------------------------------------------------------------
 
     def register(self, agent_type: AgentType) -> None:
+        if self.hibernation is None and (agent_type.durable or agent_type.hibernate_after):
+            raise BadInput(
+                f"agent type {agent_type.name!r}: hibernate_after and durable need a "
+                "runtime with a state_dir"
+            )
         with self._lock:
             self._types[agent_type.name] = agent_type
 
@@ -531,7 +625,13 @@ class Runtime:
         on_exit: Callable[[AgentProcess, bool, str], None] | None = None,
     ) -> AgentProcess:
         agent_type = self.agent_type(type_name)
-        address = f"{type_name}:{next(self._pids)}"
+        stored = None
+        if self.hibernation is not None and agent_type.durable and name is not None:
+            # A durable agent an earlier runtime on this state_dir left: it comes back asleep.
+            stored = self.hibernation.stored_address(agent_type, name)
+            if stored is not None and stored in self._agents:
+                stored = None
+        address = stored or f"{type_name}:{next(self._pids)}"
         settings = agent_type.mailbox
         process = AgentProcess(
             self,
@@ -549,11 +649,51 @@ class Runtime:
             self._agents[address] = process
             if name is not None:
                 self._names[name] = address
+        if stored is not None:
+            self._adopt(process)
+            return process
         try:
             process.start()
         except BaseException:
             self._forget(process)
             raise
+        return process
+
+    def _adopt(self, process: AgentProcess) -> None:
+        """Bring back ``process`` asleep: its state is a durable row of the store."""
+        assert self.hibernation is not None
+        with process._state:
+            process._in_store = True
+            process.alive = True
+        self.hibernation.adopted(process)
+
+    def _recover(self, address: str) -> AgentProcess | None:
+        """A durable agent stored by an earlier runtime, registered again asleep (no supervisor)."""
+        if self.hibernation is None or self._closing:
+            return None
+        row = self.hibernation.recoverable(address)
+        if row is None or row.type not in self._types:
+            return None
+        agent_type = self._types[row.type]
+        if not agent_type.durable:
+            return None
+        settings = agent_type.mailbox
+        process = AgentProcess(
+            self,
+            address,
+            agent_type,
+            b"",
+            Mailbox(settings.capacity, settings.on_full, settings.block_timeout),
+            name=row.name,
+            output=OutputTail(self._output_lines, self._output_bytes),
+        )
+        with self._lock:
+            if address in self._agents:
+                return self._agents[address]
+            self._agents[address] = process
+            if row.name is not None and row.name not in self._names:
+                self._names[row.name] = address
+        self._adopt(process)
         return process
 
     def whereis(self, name: str) -> str | None:
@@ -565,6 +705,8 @@ class Runtime:
         with self._lock:
             target = self._names.get(address, address)
             process = self._agents.get(target)
+        if process is None:
+            process = self._recover(target)
         if process is None or (not process.alive and process.on_exit is None):
             raise NoProc(f"no agent at {address!r}")
         return process
@@ -614,6 +756,28 @@ class Runtime:
         process = self.process(address)
         process.stop()
         self._bury(process, "stopped")
+        if self.hibernation is not None:
+            self.hibernation.store.delete(process.address)
+
+    def hibernate(self, address: str, *, timeout: float = 1.0) -> bool:
+        """Put an agent to sleep now, waiting up to ``timeout`` s for a turn in progress to end.
+
+        False when it has messages queued, is still running at the deadline, is asleep
+        already, or its snapshot could not be stored. Needs a ``state_dir``. Its next message
+        wakes it (see docs/hibernation.md).
+        """
+        process = self.process(address)
+        if self.hibernation is None:
+            raise BadInput("hibernation needs a runtime with a state_dir")
+        return self.hibernation.hibernate(process, wait=timeout)
+
+    def hibernation_stats(self) -> dict[str, Any]:
+        """Hibernation counters and wake latency (empty without a ``state_dir``)."""
+        return {} if self.hibernation is None else self.hibernation.to_json()
+
+    def stored_schemas(self, type_name: str) -> dict[str, str | None]:
+        """Schema hash -> JSON of every stored snapshot of ``type_name`` (for hot swap)."""
+        return {} if self.hibernation is None else self.hibernation.store.schemas_of(type_name)
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -788,6 +952,8 @@ class Runtime:
                     process.stats.unhandled += 1
             self._bury(process, "shutdown")
         self.scheduler.stop(timeout=deadline - time.monotonic())
+        if self.hibernation is not None:
+            self.hibernation.close()
 
     def __enter__(self) -> Runtime:
         return self

@@ -119,10 +119,16 @@ class AgentType:
     lifetime_fuel: int | None = None
     mailbox: MailboxSettings = field(default_factory=MailboxSettings)
     policy: Policy = field(default_factory=Policy)
+    hibernate_after: float | None = None
+    """Seconds idle before an agent is hibernated (None: only ``Runtime.hibernate``)."""
+    durable: bool = False
+    """Store the state after every handled message; it outlives the runtime (a state_dir)."""
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
             raise ValueError(f"agent type names are non-empty and have no ':', got {self.name!r}")
+        if self.hibernate_after is not None and not self.hibernate_after > 0:
+            raise ValueError(f"hibernate_after must be > 0 seconds, got {self.hibernate_after}")
 
 
 @dataclass(eq=False)

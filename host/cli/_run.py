@@ -115,7 +115,7 @@ def run_command(
     lines (at most 200 lines and 64 KiB per agent) in the summary.
     """
     from mighty.agents import Runtime, start_tree
-    from mighty.agents._manifest import agent_types, load_manifest, supervisor_spec
+    from mighty.agents._manifest import agent_types, load_manifest, state_dir, supervisor_spec
     from mighty.trace import Recorder
 
     threshold = level_number(log_level)
@@ -133,6 +133,7 @@ def run_command(
             workers=spec.workers,
             recorder=recorder,
             on_output=None if quiet else _OutputWriter(threshold),
+            state_dir=state_dir(spec, base),
         )
         control = _control_server(runtime)
         try:
@@ -322,6 +323,9 @@ def _summary(runtime: Any, threshold: int = 0) -> dict[str, Any]:
             "dropped": p.stats.dropped,
             "fuel": p.stats.fuel,
             "mailbox_high_water": p.mailbox.high_water,
+            "hibernated": p.hibernated,
+            "hibernations": p.stats.hibernations,
+            "wakes": p.stats.wakes,
             "output": [o.to_json() for o in p.output.items() if level_number(o.level) >= threshold],
             "output_dropped": p.output.dropped,
         }
@@ -339,6 +343,7 @@ def _summary(runtime: Any, threshold: int = 0) -> dict[str, Any]:
         "workers": workers,
         "events": events,
         "unhandled": sum(a["unhandled"] for a in agents),
+        "hibernation": runtime.hibernation_stats(),
     }
 
 
@@ -362,6 +367,13 @@ def _print_summary(summary: dict[str, Any], state: str) -> None:
         )
     if summary["unhandled"]:
         click.echo(f"  left unhandled: {summary['unhandled']} accepted message(s)")
+    hibernation = summary.get("hibernation")
+    if hibernation:
+        click.echo(
+            f"  hibernation: {hibernation['hibernated']} asleep, "
+            f"{hibernation['hibernations']} hibernations, {hibernation['wakes']} wakes "
+            f"(p50 {hibernation['wake_ms_p50']} ms), {hibernation['recovered']} recovered"
+        )
 
 
 @click.command("reload")

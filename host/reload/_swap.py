@@ -16,6 +16,12 @@ new instances and resumes every agent on its old instance with its state and mai
 (the old instance was only read by ``snapshot``); the report says why. An agent is never left
 stuck: it always ends running, old or new.
 
+Hibernated agents of the type (no instance, their state a row of the snapshot store) are part
+of the same transaction: the new schema is checked against the schema of every stored snapshot
+of the type as well as the running one (one refusal refuses the swap for all), they are paused
+and locked like the others, and on confirm they simply take the new type: the next message
+wakes them with the new component, which restores the stored snapshot.
+
 Rejected: swapping agent by agent with independent commits (a half-swapped type would run two
 versions at once with no way back for the first ones); stopping the mailbox (senders would see
 errors or lose messages during a deploy).
@@ -136,7 +142,8 @@ def reload_agent_type(
                 )
             locked.append(process)
         for process in agents:
-            staged.append(_stage(runtime, process, old_type, component))
+            if not process.hibernated:
+                staged.append(_stage(runtime, process, old_type, component))
     except BaseException:
         for _, _, fresh in staged:
             fresh.close()
@@ -149,6 +156,10 @@ def reload_agent_type(
         process.type = new_type
         old.close()
         report.agents.append(process.address)
+    for process in locked:
+        if process.hibernated:  # wakes with the new component
+            process.type = new_type
+            report.agents.append(process.address)
     runtime.register(new_type)
     _resume(runtime, agents, locked, paused_at, report)
     runtime.emit("reload.confirmed", type_name, report.to_json())
@@ -175,7 +186,29 @@ def _check(runtime: Runtime, type_name: str, old_type: Any, component: Component
             + "; ".join(verdict.problems),
             problems=verdict.problems,
         )
-    return verdict
+    migration = verdict.migration
+    # Hibernated agents: the schemas their stored snapshots were taken with.
+    for schema_hash, text in runtime.stored_schemas(type_name).items():
+        if schema_hash == new_schema.hash:
+            continue
+        if text is None:
+            raise ReloadRefused(
+                f"{type_name}: a stored snapshot has schema {schema_hash[:12]}, unknown to the "
+                "store",
+                problems=(f"unknown stored schema {schema_hash[:12]}",),
+            )
+        try:
+            stored = check_compatible(parse_schema(text), new_schema)
+        except MightyError as exc:
+            raise ReloadRefused(f"{type_name}: a stored schema is unreadable: {exc}") from exc
+        if not stored.ok:
+            raise ReloadRefused(
+                f"{type_name}: the new version cannot take over the state of hibernated "
+                f"agents (stored schema {schema_hash[:12]}): " + "; ".join(stored.problems),
+                problems=stored.problems,
+            )
+        migration = migration or stored.migration
+    return replace(verdict, migration=migration)
 
 
 def _stage(

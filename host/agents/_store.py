@@ -1,0 +1,350 @@
+"""The snapshot store of hibernated and durable agents: one SQLite database in WAL mode.
+
+``[runtime] state_dir`` names a directory; the store is ``state_dir/agents.sqlite3`` (plus its
+``-wal`` and ``-shm`` files) and a lock file, ``state_dir/lock``, held (``flock``) for the
+runtime's life so two runtimes never share one store. The kernel drops the lock when the
+process dies, so a runtime killed with SIGKILL never leaves the directory locked.
+
+One row per agent address: its type, registered name, the component and schema hashes its
+snapshot was taken with, whether it is durable, the snapshot bytes and a SHA-256 digest of
+them. A row is read back only through :meth:`SnapshotStore.get`, which checks every column
+(types, lengths, the digest) and raises :class:`SnapshotCorrupt` on anything wrong: the store
+is a file on disk, so its content is treated as untrusted input. The JSON of each schema hash
+seen is kept once in a second table, so a hot swap can check the new component against the
+schema of every stored snapshot without reading the snapshots.
+
+Writes of a durable agent's snapshot are committed with ``synchronous = FULL`` (the WAL is
+fsynced before the commit returns); the other writes with ``NORMAL`` (they survive the process
+dying, and may be lost if the machine loses power, which only matters for agents that are not
+durable: those do not outlive their runtime anyway).
+
+Rejected: one file per agent (100,000 small files, a rename per write for atomicity, no cheap
+"which schemas are stored" query); a key-value store outside the standard library (a new
+native dependency for what SQLite, in every Python, does well).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mighty._errors import BadInput, HostError
+
+__all__ = [
+    "DB_NAME",
+    "MAX_SNAPSHOT_BYTES",
+    "BadStateDir",
+    "SnapshotCorrupt",
+    "SnapshotRefused",
+    "SnapshotStore",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredSnapshot",
+]
+
+DB_NAME = "agents.sqlite3"
+MAX_SNAPSHOT_BYTES = 64 << 20
+"""A snapshot larger than this is not stored (the agent stays awake; a durable one crashes)."""
+_MAX_TEXT = 1024
+_DIGEST = 32
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    address   TEXT PRIMARY KEY,
+    type      TEXT NOT NULL,
+    name      TEXT,
+    component TEXT NOT NULL,
+    schema    TEXT NOT NULL,
+    durable   INTEGER NOT NULL,
+    state     BLOB NOT NULL,
+    digest    BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS snapshots_name ON snapshots (name) WHERE name IS NOT NULL;
+CREATE TABLE IF NOT EXISTS schemas (hash TEXT PRIMARY KEY, json TEXT NOT NULL) WITHOUT ROWID;
+"""
+
+
+class StoreError(HostError):
+    """The snapshot store could not do what was asked."""
+
+    kind = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be written or read: disk full, directory not writable, I/O error."""
+
+    kind = "store_unavailable"
+
+
+class SnapshotCorrupt(StoreError):
+    """A stored snapshot row is damaged (truncated, wrong types, digest mismatch)."""
+
+    kind = "snapshot_corrupt"
+
+
+class SnapshotRefused(StoreError):
+    """The current component refuses a stored snapshot (its schema, or its ``restore``)."""
+
+    kind = "snapshot_refused"
+
+
+class BadStateDir(BadInput):
+    """``state_dir`` cannot hold a snapshot store (not a directory, not writable, in use)."""
+
+    kind = "bad_state_dir"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSnapshot:
+    """One agent's stored snapshot, checked."""
+
+    address: str
+    type: str
+    name: str | None
+    component: str
+    schema: str
+    durable: bool
+    state: bytes
+
+
+class SnapshotStore:
+    """The SQLite store under one ``state_dir``; every method may be called from any thread."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        """Open (or create) the store; :class:`BadStateDir`, in one line, if it cannot be used."""
+        directory = Path(state_dir)
+        self.directory = directory
+        self.path = directory / DB_NAME
+        if directory.exists() and not directory.is_dir():
+            raise BadStateDir(f"state_dir {directory}: not a directory")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadStateDir(f"state_dir {directory}: cannot create it: {_why(exc)}") from None
+        if not directory.is_dir():
+            raise BadStateDir(f"state_dir {directory}: not a directory")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise BadStateDir(f"state_dir {directory}: not writable")
+        self._lock_fd = _take_lock(directory)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=5.0
+            )
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                raise BadStateDir(f"state_dir {directory}: SQLite refused WAL mode")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._synchronous = "NORMAL"
+        except sqlite3.DatabaseError as exc:
+            self._release_lock()
+            raise BadStateDir(f"state_dir {directory}: {self.path.name}: {exc}") from None
+        except BadStateDir:
+            self._release_lock()
+            raise
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def put(self, snapshot: StoredSnapshot, *, sync: bool = False) -> None:
+        """Write (or replace) one agent's row; ``sync``: fsync the WAL before returning."""
+        if len(snapshot.state) > MAX_SNAPSHOT_BYTES:
+            raise StoreError(
+                f"{snapshot.address}: snapshot of {len(snapshot.state)} bytes is over the "
+                f"{MAX_SNAPSHOT_BYTES} byte limit"
+            )
+        digest = hashlib.sha256(snapshot.state).digest()
+        row = (
+            snapshot.address,
+            snapshot.type,
+            snapshot.name,
+            snapshot.component,
+            snapshot.schema,
+            int(snapshot.durable),
+            snapshot.state,
+            digest,
+        )
+        with self._writing(sync):
+            self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?,?,?,?,?)", row)
+
+    def get(self, address: str) -> StoredSnapshot | None:
+        """The checked row of ``address`` (None: no row); :class:`SnapshotCorrupt` if damaged."""
+        with self._reading():
+            row = self._db.execute(
+                "SELECT address, type, name, component, schema, durable, state, digest "
+                "FROM snapshots WHERE address = ?",
+                (address,),
+            ).fetchone()
+        return None if row is None else _check_row(address, row)
+
+    def address_of(self, name: str) -> str | None:
+        """The address of the durable row registered under ``name``, if any."""
+        with self._reading():
+            row = self._db.execute(
+                "SELECT address FROM snapshots WHERE name = ? AND durable = 1", (name,)
+            ).fetchone()
+        if row is None or not isinstance(row[0], str):
+            return None
+        return row[0]
+
+    def delete(self, address: str) -> None:
+        with self._writing(False):
+            self._db.execute("DELETE FROM snapshots WHERE address = ?", (address,))
+
+    def discard_volatile(self) -> int:
+        """Delete the rows of agents that were not durable (left by an earlier runtime)."""
+        with self._writing(False):
+            return self._db.execute("DELETE FROM snapshots WHERE durable = 0").rowcount
+
+    def max_pid(self) -> int:
+        """The largest pid among stored addresses (``type:pid``), 0 when none."""
+        best = 0
+        with self._reading():
+            rows = self._db.execute("SELECT address FROM snapshots").fetchall()
+        for (address,) in rows:
+            if isinstance(address, str):
+                tail = address.rpartition(":")[2]
+                if tail.isdigit() and len(tail) < 19:
+                    best = max(best, int(tail))
+        return best
+
+    def count(self) -> int:
+        with self._reading():
+            row = self._db.execute("SELECT count(*) FROM snapshots").fetchone()
+        return int(row[0]) if row else 0
+
+    # -- schemas ---------------------------------------------------------------------------
+
+    def put_schema(self, schema_hash: str, text: str) -> None:
+        with self._writing(False):
+            self._db.execute("INSERT OR IGNORE INTO schemas VALUES (?, ?)", (schema_hash, text))
+
+    def schemas_of(self, type_name: str) -> dict[str, str | None]:
+        """Schema hash -> its JSON (None when the JSON row is missing) of ``type_name``'s rows."""
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT DISTINCT s.schema, j.json FROM snapshots s "
+                "LEFT JOIN schemas j ON j.hash = s.schema WHERE s.type = ?",
+                (type_name,),
+            ).fetchall()
+        return {
+            str(h): (text if isinstance(text, str) else None)
+            for h, text in rows
+            if isinstance(h, str)
+        }
+
+    # -- the files -------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        """The database, its WAL and shared-memory file, in bytes."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                total += os.stat(f"{self.path}{suffix}").st_size
+        return total
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the database file (and truncate it)."""
+        with self._writing(False):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def _writing(self, sync: bool) -> Iterator[None]:
+        with self._lock:
+            try:
+                wanted = "FULL" if sync else "NORMAL"
+                if wanted != self._synchronous:
+                    self._db.execute(f"PRAGMA synchronous={wanted}")
+                    self._synchronous = wanted
+                yield
+            except sqlite3.DatabaseError as exc:
+                raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+            except sqlite3.ProgrammingError as exc:  # closed
+                raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield
+            except sqlite3.DatabaseError as exc:
+                # A damaged database file reads as "malformed": the rows cannot be trusted.
+                if "malformed" in str(exc) or "not a database" in str(exc):
+                    raise SnapshotCorrupt(f"snapshot store {self.path}: {exc}") from None
+                raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+            except sqlite3.ProgrammingError as exc:
+                raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+
+
+def _check_row(address: str, row: tuple[object, ...]) -> StoredSnapshot:
+    """Every column of a row read back, checked: the file may have been damaged or edited."""
+    stored, type_name, name, component, schema, durable, state, digest = row
+
+    def bad(why: str) -> SnapshotCorrupt:
+        return SnapshotCorrupt(f"{address}: stored snapshot is corrupt: {why}")
+
+    def text(value: object, label: str) -> str:
+        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
+            raise bad(f"bad {label} column")
+        return value
+
+    type_text, component_text, schema_text = (
+        text(type_name, "type"),
+        text(component, "component"),
+        text(schema, "schema"),
+    )
+    if stored != address:
+        raise bad("address column does not match")
+    if name is not None and (not isinstance(name, str) or len(name) > _MAX_TEXT):
+        raise bad("bad name column")
+    name_text = name if isinstance(name, str) else None
+    if durable not in (0, 1):
+        raise bad("bad durable column")
+    if not isinstance(state, bytes) or len(state) > MAX_SNAPSHOT_BYTES:
+        raise bad("state is not a blob within the size limit")
+    if not isinstance(digest, bytes) or len(digest) != _DIGEST:
+        raise bad("bad digest column")
+    if hashlib.sha256(state).digest() != digest:
+        raise bad(f"digest mismatch ({len(state)} bytes; truncated or altered)")
+    return StoredSnapshot(
+        address, type_text, name_text, component_text, schema_text, bool(durable), state
+    )
+
+
+def _take_lock(directory: Path) -> int:
+    path = directory / "lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise BadStateDir(f"state_dir {directory}: cannot open {path.name}: {_why(exc)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise BadStateDir(
+            f"state_dir {directory} is in use by another runtime (its lock file is held)"
+        ) from None
+    return fd
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
