@@ -1,6 +1,7 @@
 """Agents: components as supervised actors with mailboxes that send and ask one another."""
 
 from mighty.agents._compose import broadcast, pipe
+from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._output import (
     LOG_LEVELS,
@@ -39,7 +40,9 @@ from mighty.agents._types import (
 )
 
 __all__ = [
+    "INSPECT",
     "LOG_LEVELS",
+    "SNAPSHOT_VERSION",
     "AgentChild",
     "AgentCrashed",
     "AgentError",

@@ -55,6 +55,18 @@ from pydantic import ValidationError
 
 from mighty._errors import BudgetExceeded, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok, Variant
+from mighty.agents._introspect import (
+    CRASHED,
+    FAILED,
+    HISTORY,
+    INSPECT,
+    OK,
+    REFUSED,
+    History,
+    agent_snapshot,
+    top_snapshot,
+    tree_snapshot,
+)
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
@@ -148,6 +160,14 @@ class AgentProcess:
     output: OutputTail = field(default_factory=OutputTail)
     """The agent's last lines of log(), stdout and stderr, across restarts (bounded)."""
     _splitters: tuple[LineSplitter, ...] = ()
+    parent: str | None = None
+    """Who started it: its supervisor's name, or the address of the agent that spawned it."""
+    started: float = 0.0
+    """When the in-flight message (``current``) began (``time.monotonic``)."""
+    recent: History = field(default_factory=History)
+    """The last messages handled (see mighty.agents._introspect)."""
+    _outcome: str = OK
+    _fuel: int = 0
 
     # -- life ------------------------------------------------------------------------------
 
@@ -274,7 +294,13 @@ class AgentProcess:
         self.runtime.scheduler.schedule(self)
 
     def deliver(self, envelope: Envelope, timeout: float | None = None) -> None:
-        """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full)."""
+        """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full).
+
+        ``__inspect`` is answered here and now, never queued (see mighty.agents._introspect).
+        """
+        if envelope.name == INSPECT:
+            _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
+            return
         try:
             accepted = self.mailbox.put(envelope, timeout=timeout)
         except MailboxFull as exc:
@@ -313,6 +339,8 @@ class AgentProcess:
                     except (MailboxEmpty, MailboxClosed):
                         break
                     handled += 1
+                    self._outcome, self._fuel = OK, 0
+                    wall, self.started = time.time(), time.monotonic()
                     try:
                         exit_reason = self._handle(envelope)
                     except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
@@ -322,6 +350,15 @@ class AgentProcess:
                         error = HostError(f"internal error: {type(exc).__name__}: {exc}")
                         error.__cause__ = exc
                         exit_reason = self._crashed(envelope, error)
+                    self.recent.add(
+                        envelope.name,
+                        envelope.sender,
+                        CRASHED if exit_reason is not None else self._outcome,
+                        wall,
+                        time.monotonic() - self.started,
+                        self._fuel,
+                        envelope.body if self.runtime.introspect else None,
+                    )
                     if exit_reason is not None:
                         break
             finally:
@@ -357,6 +394,7 @@ class AgentProcess:
         refusal = self._check_protocol(envelope)
         if refusal is not None:
             self.stats.failed += 1
+            self._outcome = REFUSED
             _settle(envelope, error=refusal)
             return None
         instance = self.instance
@@ -374,6 +412,8 @@ class AgentProcess:
         finally:
             self.current = None
             self._flush_output()
+            if instance.last_usage is not None:
+                self._fuel = instance.last_usage.fuel
         if instance.last_usage is not None:
             self.stats.fuel += instance.last_usage.fuel
         if isinstance(outcome, Ok):
@@ -383,6 +423,7 @@ class AgentProcess:
         else:
             self.stats.failed += 1
             text = str(outcome.value if isinstance(outcome, Err) else outcome)
+            self._outcome = REFUSED if text.startswith("refused: ") else FAILED
             error: AgentError = (
                 Refused(f"{self.address}: {text[len('refused: ') :]}")
                 if text.startswith("refused: ")
@@ -477,10 +518,16 @@ class Runtime:
         on_output: Callable[[AgentOutput], None] | None = None,
         output_lines: int = OUTPUT_TAIL_LINES,
         output_bytes: int = OUTPUT_TAIL_BYTES,
+        introspect: bool = False,
+        history: int = HISTORY,
     ) -> None:
         """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
         written, on the thread running the agent; each agent also keeps its last
         ``output_lines`` lines (at most ``output_bytes`` characters) in ``AgentProcess.output``.
+
+        ``introspect`` is the introspect capability: snapshots (:meth:`inspect`) then carry
+        message bodies; without it only names and counters leave the runtime. Each agent keeps
+        its last ``history`` handled messages for its snapshot.
         """
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
@@ -499,6 +546,10 @@ class Runtime:
         # Agents buried (stopped for good), kept for reports of what they did and left undone.
         self._retired: deque[AgentProcess] = deque(maxlen=_EVENTS_KEPT)
         self._closing = False
+        self.introspect = introspect
+        self._history = max(0, min(history, 4096))
+        self.supervisors: dict[str, str | None] = {}
+        """Supervisor name -> its parent supervisor's name (None at the root), for inspect."""
 
     @property
     def closing(self) -> bool:
@@ -529,6 +580,7 @@ class Runtime:
         *,
         name: str | None = None,
         on_exit: Callable[[AgentProcess, bool, str], None] | None = None,
+        parent: str | None = None,
     ) -> AgentProcess:
         agent_type = self.agent_type(type_name)
         address = f"{type_name}:{next(self._pids)}"
@@ -542,6 +594,8 @@ class Runtime:
             name=name,
             on_exit=on_exit,
             output=OutputTail(self._output_lines, self._output_bytes),
+            parent=parent,
+            recent=History(self._history),
         )
         with self._lock:
             if name is not None and name in self._names:
@@ -568,6 +622,19 @@ class Runtime:
         if process is None or (not process.alive and process.on_exit is None):
             raise NoProc(f"no agent at {address!r}")
         return process
+
+    def inspect(self, address: str | None = None) -> dict[str, Any]:
+        """A snapshot of the agent at ``address`` (or name), or of the whole runtime when None.
+
+        NoProc for an unknown or dead agent. Every snapshot carries ``version``.
+        """
+        if address is None:
+            return tree_snapshot(self, bodies=self.introspect)
+        return agent_snapshot(self.process(address), bodies=self.introspect)
+
+    def top(self) -> dict[str, Any]:
+        """One frame of counters for ``mty top``: per agent and per worker (no bodies)."""
+        return top_snapshot(self)
 
     def agents(self) -> list[AgentProcess]:
         with self._lock:
@@ -672,7 +739,7 @@ class Runtime:
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
     ) -> bytes | None:
         process = self.process(to)
-        if process.address in chain:
+        if process.address in chain and name != INSPECT:
             path = " -> ".join((*chain, process.address))
             raise AskCycle(f"ask cycle: {path}")
         breaker = self._check_breaker(process.address)
@@ -870,9 +937,11 @@ class AgentHostProvider:
             return Ok({"name": "reply", "body": reply or b""})
 
         def spawn(ctx: GuestContext, agent_type: str, init: bytes) -> Any:
-            _process(ctx)
+            process = _process(ctx)
             try:
-                return Ok(runtime.spawn_process(agent_type, bytes(init)).address)
+                return Ok(
+                    runtime.spawn_process(agent_type, bytes(init), parent=process.address).address
+                )
             except AgentError as exc:
                 return _agent_error(exc)
 

@@ -258,7 +258,7 @@ def _label(agent: dict[str, Any]) -> str:
 
 def _control_server(runtime: Any) -> Any:
     """The local control socket, when RUNTIME_CONTROL_SOCK names a path (opt-in)."""
-    from mighty.control import ENV_VAR, ControlServer
+    from mighty.control import ENV_VAR, ControlServer, runtime_ops
 
     path = os.environ.get(ENV_VAR)
     if not path:
@@ -274,7 +274,8 @@ def _control_server(runtime: Any) -> Any:
     def status(_args: dict[str, Any]) -> Any:
         return _summary(runtime)
 
-    server = ControlServer(path, {"reload": reload, "status": status}).start()
+    ops = {"reload": reload, "status": status, **runtime_ops(runtime)}
+    server = ControlServer(path, ops).start()
     click.echo(f"mty: control socket at {path}", err=True)
     return server
 
