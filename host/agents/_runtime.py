@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
 from pydantic import ValidationError
@@ -96,7 +96,10 @@ from mighty.agents._types import (
 from mighty.budget import Budget
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind
 from mighty.instance import Instance
-from mighty.wasi import CaptureOutput, WasiProvider
+from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
+
+if TYPE_CHECKING:
+    from mighty.telemetry import Telemetry
 
 __all__ = ["AgentProcess", "AgentStats", "Runtime"]
 
@@ -188,6 +191,7 @@ class AgentProcess:
                     "agent.process": self,
                     "agent.address": self.address,
                     "agent.name": self.name,
+                    LOG_SINK: self._wasi_log,
                 },
             )
         except MightyError as exc:
@@ -236,6 +240,15 @@ class AgentProcess:
             else:
                 capture.sink = functools.partial(_both, previous, splitter.feed)
         self._splitters = tuple(splitters)
+
+    def _wasi_log(self, level: str, context: str, message: str) -> None:
+        """A ``wasi:logging`` line: the agent's log, as its SDK's ``log()`` would be."""
+        level = "debug" if level == "trace" else level
+        data = {"level": level, "text": message}
+        if context:
+            data["context"] = context
+        self.runtime.emit("log", self.address, data)
+        self.runtime.output(self, "log", f"{context}: {message}" if context else message, level)
 
     def _flush_output(self) -> None:
         """The turn is over: a partial line of stdout or stderr is a line now."""
@@ -341,6 +354,19 @@ class AgentProcess:
                     handled += 1
                     self._outcome, self._fuel = OK, 0
                     wall, self.started = time.time(), time.monotonic()
+                    telemetry = self.runtime.telemetry
+                    span = (
+                        None
+                        if telemetry is None
+                        else telemetry.handle_begin(
+                            self.address,
+                            self.type.name,
+                            envelope.name,
+                            envelope.sender,
+                            envelope.trace,
+                            envelope.body,
+                        )
+                    )
                     try:
                         exit_reason = self._handle(envelope)
                     except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
@@ -350,10 +376,14 @@ class AgentProcess:
                         error = HostError(f"internal error: {type(exc).__name__}: {exc}")
                         error.__cause__ = exc
                         exit_reason = self._crashed(envelope, error)
+                    outcome = CRASHED if exit_reason is not None else self._outcome
+                    if span is not None:
+                        assert telemetry is not None
+                        telemetry.handle_end(span, self.type.name, outcome, self._fuel)
                     self.recent.add(
                         envelope.name,
                         envelope.sender,
-                        CRASHED if exit_reason is not None else self._outcome,
+                        outcome,
                         wall,
                         time.monotonic() - self.started,
                         self._fuel,
@@ -520,6 +550,7 @@ class Runtime:
         output_bytes: int = OUTPUT_TAIL_BYTES,
         introspect: bool = False,
         history: int = HISTORY,
+        telemetry: Telemetry | None = None,
     ) -> None:
         """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
         written, on the thread running the agent; each agent also keeps its last
@@ -528,6 +559,9 @@ class Runtime:
         ``introspect`` is the introspect capability: snapshots (:meth:`inspect`) then carry
         message bodies; without it only names and counters leave the runtime. Each agent keeps
         its last ``history`` handled messages for its snapshot.
+
+        ``telemetry`` (a :class:`mighty.telemetry.Telemetry`) turns spans, metrics and event
+        export on; None (the default) costs nothing on the message path.
         """
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
@@ -550,6 +584,9 @@ class Runtime:
         self._history = max(0, min(history, 4096))
         self.supervisors: dict[str, str | None] = {}
         """Supervisor name -> its parent supervisor's name (None at the root), for inspect."""
+        self.telemetry = telemetry
+        if telemetry is not None:
+            telemetry.observe(self.agents, self.scheduler.steals, bodies=introspect)
 
     @property
     def closing(self) -> bool:
@@ -603,11 +640,19 @@ class Runtime:
             self._agents[address] = process
             if name is not None:
                 self._names[name] = address
+        telemetry = self.telemetry
+        span = None if telemetry is None else telemetry.spawn_begin(type_name)
         try:
             process.start()
-        except BaseException:
+        except BaseException as exc:
             self._forget(process)
+            if span is not None:
+                assert telemetry is not None
+                telemetry.spawn_end(span, address, exc)
             raise
+        if span is not None:
+            assert telemetry is not None
+            telemetry.spawn_end(span, address, None)
         return process
 
     def whereis(self, name: str) -> str | None:
@@ -707,7 +752,10 @@ class Runtime:
         """Put a message in ``to``'s mailbox; returns when it is accepted."""
         process = self.process(to)
         self._check_breaker(process.address)
-        process.deliver(Envelope(sender, name, encode_body(body)), timeout)
+        envelope = Envelope(sender, name, encode_body(body))
+        if self.telemetry is not None:
+            envelope.trace = self.telemetry.send(process.address, name, sender)
+        process.deliver(envelope, timeout)
 
     def ask(
         self, to: str, name: str, body: Any = None, *, timeout: float = 5.0, sender: str = HOST
@@ -724,7 +772,15 @@ class Runtime:
         process = self.process(to)
         self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
-        process.deliver(Envelope(sender, name, encode_body(body), future))
+        envelope = Envelope(sender, name, encode_body(body), future)
+        telemetry = self.telemetry
+        if telemetry is not None:
+            span = telemetry.ask_begin(process.address, name, sender)
+            envelope.trace = telemetry.carry(span)
+            future.add_done_callback(
+                lambda done: telemetry.ask_end(span, done.exception() if done.done() else None)
+            )
+        process.deliver(envelope)
         return future
 
     def ask_raw(
@@ -744,11 +800,38 @@ class Runtime:
             raise AskCycle(f"ask cycle: {path}")
         breaker = self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
-        process.deliver(Envelope(sender, name, body, future, asker_chain=chain), timeout)
+        envelope = Envelope(sender, name, body, future, asker_chain=chain)
+        telemetry = self.telemetry
+        if telemetry is None:
+            return self._ask(to, envelope, process, breaker, timeout, wait)
+        span = telemetry.ask_begin(process.address, name, sender)
+        envelope.trace = telemetry.carry(span)
+        try:
+            result = self._ask(to, envelope, process, breaker, timeout, wait)
+        except BaseException as exc:
+            telemetry.ask_end(span, exc)
+            raise
+        telemetry.ask_end(span, None)
+        return result
+
+    def _ask(
+        self,
+        to: str,
+        envelope: Envelope,
+        process: AgentProcess,
+        breaker: Any,
+        timeout: float,
+        wait: Callable[[Future[bytes | None], float], bytes | None] | None,
+    ) -> bytes | None:
+        future = envelope.reply
+        assert future is not None
+        process.deliver(envelope, timeout)
         try:
             result = wait(future, timeout) if wait is not None else future.result(timeout)
         except FutureTimeout:
-            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s") from None
+            raise AskTimeout(
+                f"no reply from {to} to {envelope.name!r} within {timeout:g} s"
+            ) from None
         except (HandlerFailed, AgentCrashed):
             if breaker is not None:
                 breaker.record_failure()
@@ -774,6 +857,8 @@ class Runtime:
     def emit(self, kind: str, address: str, data: Mapping[str, Any]) -> None:
         event = AgentEvent(kind, address, dict(data))
         self.events.append(event)
+        if self.telemetry is not None:
+            self.telemetry.event(kind, address, data)
         if self._on_event is not None:
             try:
                 self._on_event(event)
@@ -897,7 +982,12 @@ class AgentHostProvider:
             try:
                 target = runtime.process(to)
                 runtime._check_breaker(target.address)
-                target.deliver(Envelope(process.address, msg["name"], bytes(msg["body"])))
+                envelope = Envelope(process.address, msg["name"], bytes(msg["body"]))
+                if runtime.telemetry is not None:
+                    envelope.trace = runtime.telemetry.send(
+                        target.address, envelope.name, process.address
+                    )
+                target.deliver(envelope)
             except AgentError as exc:
                 return _agent_error(exc)
             return Ok(None)
