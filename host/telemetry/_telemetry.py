@@ -295,8 +295,17 @@ class Telemetry:
         self.tracer = self.tracer_provider.get_tracer(_SCOPE)
         self.logger = self.logger_provider.get_logger(_SCOPE)
         meter = self.meter_provider.get_meter(_SCOPE)
-        self._messages = meter.create_counter("mighty.messages", description="Messages handled")
-        self._fuel = meter.create_counter("mighty.fuel", unit="{fuel}", description="Fuel used")
+        # Per message only plain counters move (under one lock); the SDK reads them when it
+        # collects, so the message path makes no metric attribute dict and takes no SDK lock.
+        self._counts: dict[tuple[str, str], int] = {}
+        self._fuel_used: dict[str, int] = {}
+        self._counts_lock = threading.Lock()
+        meter.create_observable_counter(
+            "mighty.messages", [self._observe_messages], description="Messages handled"
+        )
+        meter.create_observable_counter(
+            "mighty.fuel", [self._observe_fuel], unit="{fuel}", description="Fuel used"
+        )
         self._restarts = meter.create_counter("mighty.restarts", description="Agent restarts")
         self._meter = meter
         self._supervisors: dict[str, Span] = {}
@@ -333,6 +342,16 @@ class Telemetry:
 
         self._meter.create_observable_gauge("mighty.mailbox.depth", [depth])
         self._meter.create_observable_counter("worker.steals_total", [stolen])
+
+    def _observe_messages(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._counts_lock:
+            counts = list(self._counts.items())
+        return [Observation(n, {"agent.type": t, "outcome": o}) for (t, o), n in counts]
+
+    def _observe_fuel(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._counts_lock:
+            fuel = list(self._fuel_used.items())
+        return [Observation(n, {"agent.type": t}) for t, n in fuel]
 
     def _guard(self, what: str, exc: BaseException) -> None:
         self._failures.failed(what, f"{type(exc).__name__}: {exc}")
@@ -427,15 +446,15 @@ class Telemetry:
     ) -> None:
         span, token = begun
         otel_context.detach(token)  # type: ignore[arg-type] # the token attach gave us
-        span.set_attribute("agent.outcome", outcome)
-        span.set_attribute("agent.fuel", fuel)
+        span.set_attributes({"agent.outcome": outcome, "agent.fuel": fuel})
         if outcome != "ok":
             span.set_status(Status(StatusCode.ERROR, outcome))
         span.end()
-        attributes = {"agent.type": agent_type, "outcome": outcome}
-        self._messages.add(1, attributes)
-        if fuel:
-            self._fuel.add(fuel, {"agent.type": agent_type})
+        key = (agent_type, outcome)
+        with self._counts_lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            if fuel:
+                self._fuel_used[agent_type] = self._fuel_used.get(agent_type, 0) + fuel
 
     @staticmethod
     def carry(span: Span) -> SpanContext:
@@ -452,16 +471,34 @@ class Telemetry:
             self._guard("an event", exc)
 
     def _attributes(self, address: str, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Typed attributes of an event. An emit's fields (``body``) become ``field.NAME``:
+        numbers and booleans always (counters), other values only with the introspect
+        capability (else ``field.NAME.type``): the privacy boundary of docs/observability.md."""
         out: dict[str, Any] = {"agent.address": address}
         for key, value in list(data.items())[:_MAX_ATTRIBUTES]:
-            if key == "body" and not self.bodies:
+            if key == "body":
                 out["body.type"] = type(value).__name__
+                if isinstance(value, dict):
+                    for name, item in list(value.items())[:_MAX_ATTRIBUTES]:
+                        self._field(out, f"field.{str(name)[:64]}", item)
+                elif self.bodies and value is not None:
+                    out["body"] = self._text(value)
                 continue
             if isinstance(value, bool | int | float):
                 out[str(key)[:64]] = value
             elif value is not None:
                 out[str(key)[:64]] = self._text(value)
         return out
+
+    def _field(self, out: dict[str, Any], key: str, value: Any) -> None:
+        if isinstance(value, bool | int | float) and not (
+            isinstance(value, int) and not -(2**63) <= value < 2**63
+        ):
+            out[key] = value
+        elif self.bodies:
+            out[key] = self._text(value)
+        else:
+            out[f"{key}.type"] = type(value).__name__
 
     def _event(self, kind: str, address: str, data: Mapping[str, Any]) -> None:
         if kind == "supervisor.child_restarted":

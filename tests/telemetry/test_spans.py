@@ -112,6 +112,8 @@ def test_emit_and_log_become_log_records_and_span_events(relay: Component, sink:
     events = {e.name: e for e in handle.events}
     assert events["agent.hop"].attributes["agent.address"] == a
     assert events["agent.hop"].attributes["body.type"] == "dict"
+    assert events["agent.hop"].attributes["field.left"] == 0
+    assert events["agent.hop"].attributes["field.hops"] == 1
     assert events["log"].attributes["message"] == "relaying, 0 left"
     assert events["log"].attributes["log.level"] == "info"
     records = [r.log_record for r in sink.logs.get_finished_logs()]
