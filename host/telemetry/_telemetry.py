@@ -95,6 +95,15 @@ _MAX_ATTRIBUTES = 32
 _SCOPE = "mighty"
 
 
+def _unsampled_current() -> Span | None:
+    """The current span when it belongs to a trace the sampler dropped (else None)."""
+    span = trace.get_current_span()
+    context = span.get_span_context()
+    if context.is_valid and not context.trace_flags.sampled:
+        return span
+    return None
+
+
 def traceparent(span_context: SpanContext) -> str:
     """The W3C ``traceparent`` header of ``span_context`` (for a message crossing a wire)."""
     flags = int(span_context.trace_flags)
@@ -374,6 +383,9 @@ class Telemetry:
 
     def send(self, to: str, name: str, sender: str) -> tuple[str, SpanContext]:
         """A one-way send: its span ends now; the receiver links to it."""
+        dropped = _unsampled_current()
+        if dropped is not None:
+            return (LINK, dropped.get_span_context())
         span = self.tracer.start_span(
             "agent.send",
             kind=SpanKind.PRODUCER,
@@ -384,6 +396,9 @@ class Telemetry:
 
     def ask_begin(self, to: str, name: str, sender: str) -> Span:
         """An ask: a child of the current span; its context goes in the message."""
+        dropped = _unsampled_current()
+        if dropped is not None:
+            return dropped  # the sampler would drop a child of a dropped span: skip asking it
         return self.tracer.start_span(
             "agent.ask",
             kind=SpanKind.CLIENT,
@@ -411,6 +426,10 @@ class Telemetry:
     ) -> tuple[Span, object]:
         parent = None
         links: list[Link] = []
+        if isinstance(carried, SpanContext) and not carried.trace_flags.sampled:
+            # The trace was dropped at its root: carry it on without a span or a sampler call.
+            dropped = trace.NonRecordingSpan(carried)
+            return dropped, otel_context.attach(trace.set_span_in_context(dropped))
         if isinstance(carried, SpanContext):
             parent = trace.set_span_in_context(trace.NonRecordingSpan(carried))
         elif isinstance(carried, tuple) and len(carried) == 2 and carried[0] == LINK:
@@ -446,6 +465,13 @@ class Telemetry:
     ) -> None:
         span, token = begun
         otel_context.detach(token)  # type: ignore[arg-type] # the token attach gave us
+        if not span.is_recording():
+            key = (agent_type, outcome)
+            with self._counts_lock:
+                self._counts[key] = self._counts.get(key, 0) + 1
+                if fuel:
+                    self._fuel_used[agent_type] = self._fuel_used.get(agent_type, 0) + fuel
+            return
         span.set_attributes({"agent.outcome": outcome, "agent.fuel": fuel})
         if outcome != "ok":
             span.set_status(Status(StatusCode.ERROR, outcome))

@@ -252,3 +252,31 @@ def test_traceparent_is_w3c(sink: Sink) -> None:
     )
     assert int(flags, 16) & 1  # sampled
     span.end()
+
+
+def test_a_dropped_trace_stays_dropped_down_the_chain(relay: Component) -> None:
+    """sampling = 0: no span is exported anywhere along an ask chain, messages still counted."""
+    spans, metrics = InMemorySpanExporter(), InMemoryMetricReader()
+    telemetry = Telemetry(
+        TelemetryConfig(endpoint="in-process", sampling=0.0),
+        span_exporter=spans,
+        metric_reader=metrics,
+        batch=False,
+    )
+    with Runtime(workers=2, telemetry=telemetry) as rt:
+        rt.register(AgentType("relay", relay))
+        a, b, c = (rt.spawn("relay") for _ in range(3))
+        assert rt.ask(a, "relay", {"path": [b, c]}, timeout=30) == {"depth": 2}
+        rt.send(a, "tell", {"path": [b]})
+        assert rt.drain(10)
+        data = metrics.get_metrics_data()
+    telemetry.shutdown()
+    assert spans.get_finished_spans() == ()
+    (messages,) = [
+        m
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "mighty.messages"
+    ]
+    assert sum(p.value for p in messages.data.data_points) == 5
