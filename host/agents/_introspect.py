@@ -56,16 +56,21 @@ BODY_LIMIT = 1024
 OK, FAILED, REFUSED, CRASHED = "ok", "failed", "refused", "crashed"
 
 
-class History:
-    """The last ``size`` messages one agent handled: (name, sender, outcome, started wall time,
-    duration in seconds, fuel, body or None)."""
+Entry = tuple[str, str, str, float, float, int, bytes | None]
+"""(name, sender, outcome, started on ``time.monotonic``, duration in seconds, fuel, body)."""
 
-    __slots__ = ("_items",)
+
+class History:
+    """The last ``size`` messages one agent handled (:data:`Entry` tuples).
+
+    ``append`` is the deque's own (no Python frame per message).
+    """
+
+    __slots__ = ("_items", "append")
 
     def __init__(self, size: int = HISTORY) -> None:
-        self._items: deque[tuple[str, str, str, float, float, int, bytes | None]] = deque(
-            maxlen=max(0, size)
-        )
+        self._items: deque[Entry] = deque(maxlen=max(0, size))
+        self.append = self._items.append
 
     def add(
         self,
@@ -79,7 +84,7 @@ class History:
     ) -> None:
         self._items.append((name, sender, outcome, started, duration, fuel, body))
 
-    def items(self) -> list[tuple[str, str, str, float, float, int, bytes | None]]:
+    def items(self) -> list[Entry]:
         # list() of a deque another thread appends to can raise RuntimeError; retry briefly.
         for _ in range(8):
             try:
@@ -164,12 +169,14 @@ def agent_snapshot(
     memory_used, memory_ceiling = instance.memory if instance is not None else (0, budget.memory)
     recent = []
     last_fuel = 0
-    for name, sender, outcome, wall, duration, fuel, body in process.recent.items():
+    # Started times are monotonic (cheap on the message path); shown as wall time.
+    to_wall = time.time() - time.monotonic()
+    for name, sender, outcome, started_at, duration, fuel, body in process.recent.items():
         item: dict[str, Any] = {
             "name": name,
             "sender": sender,
             "outcome": outcome,
-            "at": round(wall, 6),
+            "at": round(started_at + to_wall, 6),
             "duration_ms": round(duration * 1000, 3),
             "fuel": fuel,
         }

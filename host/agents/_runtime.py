@@ -353,7 +353,7 @@ class AgentProcess:
                         break
                     handled += 1
                     self._outcome, self._fuel = OK, 0
-                    wall, self.started = time.time(), time.monotonic()
+                    self.started = started = time.monotonic()
                     telemetry = self.runtime.telemetry
                     span = (
                         None
@@ -380,14 +380,16 @@ class AgentProcess:
                     if span is not None:
                         assert telemetry is not None
                         telemetry.handle_end(span, self.type.name, outcome, self._fuel)
-                    self.recent.add(
-                        envelope.name,
-                        envelope.sender,
-                        outcome,
-                        wall,
-                        time.monotonic() - self.started,
-                        self._fuel,
-                        envelope.body if self.runtime.introspect else None,
+                    self.recent.append(
+                        (
+                            envelope.name,
+                            envelope.sender,
+                            outcome,
+                            started,
+                            time.monotonic() - started,
+                            self._fuel,
+                            envelope.body if self.runtime.introspect else None,
+                        )
                     )
                     if exit_reason is not None:
                         break
