@@ -29,7 +29,8 @@ Metrics: ``mighty.messages`` {agent.type, outcome}, ``mighty.fuel`` {agent.type}
 Export failures (an endpoint that refuses connections, a timeout) never block or crash the
 runtime: the SDK's batch processors export on their own threads from bounded queues (a full
 queue drops, it does not wait), every failure is counted (:attr:`Telemetry.failures`) and the
-first one is logged, once. The exporters' own repeated log lines are filtered out.
+first one is logged, once. The exporters' own repeated log lines are silenced while telemetry
+is open.
 
 Rejected: the global tracer provider (a library must not take the process's one), an exporter
 of our own (the SDK's OTLP exporters are the standard), and opentelemetry's context API across
@@ -131,11 +132,28 @@ class _Failures:
             )
 
 
-class _QuietExporters(logging.Filter):
-    """Drops the OTLP exporters' per-attempt error lines: _Failures reports the first."""
+_QUIET = ("opentelemetry.exporter", "opentelemetry.sdk")
+_quiet_lock = threading.Lock()
+_quiet_users = [0]  # open Telemetry objects
+_quiet_saved: dict[str, int] = {}
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(("opentelemetry.exporter", "opentelemetry.sdk"))
+
+def _quiet(on: bool) -> None:
+    """While any Telemetry is open, the SDK's and exporters' own per-attempt error lines are
+    silenced (their loggers' level raised); _Failures reports the first failure instead."""
+    with _quiet_lock:
+        if on:
+            _quiet_users[0] += 1
+            if _quiet_users[0] == 1:
+                for name in _QUIET:
+                    logger = logging.getLogger(name)
+                    _quiet_saved[name] = logger.level
+                    logger.setLevel(logging.CRITICAL + 1)
+        elif _quiet_users[0] > 0:
+            _quiet_users[0] -= 1
+            if _quiet_users[0] == 0:
+                for name, level in _quiet_saved.items():
+                    logging.getLogger(name).setLevel(level)
 
 
 class _CountedSpans(SpanExporter):
@@ -257,9 +275,7 @@ class Telemetry:
     ) -> None:
         self.config = config or TelemetryConfig(endpoint="in-process")
         self._failures = _Failures()
-        self._quiet = _QuietExporters()
-        for name in ("opentelemetry.exporter", "opentelemetry.sdk"):
-            logging.getLogger(name).addFilter(self._quiet)
+        _quiet(True)
         if config is not None and span_exporter is None:
             span_exporter, log_exporter, metric_exporter = _otlp_exporters(config)
             metric_reader = PeriodicExportingMetricReader(
@@ -602,5 +618,4 @@ class Telemetry:
         closer = threading.Thread(target=close, name="mighty-telemetry-close", daemon=True)
         closer.start()
         closer.join(budget)
-        for name in ("opentelemetry.exporter", "opentelemetry.sdk"):
-            logging.getLogger(name).removeFilter(self._quiet)
+        _quiet(False)
