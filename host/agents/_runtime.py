@@ -780,7 +780,7 @@ class Runtime:
             span = telemetry.ask_begin(process.address, name, sender)
             envelope.trace = telemetry.carry(span)
             future.add_done_callback(
-                lambda done: telemetry.ask_end(span, done.exception() if done.done() else None)
+                lambda done: telemetry.ask_end(span, None if done.cancelled() else done.exception())
             )
         process.deliver(envelope)
         return future

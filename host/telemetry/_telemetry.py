@@ -387,18 +387,38 @@ class Telemetry:
 
     # -- spans -------------------------------------------------------------------------------
 
+    # Every hook below may run inside a guest's import or a caller's send: none may raise.
+    # A failure is counted like an export failure and the message goes on untraced.
+
     def spawn_begin(self, agent_type: str) -> Span:
-        return self.tracer.start_span("agent.spawn", attributes={"agent.type": agent_type})
+        try:
+            return self.tracer.start_span("agent.spawn", attributes={"agent.type": agent_type})
+        except Exception as exc:  # noqa: BLE001 -- never into a spawn
+            self._guard("a spawn span", exc)
+            return trace.INVALID_SPAN
 
     def spawn_end(self, span: Span, address: str | None, error: BaseException | None) -> None:
+        try:
+            self._spawn_end(span, address, error)
+        except Exception as exc:  # noqa: BLE001 -- never into a spawn
+            self._guard("a spawn span", exc)
+
+    def _spawn_end(self, span: Span, address: str | None, error: BaseException | None) -> None:
         if address is not None:
             span.set_attribute("agent.address", address)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, self._text(str(error))))
         span.end()
 
-    def send(self, to: str, name: str, sender: str) -> tuple[str, SpanContext]:
+    def send(self, to: str, name: str, sender: str) -> tuple[str, SpanContext] | None:
         """A one-way send: its span ends now; the receiver links to it."""
+        try:
+            return self._send(to, name, sender)
+        except Exception as exc:  # noqa: BLE001 -- never into a send
+            self._guard("a send span", exc)
+            return None
+
+    def _send(self, to: str, name: str, sender: str) -> tuple[str, SpanContext]:
         dropped = _unsampled_current()
         if dropped is not None:
             return (LINK, dropped.get_span_context())
@@ -412,6 +432,13 @@ class Telemetry:
 
     def ask_begin(self, to: str, name: str, sender: str) -> Span:
         """An ask: a child of the current span; its context goes in the message."""
+        try:
+            return self._ask_begin(to, name, sender)
+        except Exception as exc:  # noqa: BLE001 -- never into an ask
+            self._guard("an ask span", exc)
+            return trace.INVALID_SPAN
+
+    def _ask_begin(self, to: str, name: str, sender: str) -> Span:
         dropped = _unsampled_current()
         if dropped is not None:
             return dropped  # the sampler would drop a child of a dropped span: skip asking it
@@ -422,6 +449,12 @@ class Telemetry:
         )
 
     def ask_end(self, span: Span, error: BaseException | None) -> None:
+        try:
+            self._ask_end(span, error)
+        except Exception as exc:  # noqa: BLE001 -- never into an ask
+            self._guard("an ask span", exc)
+
+    def _ask_end(self, span: Span, error: BaseException | None) -> None:
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, self._text(f"{type(error).__name__}")))
             span.set_attribute("error.message", self._text(str(error)))
