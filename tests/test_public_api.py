@@ -35,6 +35,7 @@ PACKAGES = [
     "mighty.instance",
     "mighty.reload",
     "mighty.sandbox",
+    "mighty.telemetry",
     "mighty.trace",
     "mighty.wasi",
 ]

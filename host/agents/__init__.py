@@ -2,6 +2,7 @@
 
 from mighty.agents._compose import broadcast, pipe
 from mighty.agents._hibernate import HibernationStats, Hibernator
+from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._output import (
     LOG_LEVELS,
@@ -49,7 +50,9 @@ from mighty.agents._types import (
 )
 
 __all__ = [
+    "INSPECT",
     "LOG_LEVELS",
+    "SNAPSHOT_VERSION",
     "AgentChild",
     "AgentCrashed",
     "AgentError",

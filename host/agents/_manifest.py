@@ -138,6 +138,10 @@ class Manifest(_Model):
     agents: dict[str, AgentTypeModel]
     supervisor: SupervisorModel = SupervisorModel()
     start: list[StartModel] = []
+    introspect: bool = False
+    """The introspect capability: snapshots and spans carry bodies (docs/observability.md)."""
+    telemetry: dict[str, Any] | None = None
+    """OpenTelemetry export settings, checked by mighty.telemetry.load_config."""
 
 
 ChildModel.model_rebuild()

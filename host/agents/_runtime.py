@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
 from pydantic import ValidationError
@@ -56,6 +56,18 @@ from pydantic import ValidationError
 from mighty._errors import BadInput, BudgetExceeded, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok, Variant
 from mighty.agents._hibernate import Hibernator
+from mighty.agents._introspect import (
+    CRASHED,
+    FAILED,
+    HISTORY,
+    INSPECT,
+    OK,
+    REFUSED,
+    History,
+    agent_snapshot,
+    top_snapshot,
+    tree_snapshot,
+)
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
@@ -86,7 +98,10 @@ from mighty.agents._types import (
 from mighty.budget import Budget
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind
 from mighty.instance import Instance
-from mighty.wasi import CaptureOutput, WasiProvider
+from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
+
+if TYPE_CHECKING:
+    from mighty.telemetry import Telemetry
 
 __all__ = ["AgentProcess", "AgentStats", "Runtime"]
 
@@ -163,6 +178,15 @@ class AgentProcess:
         """Asleep: alive, its state in the snapshot store, no instance in memory."""
         return self.alive and self.instance is None
 
+    parent: str | None = None
+    """Who started it: its supervisor's name, or the address of the agent that spawned it."""
+    started: float = 0.0
+    """When the in-flight message (``current``) began (``time.monotonic``)."""
+    recent: History = field(default_factory=History)
+    """The last messages handled (see mighty.agents._introspect)."""
+    _outcome: str = OK
+    _fuel: int = 0
+
     # -- life ------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -206,7 +230,12 @@ class AgentProcess:
             policy=self.type.policy,
             gate=self.runtime.gate,
             record=self.runtime.recorder,
-            state={"agent.process": self, "agent.address": self.address, "agent.name": self.name},
+            state={
+                "agent.process": self,
+                "agent.address": self.address,
+                "agent.name": self.name,
+                LOG_SINK: self._wasi_log,
+            },
         )
         self._attach_output(instance)
         return instance
@@ -255,6 +284,15 @@ class AgentProcess:
             else:
                 capture.sink = functools.partial(_both, previous, splitter.feed)
         self._splitters = tuple(splitters)
+
+    def _wasi_log(self, level: str, context: str, message: str) -> None:
+        """A ``wasi:logging`` line: the agent's log, as its SDK's ``log()`` would be."""
+        level = "debug" if level == "trace" else level
+        data = {"level": level, "text": message}
+        if context:
+            data["context"] = context
+        self.runtime.emit("log", self.address, data)
+        self.runtime.output(self, "log", f"{context}: {message}" if context else message, level)
 
     def _flush_output(self) -> None:
         """The turn is over: a partial line of stdout or stderr is a line now."""
@@ -313,7 +351,13 @@ class AgentProcess:
         self.runtime.scheduler.schedule(self)
 
     def deliver(self, envelope: Envelope, timeout: float | None = None) -> None:
-        """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full)."""
+        """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full).
+
+        ``__inspect`` is answered here and now, never queued (see mighty.agents._introspect).
+        """
+        if envelope.name == INSPECT:
+            _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
+            return
         try:
             accepted = self.mailbox.put(envelope, timeout=timeout)
         except MailboxFull as exc:
@@ -354,6 +398,21 @@ class AgentProcess:
                     except (MailboxEmpty, MailboxClosed):
                         break
                     handled += 1
+                    self._outcome, self._fuel = OK, 0
+                    self.started = started = time.monotonic()
+                    telemetry = self.runtime.telemetry
+                    span = (
+                        None
+                        if telemetry is None
+                        else telemetry.handle_begin(
+                            self.address,
+                            self.type.name,
+                            envelope.name,
+                            envelope.sender,
+                            envelope.trace,
+                            envelope.body,
+                        )
+                    )
                     try:
                         exit_reason = self._handle(envelope)
                     except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
@@ -363,6 +422,21 @@ class AgentProcess:
                         error = HostError(f"internal error: {type(exc).__name__}: {exc}")
                         error.__cause__ = exc
                         exit_reason = self._crashed(envelope, error)
+                    outcome = CRASHED if exit_reason is not None else self._outcome
+                    if span is not None:
+                        assert telemetry is not None
+                        telemetry.handle_end(span, self.type.name, outcome, self._fuel)
+                    self.recent.append(
+                        (
+                            envelope.name,
+                            envelope.sender,
+                            outcome,
+                            started,
+                            time.monotonic() - started,
+                            self._fuel,
+                            envelope.body if self.runtime.introspect else None,
+                        )
+                    )
                     if exit_reason is not None:
                         break
             finally:
@@ -425,6 +499,7 @@ class AgentProcess:
         refusal = self._check_protocol(envelope)
         if refusal is not None:
             self.stats.failed += 1
+            self._outcome = REFUSED
             _settle(envelope, error=refusal)
             return None
         instance = self.instance
@@ -442,6 +517,8 @@ class AgentProcess:
         finally:
             self.current = None
             self._flush_output()
+            if instance.last_usage is not None:
+                self._fuel = instance.last_usage.fuel
         if instance.last_usage is not None:
             self.stats.fuel += instance.last_usage.fuel
         hibernation = self.runtime.hibernation
@@ -458,6 +535,7 @@ class AgentProcess:
         else:
             self.stats.failed += 1
             text = str(outcome.value if isinstance(outcome, Err) else outcome)
+            self._outcome = REFUSED if text.startswith("refused: ") else FAILED
             error: AgentError = (
                 Refused(f"{self.address}: {text[len('refused: ') :]}")
                 if text.startswith("refused: ")
@@ -554,6 +632,9 @@ class Runtime:
         output_bytes: int = OUTPUT_TAIL_BYTES,
         state_dir: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] | None = None,
+        introspect: bool = False,
+        history: int = HISTORY,
+        telemetry: Telemetry | None = None,
     ) -> None:
         """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
         written, on the thread running the agent; each agent also keeps its last
@@ -562,6 +643,13 @@ class Runtime:
         ``state_dir`` holds the snapshot store of hibernated and durable agents (BadStateDir,
         one line, when it cannot be used); ``clock`` replaces the idle timer's clock and its
         thread (the caller then calls ``runtime.hibernation.tick()``), for tests.
+
+        ``introspect`` is the introspect capability: snapshots (:meth:`inspect`) then carry
+        message bodies; without it only names and counters leave the runtime. Each agent keeps
+        its last ``history`` handled messages for its snapshot.
+
+        ``telemetry`` (a :class:`mighty.telemetry.Telemetry`) turns spans, metrics and event
+        export on; None (the default) costs nothing on the message path.
         """
         # First: an unusable state_dir raises before any thread starts.
         store = SnapshotStore(state_dir) if state_dir is not None else None
@@ -588,6 +676,13 @@ class Runtime:
             store.discard_volatile()
             self._pids = itertools.count(store.max_pid() + 1)
             self.hibernation = Hibernator(self, store, clock=clock)
+        self.introspect = introspect
+        self._history = max(0, min(history, 4096))
+        self.supervisors: dict[str, str | None] = {}
+        """Supervisor name -> its parent supervisor's name (None at the root), for inspect."""
+        self.telemetry = telemetry
+        if telemetry is not None:
+            telemetry.observe(self.agents, self.scheduler.steals, bodies=introspect)
 
     @property
     def closing(self) -> bool:
@@ -623,6 +718,7 @@ class Runtime:
         *,
         name: str | None = None,
         on_exit: Callable[[AgentProcess, bool, str], None] | None = None,
+        parent: str | None = None,
     ) -> AgentProcess:
         agent_type = self.agent_type(type_name)
         stored = None
@@ -642,6 +738,8 @@ class Runtime:
             name=name,
             on_exit=on_exit,
             output=OutputTail(self._output_lines, self._output_bytes),
+            parent=parent,
+            recent=History(self._history),
         )
         with self._lock:
             if name is not None and name in self._names:
@@ -652,11 +750,19 @@ class Runtime:
         if stored is not None:
             self._adopt(process)
             return process
+        telemetry = self.telemetry
+        span = None if telemetry is None else telemetry.spawn_begin(type_name)
         try:
             process.start()
-        except BaseException:
+        except BaseException as exc:
             self._forget(process)
+            if span is not None:
+                assert telemetry is not None
+                telemetry.spawn_end(span, address, exc)
             raise
+        if span is not None:
+            assert telemetry is not None
+            telemetry.spawn_end(span, address, None)
         return process
 
     def _adopt(self, process: AgentProcess) -> None:
@@ -710,6 +816,19 @@ class Runtime:
         if process is None or (not process.alive and process.on_exit is None):
             raise NoProc(f"no agent at {address!r}")
         return process
+
+    def inspect(self, address: str | None = None) -> dict[str, Any]:
+        """A snapshot of the agent at ``address`` (or name), or of the whole runtime when None.
+
+        NoProc for an unknown or dead agent. Every snapshot carries ``version``.
+        """
+        if address is None:
+            return tree_snapshot(self, bodies=self.introspect)
+        return agent_snapshot(self.process(address), bodies=self.introspect)
+
+    def top(self) -> dict[str, Any]:
+        """One frame of counters for ``mty top``: per agent and per worker (no bodies)."""
+        return top_snapshot(self)
 
     def agents(self) -> list[AgentProcess]:
         with self._lock:
@@ -804,7 +923,10 @@ class Runtime:
         """Put a message in ``to``'s mailbox; returns when it is accepted."""
         process = self.process(to)
         self._check_breaker(process.address)
-        process.deliver(Envelope(sender, name, encode_body(body)), timeout)
+        envelope = Envelope(sender, name, encode_body(body))
+        if self.telemetry is not None:
+            envelope.trace = self.telemetry.send(process.address, name, sender)
+        process.deliver(envelope, timeout)
 
     def ask(
         self, to: str, name: str, body: Any = None, *, timeout: float = 5.0, sender: str = HOST
@@ -821,7 +943,15 @@ class Runtime:
         process = self.process(to)
         self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
-        process.deliver(Envelope(sender, name, encode_body(body), future))
+        envelope = Envelope(sender, name, encode_body(body), future)
+        telemetry = self.telemetry
+        if telemetry is not None:
+            span = telemetry.ask_begin(process.address, name, sender)
+            envelope.trace = telemetry.carry(span)
+            future.add_done_callback(
+                lambda done: telemetry.ask_end(span, None if done.cancelled() else done.exception())
+            )
+        process.deliver(envelope)
         return future
 
     def ask_raw(
@@ -836,16 +966,43 @@ class Runtime:
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
     ) -> bytes | None:
         process = self.process(to)
-        if process.address in chain:
+        if process.address in chain and name != INSPECT:
             path = " -> ".join((*chain, process.address))
             raise AskCycle(f"ask cycle: {path}")
         breaker = self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
-        process.deliver(Envelope(sender, name, body, future, asker_chain=chain), timeout)
+        envelope = Envelope(sender, name, body, future, asker_chain=chain)
+        telemetry = self.telemetry
+        if telemetry is None:
+            return self._ask(to, envelope, process, breaker, timeout, wait)
+        span = telemetry.ask_begin(process.address, name, sender)
+        envelope.trace = telemetry.carry(span)
+        try:
+            result = self._ask(to, envelope, process, breaker, timeout, wait)
+        except BaseException as exc:
+            telemetry.ask_end(span, exc)
+            raise
+        telemetry.ask_end(span, None)
+        return result
+
+    def _ask(
+        self,
+        to: str,
+        envelope: Envelope,
+        process: AgentProcess,
+        breaker: Any,
+        timeout: float,
+        wait: Callable[[Future[bytes | None], float], bytes | None] | None,
+    ) -> bytes | None:
+        future = envelope.reply
+        assert future is not None
+        process.deliver(envelope, timeout)
         try:
             result = wait(future, timeout) if wait is not None else future.result(timeout)
         except FutureTimeout:
-            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s") from None
+            raise AskTimeout(
+                f"no reply from {to} to {envelope.name!r} within {timeout:g} s"
+            ) from None
         except (HandlerFailed, AgentCrashed):
             if breaker is not None:
                 breaker.record_failure()
@@ -879,6 +1036,8 @@ class Runtime:
     def emit(self, kind: str, address: str, data: Mapping[str, Any]) -> None:
         event = AgentEvent(kind, address, dict(data))
         self.events.append(event)
+        if self.telemetry is not None:
+            self.telemetry.event(kind, address, data)
         if self._on_event is not None:
             try:
                 self._on_event(event)
@@ -1004,7 +1163,12 @@ class AgentHostProvider:
             try:
                 target = runtime.process(to)
                 runtime._check_breaker(target.address)
-                target.deliver(Envelope(process.address, msg["name"], bytes(msg["body"])))
+                envelope = Envelope(process.address, msg["name"], bytes(msg["body"]))
+                if runtime.telemetry is not None:
+                    envelope.trace = runtime.telemetry.send(
+                        target.address, envelope.name, process.address
+                    )
+                target.deliver(envelope)
             except AgentError as exc:
                 return _agent_error(exc)
             return Ok(None)
@@ -1044,9 +1208,11 @@ class AgentHostProvider:
             return Ok({"name": "reply", "body": reply or b""})
 
         def spawn(ctx: GuestContext, agent_type: str, init: bytes) -> Any:
-            _process(ctx)
+            process = _process(ctx)
             try:
-                return Ok(runtime.spawn_process(agent_type, bytes(init)).address)
+                return Ok(
+                    runtime.spawn_process(agent_type, bytes(init), parent=process.address).address
+                )
             except AgentError as exc:
                 return _agent_error(exc)
 

@@ -44,6 +44,10 @@ class WorkerStats:
     batches: int = 0
     messages: int = 0
     steals: int = 0
+    queued: int = 0
+    """Agents waiting on this worker's own queue."""
+    current: str | None = None
+    """The address of the agent it runs now, if any."""
 
 
 class Scheduler:
@@ -57,6 +61,8 @@ class Scheduler:
         self._lock = threading.Condition()
         self._queues: list[deque[Runnable]] = []
         self._stats: list[WorkerStats] = []
+        self._current: list[Runnable | None] = []
+        self._steals: dict[tuple[int, int], int] = {}
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._blocked = 0
@@ -69,6 +75,7 @@ class Scheduler:
         index = len(self._queues)
         self._queues.append(deque())
         self._stats.append(WorkerStats(f"worker-{index}"))
+        self._current.append(None)
         thread = threading.Thread(
             target=self._work, args=(index,), name=f"mighty-worker-{index}", daemon=True
         )
@@ -117,6 +124,8 @@ class Scheduler:
         victim = max(range(len(self._queues)), key=lambda i: len(self._queues[i]))
         if self._queues[victim]:
             self._stats[index].steals += 1
+            pair = (victim, index)
+            self._steals[pair] = self._steals.get(pair, 0) + 1
             return self._queues[victim].popleft()
         return None
 
@@ -131,11 +140,14 @@ class Scheduler:
                     self._lock.wait(timeout=0.5)
                     self._idle -= 1
                     agent = self._take(index)
+            self._current[index] = agent
             try:
                 handled, again = agent.run_batch()
             except Exception:  # noqa: BLE001 -- a worker outlives any one agent's bug
                 _log.exception("worker %d: a turn raised; the agent was dropped", index)
                 continue
+            finally:
+                self._current[index] = None
             stats = self._stats[index]
             stats.batches += 1
             stats.messages += handled
@@ -145,7 +157,25 @@ class Scheduler:
 
     def stats(self) -> list[WorkerStats]:
         with self._lock:
-            return [WorkerStats(s.name, s.batches, s.messages, s.steals) for s in self._stats]
+            return [
+                WorkerStats(
+                    s.name,
+                    s.batches,
+                    s.messages,
+                    s.steals,
+                    len(queue),
+                    getattr(current, "address", None) if current is not None else None,
+                )
+                for s, queue, current in zip(self._stats, self._queues, self._current, strict=True)
+            ]
+
+    def steals(self) -> dict[tuple[str, str], int]:
+        """Steals so far by (source worker, stealing worker), for ``worker.steals_total``."""
+        with self._lock:
+            return {
+                (self._stats[src].name, self._stats[dst].name): n
+                for (src, dst), n in self._steals.items()
+            }
 
     @property
     def threads(self) -> int:

@@ -93,6 +93,7 @@ def _build(
     )
     holder: list[Supervisor] = []
     children: list[ChildSpec] = []
+    runtime.supervisors.setdefault(spec.name, None)
     for child in spec.children:
         if isinstance(child, AgentChild):
             children.append(
@@ -151,7 +152,11 @@ def _agent_starter(
                 process.revive()
             return process
         process = runtime.spawn_process(
-            child.type, encode_body(child.init), name=child.name, on_exit=exited
+            child.type,
+            encode_body(child.init),
+            name=child.name,
+            on_exit=exited,
+            parent=holder[0].name,
         )
         if breaker is not None:
             runtime.set_breaker(process.address, breaker)
@@ -171,6 +176,7 @@ def _subtree_starter(
     def start() -> ChildHandle:
         if not built:
             built.append(_build(runtime, spec, failed))
+            runtime.supervisors[spec.name] = holder[0].name
         return built[0].start()
 
     return start

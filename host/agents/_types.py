@@ -142,6 +142,8 @@ class Envelope:
     sent_at: float = field(default_factory=time.monotonic)
     asker_chain: tuple[str, ...] = ()
     """The addresses waiting on this reply, innermost last (for cycle detection)."""
+    trace: Any = None
+    """Trace context from the sender (mighty.telemetry), None when telemetry is off."""
 
 
 @dataclass(frozen=True, slots=True)

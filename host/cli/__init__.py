@@ -4,6 +4,7 @@ from mighty.cli._eval import eval_command
 from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
 from mighty.cli._mcp import sandbox_group
+from mighty.cli._observe import inspect_agents_command, top_command
 from mighty.cli._run import reload_command, run_command
 from mighty.cli._sandbox import exec_command
 
@@ -16,5 +17,7 @@ main.add_command(compile_command, "compile")
 main.add_command(inspect_command, "inspect-component")
 main.add_command(inspect_command, "wit")
 main.add_command(eval_command, "eval")
+main.add_command(inspect_agents_command, "inspect")
+main.add_command(top_command, "top")
 
 __all__ = ["main", "parse_size"]

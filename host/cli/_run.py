@@ -100,6 +100,11 @@ class _Interrupted(Exception):
     help="Least severe agent line shown (print() output is info, stderr warning).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No agent output and no progress on stderr.")
+@click.option(
+    "--introspect",
+    is_flag=True,
+    help="The introspect capability: inspect snapshots and spans carry message bodies.",
+)
 def run_command(
     manifest: Path,
     record: str | None,
@@ -107,6 +112,7 @@ def run_command(
     as_json: bool,
     log_level: str,
     quiet: bool,
+    introspect: bool,
 ) -> None:
     """Run the agents, supervision tree and start messages of MANIFEST.
 
@@ -123,6 +129,7 @@ def run_command(
         spec, base = load_manifest(manifest)
         with Waits(not quiet) as show:
             types = agent_types(spec, base, show)
+        telemetry = _telemetry(spec.telemetry)
         failures: list[str] = []
         replies: list[dict[str, Any]] = []
         if signals.first is not None:  # while building: nothing ran yet
@@ -134,6 +141,9 @@ def run_command(
             recorder=recorder,
             on_output=None if quiet else _OutputWriter(threshold),
             state_dir=state_dir(spec, base),
+            on_event=None if quiet or telemetry is not None else _EventWriter(threshold),
+            introspect=introspect or spec.introspect,
+            telemetry=telemetry,
         )
         control = _control_server(runtime)
         try:
@@ -158,6 +168,8 @@ def run_command(
             runtime.shutdown(drain=False, timeout=_SHUTDOWN_TIMEOUT)
             if recorder is not None:
                 recorder.close()
+            if telemetry is not None:
+                telemetry.shutdown()
         summary = _summary(runtime, threshold)
         if signals.first is not None:
             _cancelled(signals.first, replies, failures, summary, as_json)
@@ -257,9 +269,44 @@ def _label(agent: dict[str, Any]) -> str:
     return f"{agent['address']} ({agent['name']})" if agent["name"] else str(agent["address"])
 
 
+def _telemetry(block: dict[str, Any] | None) -> Any:
+    """A Telemetry when the manifest's [telemetry] block or MTY_OTLP_ENDPOINT asks for one.
+
+    Off (the default) imports nothing of OpenTelemetry.
+    """
+    if block is None and not os.environ.get("MTY_OTLP_ENDPOINT"):
+        return None
+    try:
+        from mighty.telemetry import Telemetry, load_config
+    except ImportError:
+        raise BadInput("telemetry needs OpenTelemetry: pip install 'mighty-host[otel]'") from None
+    config = load_config(block, os.environ)
+    return None if config is None else Telemetry(config)
+
+
+class _EventWriter:
+    """Telemetry off: what agents emit() becomes one structured line on stderr
+    (``[address] event NAME {json}``), at info level."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Any) -> None:
+        kind = event.kind
+        if not kind.startswith("agent.") or kind in ("agent.crashed", "agent.restarted"):
+            return
+        if level_number("info") < self.threshold:
+            return
+        fields = json.dumps(event.data.get("body"), default=repr, sort_keys=True)
+        line = f"[{event.address}] event {kind[len('agent.') :]} {fields}\n"
+        with self._lock, suppress(OSError, ValueError):
+            _write_text(sys.stderr, line)
+
+
 def _control_server(runtime: Any) -> Any:
     """The local control socket, when RUNTIME_CONTROL_SOCK names a path (opt-in)."""
-    from mighty.control import ENV_VAR, ControlServer
+    from mighty.control import ENV_VAR, ControlServer, runtime_ops
 
     path = os.environ.get(ENV_VAR)
     if not path:
@@ -275,7 +322,8 @@ def _control_server(runtime: Any) -> Any:
     def status(_args: dict[str, Any]) -> Any:
         return _summary(runtime)
 
-    server = ControlServer(path, {"reload": reload, "status": status}).start()
+    ops = {"reload": reload, "status": status, **runtime_ops(runtime)}
+    server = ControlServer(path, ops).start()
     click.echo(f"mty: control socket at {path}", err=True)
     return server
 

@@ -5,6 +5,7 @@ Opt in by setting ``RUNTIME_CONTROL_SOCK`` to a path; the runtime serves its ops
 """
 
 from mighty.control._client import request
+from mighty.control._ops import MAX_ADDRESS, UnknownAgent, runtime_ops
 from mighty.control._protocol import ENV_VAR, PROTOCOL_VERSION, ControlError
 from mighty.control._server import (
     IDLE_TIMEOUT,
@@ -14,16 +15,23 @@ from mighty.control._server import (
     FileRefused,
     read_regular_file,
 )
+from mighty.control._top import SORT_KEYS, sort_rows, top_rows
 
 __all__ = [
     "ENV_VAR",
     "IDLE_TIMEOUT",
+    "MAX_ADDRESS",
     "MAX_FILE_BYTES",
     "PROTOCOL_VERSION",
+    "SORT_KEYS",
     "ControlError",
     "ControlServer",
     "ControlSocketError",
     "FileRefused",
+    "UnknownAgent",
     "read_regular_file",
     "request",
+    "runtime_ops",
+    "sort_rows",
+    "top_rows",
 ]

@@ -139,6 +139,13 @@ class Instance:
         return CaptureOutput(0), CaptureOutput(0)
 
     @property
+    def memory(self) -> tuple[int, int]:
+        """(bytes of linear memory the instance holds now, its ceiling); safe from any thread
+        (introspection reads it while a worker runs the guest)."""
+        account = self._meter.account
+        return account.current, account.limit
+
+    @property
     def context(self) -> GuestContext:
         """The gate's per-instance state (resource tables, provider state, counters)."""
         return self._ctx

@@ -1,14 +1,17 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
 from mighty.wasi._cli import outputs
+from mighty.wasi._logging import LOG_SINK, LogSink
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import DEFAULT_OUTPUT_CAP, DirGrant, MemoryDir, OutputPolicy, Policy
 from mighty.wasi._provider import WasiProvider
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
+    "LOG_SINK",
     "CaptureOutput",
     "DirGrant",
+    "LogSink",
     "MemoryDir",
     "OutputPolicy",
     "Policy",

@@ -6,12 +6,12 @@ from collections.abc import Iterable
 from types import ModuleType
 
 from mighty.gate import Binding, GuestContext, ResourceKind
-from mighty.wasi import _cli, _clocks, _filesystem, _io, _random, _sockets
+from mighty.wasi import _cli, _clocks, _filesystem, _io, _logging, _random, _sockets
 from mighty.wasi._policy import Policy
 
 __all__ = ["WasiProvider"]
 
-_MODULES: tuple[ModuleType, ...] = (_io, _cli, _clocks, _random, _filesystem, _sockets)
+_MODULES: tuple[ModuleType, ...] = (_io, _cli, _clocks, _random, _filesystem, _sockets, _logging)
 
 
 class WasiProvider:

@@ -97,14 +97,20 @@ def test_public_names() -> None:
         [
             "ENV_VAR",
             "PROTOCOL_VERSION",
+            "SORT_KEYS",
             "ControlError",
             "ControlServer",
             "ControlSocketError",
             "FileRefused",
             "IDLE_TIMEOUT",
+            "MAX_ADDRESS",
             "MAX_FILE_BYTES",
+            "UnknownAgent",
             "read_regular_file",
             "request",
+            "runtime_ops",
+            "sort_rows",
+            "top_rows",
         ]
     )
     assert ENV_VAR == "RUNTIME_CONTROL_SOCK"
