@@ -57,23 +57,27 @@ class Refused(Exception):
     """The value is not one the reference encoder accepts (it will say why)."""
 
 
+_B1, _B2, _B4, _B8 = (struct.Struct(f">B{c}").pack for c in "BHIQ")
+
+
 def head(major: int, n: int) -> bytes:
     """The CBOR item head of major type ``major`` with argument ``n`` (minimal length)."""
     m = major << 5
     if n < 24:
         return bytes((m | n,))
     if n < 0x100:
-        return bytes((m | 24, n))
+        return _B1(m | 24, n)
     if n < 0x10000:
-        return bytes((m | 25,)) + n.to_bytes(2, "big")
+        return _B2(m | 25, n)
     if n < 0x100000000:
-        return bytes((m | 26,)) + n.to_bytes(4, "big")
-    return bytes((m | 27,)) + n.to_bytes(8, "big")
+        return _B4(m | 26, n)
+    return _B8(m | 27, n)
 
 
 _UINT = [head(0, n) for n in range(256)]
 _NINT = [head(1, n) for n in range(256)]
 _ARRAY = [head(4, n) for n in range(32)]
+_BYTES = [head(2, n) for n in range(256)]
 _MAP = [head(5, n) for n in range(32)]
 _T_TUPLE = head(6, TAG_TUPLE)
 _T_SET = head(6, TAG_FROZENSET)
@@ -91,10 +95,14 @@ _NONE, _FALSE, _TRUE = b"\xf6", b"\xf4", b"\xf5"
 
 def uint(n: int) -> bytes:
     """An int in the CBOR range as CBOR (what ``cbor2.dumps(n)`` gives)."""
-    if 0 <= n < 256:
-        return _UINT[n]
     if n >= 0:
-        return head(0, n)
+        if n < 256:
+            return _UINT[n]
+        if n < 0x10000:
+            return _B2(25, n)
+        if n < 0x100000000:
+            return _B4(26, n)
+        return _B8(27, n)
     if n >= -256:
         return _NINT[-1 - n]
     return head(1, -1 - n)
@@ -187,7 +195,7 @@ def _emit(v: Any, depth: int, blobs: BlobSink | None, handles: bool, out: list[b
             out.append(_UINT[v])
             return
         if -(2**64) <= v <= _CBOR_INT_MAX:
-            out.append(head(0, v) if v >= 0 else head(1, -1 - v))
+            out.append(uint(v))
             return
         if depth >= MAX_DEPTH:
             raise Refused("too deep")
@@ -207,7 +215,8 @@ def _emit(v: Any, depth: int, blobs: BlobSink | None, handles: bool, out: list[b
         if blobs is not None and len(data) >= blobs.blob_min and depth < MAX_DEPTH:
             out.append(blobs.ref(data))
         else:
-            out.append(head(2, len(data)))
+            n = len(data)
+            out.append(_BYTES[n] if n < 256 else head(2, n))
             out.append(data)
         return
     if depth >= MAX_DEPTH:

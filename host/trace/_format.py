@@ -76,7 +76,7 @@ from typing import Any, BinaryIO, Literal
 import cbor2
 
 from mighty.trace._cbor import CBORInvalid, TagHook, decode
-from mighty.trace._emit import BlobSink, Refused, emit
+from mighty.trace._emit import BlobSink, Refused, emit, emit_into
 from mighty.trace._errors import (
     TraceCorrupt,
     TraceError,
@@ -120,9 +120,14 @@ _DIGEST = 32
 _RESERVED_KINDS = frozenset({"header", "blob"})
 
 
+_PACK_II = struct.Struct(">II").pack
+_PACK_I = struct.Struct(">I").pack
+_crc32 = zlib.crc32
+
+
 def _frame(payload: bytes) -> bytes:
-    head = struct.pack(">II", len(payload), zlib.crc32(payload))
-    return head + struct.pack(">I", zlib.crc32(head)) + payload
+    head = _PACK_II(len(payload), _crc32(payload))
+    return head + _PACK_I(_crc32(head)) + payload
 
 
 def _package_version(name: str) -> str:
@@ -286,6 +291,44 @@ class TraceWriter:
             sink = BlobSink(self._blob_min, self._blobs)
             payload = self._checked(build(sink))
             self._push(sink, payload)
+
+    def _append_parts(
+        self, prefix: bytes, args: list[Any], middle: bytes, result: Any, suffix: bytes
+    ) -> None:
+        """Append the record ``prefix args middle result suffix``: the recorder's import
+        records, whose fixed parts are made once per import (``args`` and ``result`` may hold
+        gate Handles); :class:`Refused` (nothing written) for values the fast encoder does not
+        take."""
+        with self._lock:
+            if self._failed is not None or self._file is None:
+                self._check_open()
+            sink = BlobSink(self._blob_min, self._blobs)
+            out = [prefix]
+            emit_into(args, 1, sink, True, out)
+            out.append(middle)
+            emit_into(result, 1, sink, True, out)
+            out.append(suffix)
+            payload = b"".join(out)
+            if len(payload) > MAX_ITEMS:  # MAX_ITEMS < MAX_FRAME: shorter ones pass both
+                self._checked(payload)
+            if sink.pending:
+                self._push(sink, payload)
+                return
+            data = _frame(payload)
+            if self._mode == "record":
+                self._write(data)
+            else:
+                buffer = self._buffer
+                if not buffer:
+                    self._oldest = time.monotonic()
+                buffer.append(data)
+                self._buffered += len(data)
+                if (
+                    self._buffered >= self._buffer_max
+                    or time.monotonic() - self._oldest >= self._interval
+                ):
+                    self._drain()
+            self._records += 1
 
     def _encode_reference(self, record: Mapping[str, Any]) -> tuple[BlobSink, bytes]:
         sink = BlobSink(self._blob_min, self._blobs)

@@ -25,12 +25,18 @@ from wasmtime import _ffi as ffi
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import SETTINGS, Component
 from mighty.gate import Binding, GuestContext, GuestExitRequest, GuestViolation, Handle
-from mighty.trace._emit import BlobSink, Refused, emit_into, head, text, uint
+from mighty.trace._emit import Refused, head, text, uint
 from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, FlushMode, TraceWriter
 from mighty.trace._values import HandleRef
 
 __all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
 
+
+# Our own prototype (dll[name] is a new function object): c_void_p takes the context pointer
+# as it is, and there is no Python wrapper frame around the call.
+_get_fuel = ffi.dll["wasmtime_context_get_fuel"]
+_get_fuel.restype = ctypes.c_void_p
+_get_fuel.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 
 _MAP9, _MAP10 = head(5, 9), head(5, 10)
 _K_IMPORT = text("k") + text("import") + text("i")
@@ -192,6 +198,9 @@ class InstanceRecording:
         self._head = (_MAP10 if agent is not None else _MAP9) + _K_IMPORT + uint(instance_id) + _K_S
         self._tail = b"" if agent is None else _K_A + text(agent)
         self._mids: dict[int, tuple[Binding, bytes]] = {}
+        # One instance makes one import at a time: one out-parameter for the fuel reading.
+        self._left = ctypes.c_uint64()
+        self._left_ref = ctypes.byref(self._left)
 
     def _append(self, record: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -236,21 +245,16 @@ class InstanceRecording:
         if mid is None or mid[0] is not binding:
             mid = (binding, _K_IF + text(binding.interface) + _K_FN + text(binding.name) + _K_ARGS)
             self._mids[id(binding)] = mid
-        prefix = self._head + uint(step) + mid[1]
-        suffix = _K_OUT + text(outcome) + _K_FUEL + uint(fuel) + self._tail
         values = list(args)
-
-        def build(blobs: BlobSink) -> bytes:
-            # Byte for byte the dict below through TraceWriter.append (tests/trace/test_emit.py).
-            out = [prefix]
-            emit_into(values, 1, blobs, True, out)
-            out.append(_K_RES)
-            emit_into(result, 1, blobs, True, out)
-            out.append(suffix)
-            return b"".join(out)
-
         try:
-            self.recorder._writer._append_encoded(build)
+            # Byte for byte the dict below through TraceWriter.append (tests/trace/test_emit.py).
+            self.recorder._writer._append_parts(
+                self._head + uint(step) + mid[1],
+                values,
+                _K_RES,
+                result,
+                _K_OUT + text(outcome) + _K_FUEL + uint(fuel) + self._tail,
+            )
         except Refused:
             # Not a value the fast encoder takes: the writer's own path names what is wrong.
             self._append(
@@ -268,12 +272,11 @@ class InstanceRecording:
             )
 
     def _fuel_used(self, ctx: GuestContext) -> int:
-        left = ctypes.c_uint64()
-        error = ffi.wasmtime_context_get_fuel(ctx.call_store._context(), ctypes.byref(left))
+        error = _get_fuel(ctx.call_store._context(), self._left_ref)
         if error:
-            ffi.wasmtime_error_delete(error)
+            ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
             return -1
-        return self.fuel_limit - left.value
+        return self.fuel_limit - self._left.value
 
     # -- export calls (the instance calls these) ----------------------------------------------
 
