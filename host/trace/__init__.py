@@ -14,8 +14,10 @@ from mighty.trace._errors import (
     TraceVersionError,
 )
 from mighty.trace._format import (
+    FLUSH_MODES,
     FORMAT_VERSION,
     MAX_FRAME,
+    FlushMode,
     Trace,
     TraceReader,
     TraceWriter,
@@ -38,9 +40,11 @@ from mighty.trace._values import HandleRef, decode_value, encode_value
 
 __all__ = [
     "DEFAULT_REPLAY_LIMITS",
+    "FLUSH_MODES",
     "FORMAT_VERSION",
     "MAX_FRAME",
     "Debugger",
+    "FlushMode",
     "HandleRef",
     "InstanceRecording",
     "InstanceReport",

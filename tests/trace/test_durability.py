@@ -11,12 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from mighty.cli import main
 from mighty.trace import Recorder, TraceError, TraceWriter, read_trace
+from tests.trace.test_components import guest
 
 CHILD = r"""
 import sys
@@ -168,3 +172,25 @@ def test_os_mode_ignores_boundaries(tmp_path: Path) -> None:
         w.boundary()
         assert read_trace(path).all_records == ()
     assert len(read_trace(path).all_records) == 1
+
+
+@pytest.mark.parametrize("flush", ["record", "call", "os"])
+def test_cli_call_records_with_each_setting(
+    wat: Callable[[str], bytes], tmp_path: Path, flush: str
+) -> None:
+    """``mty call --record T --flush MODE`` writes a whole trace in every mode."""
+    component = guest(wat, tmp_path / "g")
+    trace = tmp_path / "t.bin"
+    done = CliRunner().invoke(
+        main, ["call", str(component), "run", "2", "--record", str(trace), "--flush", flush, "-q"]
+    )
+    assert done.exit_code == 0, done.output
+    assert [r["k"] for r in read_trace(trace, schema=True).all_records][-2:] == ["export", "close"]
+
+
+def test_cli_refuses_an_unknown_flush(wat: Callable[[str], bytes], tmp_path: Path) -> None:
+    done = CliRunner().invoke(
+        main, ["call", str(guest(wat, tmp_path)), "run", "2", "--record", "--flush", "disk"]
+    )
+    assert done.exit_code == 2
+    assert "disk" in done.output
