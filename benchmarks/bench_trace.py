@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, median, report, samples
+from _common import ROOT, cpu_samples, median, report, samples
 
 from mighty import Component, Instance
 from mighty.build import build_component
@@ -37,9 +37,11 @@ def main() -> None:
 
     plain = Instance(component)
     plain_t = median(samples(lambda: work(plain), repeat=15, warmup=2))
+    plain_cpu = median(cpu_samples(lambda: work(plain), repeat=15, warmup=1))
 
     traces: list[Path] = []
     recorded_ts = {}
+    recorded_cpu = {}
     imports = 0
     for flush in ("call", "record"):
         recorder = Recorder(tmp / f"warm-{flush}.bin", flush=flush)
@@ -50,6 +52,9 @@ def main() -> None:
         imports = recorded.context.calls - imports_before
         recorded_ts[flush] = median(
             samples(lambda r=recorded: work(r), repeat=15, warmup=2)  # type: ignore[misc]
+        )
+        recorded_cpu[flush] = median(
+            cpu_samples(lambda r=recorded: work(r), repeat=15, warmup=1)  # type: ignore[misc]
         )
         recorded.close()
         recorder.close()
@@ -63,6 +68,8 @@ def main() -> None:
     replay_t = median(samples(lambda: replay_trace(one), repeat=7, warmup=1))
     record_once = median(samples(lambda: _record_once(component, tmp), repeat=7, warmup=1))
     plain_once = median(samples(lambda: _plain_once(out), repeat=7, warmup=1))
+    replay_cpu = median(cpu_samples(lambda: replay_trace(one), repeat=7, warmup=1))
+    plain_once_cpu = median(cpu_samples(lambda: _plain_once(out), repeat=7, warmup=1))
     report(
         [
             {
@@ -72,6 +79,10 @@ def main() -> None:
                 "plain_ms": round(plain_t * 1e3, 2),
                 "imports": imports,
                 "extra_us_per_import": round((recorded_t - plain_t) / imports * 1e6, 2),
+                "cpu_ratio": round(recorded_cpu["call"] / plain_cpu, 2),
+                "cpu_extra_us_per_import": round(
+                    (recorded_cpu["call"] - plain_cpu) / imports * 1e6, 2
+                ),
                 "target": "<= 1.25",
             },
             {
@@ -79,12 +90,14 @@ def main() -> None:
                 "ratio": round(recorded_ts["record"] / plain_t, 2),
                 "recorded_ms": round(recorded_ts["record"] * 1e3, 2),
                 "extra_us_per_import": round((recorded_ts["record"] - plain_t) / imports * 1e6, 2),
+                "cpu_ratio": round(recorded_cpu["record"] / plain_cpu, 2),
             },
             {
                 "name": "replay / unrecorded (whole run incl. load + instantiate)",
                 "ratio": round(replay_t / plain_once, 2),
                 "replay_ms": round(replay_t * 1e3, 2),
                 "unrecorded_ms": round(plain_once * 1e3, 2),
+                "cpu_ratio": round(replay_cpu / plain_once_cpu, 2),
                 "target": "<= 1.5",
             },
             {
