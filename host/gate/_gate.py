@@ -485,6 +485,15 @@ def _direct_lifter(
         else:
             direct.append((_NESTED, (lift, _handle_converter(t, _to_handle), conv)))
 
+    if not direct:
+
+        def lift_none(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
+            if nargs:
+                arity(nargs)
+            return _NO_ARGS
+
+        return lift_none
+
     if all(kind == _PLAIN for kind, _ in direct):
         plain = [lift for _, lift in direct]
 
@@ -513,6 +522,7 @@ def _direct_lifter(
 
 
 _PLAIN, _NESTED, _OWN, _BORROW = range(4)
+_NO_ARGS: list[Any] = []  # only ever unpacked into a call, never changed
 
 
 _Conv = Callable[[GuestContext, Any], Any]
