@@ -59,12 +59,15 @@ were fixed up, or frames in another order, read fine: catching those is the repl
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime as _dt
 import hashlib
 import os
 import struct
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -207,6 +210,10 @@ class TraceWriter:
         self._write(_FILE_HEAD.pack(FILE_MAGIC, FORMAT_VERSION) + _frame(payload))
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        if flush != "record":
+            # A writer never closed still writes out what waits when the interpreter exits
+            # normally (a crash is what the durability setting is about).
+            _BUFFERED.add(self)
         if flush == "os":
             self._flusher = threading.Thread(
                 target=self._flush_by_age, name=f"trace-flush {self._path.name}", daemon=True
@@ -722,6 +729,18 @@ class TraceReader:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+_BUFFERED: weakref.WeakSet[TraceWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    for writer in list(_BUFFERED):
+        with writer._lock:
+            if writer._file is not None and writer._failed is None:
+                with contextlib.suppress(TraceError):
+                    writer._drain()
 
 
 def _count_only(_tag: int, _content: Any) -> Any:

@@ -194,3 +194,16 @@ def test_cli_refuses_an_unknown_flush(wat: Callable[[str], bytes], tmp_path: Pat
     )
     assert done.exit_code == 2
     assert "disk" in done.output
+
+
+def test_a_writer_never_closed_is_written_out_at_exit(tmp_path: Path) -> None:
+    """flush="os" with nothing to trigger a write: a normal interpreter exit still writes the
+    records that wait (a crash is what the setting is about, not a forgotten close)."""
+    path = tmp_path / "t.bin"
+    script = (
+        "import sys\nfrom mighty.trace import TraceWriter\n"
+        "w = TraceWriter(sys.argv[1], {}, flush='os', flush_interval=3600)\n"
+        "w.append({'k': 'x', 'n': 1})\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120)
+    assert read_trace(path).all_records == ({"k": "x", "n": 1},)
