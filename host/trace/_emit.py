@@ -163,12 +163,22 @@ class BlobSink:
         return _T_BLOB + digest
 
 
-def emit(value: Any, blobs: BlobSink | None = None, *, handles: bool = False) -> bytes:
+_HANDLES_ON = 1
+_CANONICAL = 2
+
+
+def emit(
+    value: Any, blobs: BlobSink | None = None, *, handles: bool = False, canonical: bool = False
+) -> bytes:
     """``value`` as CBOR; ``handles`` also takes gate :class:`Handle` objects where
-    ``to_refs`` would turn them into :class:`HandleRef` (not in set items or map keys)."""
+    ``to_refs`` would turn them into :class:`HandleRef` (not in set items or map keys);
+    ``canonical`` gives what ``cbor2.dumps(encode_value(value), canonical=True)`` gives (maps
+    with their keys in canonical order), which replay digests."""
     out: list[bytes] = []
     try:
-        _emit(value, 0, blobs, handles, out)
+        _emit(
+            value, 0, blobs, (_HANDLES_ON if handles else 0) | (_CANONICAL if canonical else 0), out
+        )
     except (RecursionError, UnicodeEncodeError, TypeError, ValueError, OverflowError) as exc:
         raise Refused(str(exc)) from None
     return b"".join(out)
@@ -184,7 +194,7 @@ def emit_into(
         raise Refused(str(exc)) from None
 
 
-def _emit(v: Any, depth: int, blobs: BlobSink | None, handles: bool, out: list[bytes]) -> None:  # noqa: PLR0915 - one dispatch on type, as _values._encode
+def _emit(v: Any, depth: int, blobs: BlobSink | None, handles: int, out: list[bytes]) -> None:  # noqa: PLR0915 - one dispatch on type, as _values._encode
     # Mirrors _values._encode case for case: the same depth counted at the same places.
     t = type(v)
     if t is str:
@@ -232,7 +242,7 @@ def _emit(v: Any, depth: int, blobs: BlobSink | None, handles: bool, out: list[b
     if t is dict:
         _emit_dict(v, depth, blobs, handles, out)
         return
-    if t is Handle and handles:
+    if t is Handle and handles & _HANDLES_ON:
         _emit_handle(v.kind.interface, v.kind.name, v.rep, depth, blobs, out)
         return
     if t is tuple:
@@ -261,7 +271,7 @@ def _emit(v: Any, depth: int, blobs: BlobSink | None, handles: bool, out: list[b
         parts = []
         for item in items:
             part: list[bytes] = []
-            _emit(item, depth + 2, blobs, False, part)
+            _emit(item, depth + 2, blobs, handles & _CANONICAL, part)
             parts.append(b"".join(part))
         parts.sort()
         out.append(_T_SET)
@@ -280,11 +290,11 @@ def _emit_handle(
     if type(interface) is not str or type(name) is not str or type(rep) is not int:
         raise Refused("a handle must be (str, str, int)")
     out.append(_T_HANDLE + text(interface) + text(name))
-    _emit(rep, depth + 2, blobs, False, out)
+    _emit(rep, depth + 2, blobs, 0, out)
 
 
 def _emit_dict(
-    v: dict[Any, Any], depth: int, blobs: BlobSink | None, handles: bool, out: list[bytes]
+    v: dict[Any, Any], depth: int, blobs: BlobSink | None, handles: int, out: list[bytes]
 ) -> None:
     for k in v:
         if type(k) is not str:
@@ -292,17 +302,27 @@ def _emit_dict(
             return
     n = len(v)
     out.append(_MAP[n] if n < 32 else head(5, n))
+    if handles & _CANONICAL and n > 1:
+        # cbor2's canonical order: by the encoded key, shorter first.
+        for key, item in sorted(((text(k), x) for k, x in v.items()), key=_canonical_key):
+            out.append(key)
+            _emit(item, depth + 1, blobs, handles, out)
+        return
     for k, item in v.items():
         out.append(text(k))
         _emit(item, depth + 1, blobs, handles, out)
 
 
+def _canonical_key(pair: tuple[bytes, Any]) -> tuple[int, bytes]:
+    return len(pair[0]), pair[0]
+
+
 def _emit_flat(
-    v: dict[Any, Any], depth: int, blobs: BlobSink | None, handles: bool, out: list[bytes]
+    v: dict[Any, Any], depth: int, blobs: BlobSink | None, handles: int, out: list[bytes]
 ) -> None:
     _check_hashed(list(v), "a map")
     out.append(_T_MAP)
     out.append(_array_head(2 * len(v)))
     for k, item in v.items():
-        _emit(k, depth + 2, blobs, False, out)
+        _emit(k, depth + 2, blobs, handles & _CANONICAL, out)
         _emit(item, depth + 2, blobs, handles, out)

@@ -159,3 +159,14 @@ def test_recorded_frames_are_the_reference_bytes(probe_wasm: Path, tmp_path: Pat
     assert len(imports) > 10 and all(r["a"] == "probe:1" for r in imports)
     for payload, record in zip(payloads, records, strict=True):
         assert payload == cbor2.dumps(encode_value(record))
+
+
+@given(values)
+def test_canonical_bytes_are_cbor2_canonical(value: Any) -> None:
+    """``canonical=True``: what replay digests, cbor2.dumps(encode_value(v), canonical=True)."""
+    assert emit(value, canonical=True) == cbor2.dumps(encode_value(value), canonical=True)
+
+
+@given(st.dictionaries(st.text(max_size=30), st.integers(), max_size=12))
+def test_canonical_orders_many_keys(record: dict[str, int]) -> None:
+    assert emit(record, canonical=True) == cbor2.dumps(encode_value(record), canonical=True)
