@@ -47,8 +47,15 @@ instance.call("run", "print('A')\nprint('B')\ntime.sleep(100)")
 """
 
 
-def killed_mid_call(probe_wasm: Path, trace: Path, mode: str, interval: float, wait: float) -> None:
-    """Run the child until the guest printed B in its second call, wait ``wait`` s, SIGKILL."""
+def killed_mid_call(
+    probe_wasm: Path,
+    trace: Path,
+    mode: str,
+    interval: float,
+    until: Callable[[], bool] | None = None,
+) -> None:
+    """Run the child until the guest printed B in its second call (and then until ``until()``
+    holds, polled for at most a minute), then SIGKILL it."""
     with subprocess.Popen(
         [sys.executable, "-c", CHILD, str(probe_wasm), str(trace), mode, str(interval)],
         stdout=subprocess.PIPE,
@@ -64,7 +71,9 @@ def killed_mid_call(probe_wasm: Path, trace: Path, mode: str, interval: float, w
                     break
             else:
                 pytest.fail(f"the child ended before the guest slept: {seen}")
-            time.sleep(wait)
+            deadline = time.monotonic() + 60
+            while until is not None and not until() and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             os.kill(child.pid, signal.SIGKILL)
             child.wait()
@@ -85,7 +94,7 @@ def printed(records: tuple[dict[str, Any], ...], text: bytes) -> bool:
 def test_record_mode_keeps_every_record_made(probe_wasm: Path, tmp_path: Path) -> None:
     """flush="record": everything up to the last import before the kill is in the file."""
     trace = tmp_path / "t.bin"
-    killed_mid_call(probe_wasm, trace, "record", 60, 0)
+    killed_mid_call(probe_wasm, trace, "record", 60)
     records = read_trace(trace, schema=True).all_records
     assert [r["k"] for r in records[:2]] == ["instance", "call"]
     exports = [r for r in records if r["k"] == "export"]
@@ -98,7 +107,7 @@ def test_call_mode_keeps_every_finished_call(probe_wasm: Path, tmp_path: Path) -
     """flush="call" (the default): the finished call and the start of the one in flight are
     in the file; the imports of the call in flight are lost (they waited in the buffer)."""
     trace = tmp_path / "t.bin"
-    killed_mid_call(probe_wasm, trace, "call", 60, 0)
+    killed_mid_call(probe_wasm, trace, "call", 60)
     trace_read = read_trace(trace, schema=True)
     records = trace_read.all_records
     assert not trace_read.truncated
@@ -115,7 +124,7 @@ def test_os_mode_may_lose_finished_calls(probe_wasm: Path, tmp_path: Path) -> No
     """flush="os" with a long interval: even the finished call is lost; the file is still a
     readable trace (header, no damage)."""
     trace = tmp_path / "t.bin"
-    killed_mid_call(probe_wasm, trace, "os", 60, 0)
+    killed_mid_call(probe_wasm, trace, "os", 60)
     got = read_trace(trace, schema=True)
     assert got.all_records == ()
     assert "engine" in got.header
@@ -125,7 +134,11 @@ def test_os_mode_writes_by_age(probe_wasm: Path, tmp_path: Path) -> None:
     """flush="os": records older than the interval are written by the background flusher even
     while the guest sleeps and appends nothing."""
     trace = tmp_path / "t.bin"
-    killed_mid_call(probe_wasm, trace, "os", 0.2, 1.5)
+
+    def written() -> bool:
+        return printed(read_trace(trace).all_records, b"B")
+
+    killed_mid_call(probe_wasm, trace, "os", 0.2, written)
     records = read_trace(trace, schema=True).all_records
     assert sum(r["k"] == "call" for r in records) == 2
     assert printed(records, b"A") and printed(records, b"B")
