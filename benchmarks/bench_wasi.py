@@ -4,9 +4,10 @@ Run: .venv/bin/python benchmarks/bench_wasi.py [--json]
 
 - print-heavy: the probe guest prints a short line N times (check-write/write/flush per line).
 - clock/random-heavy: the probe reads both clocks and 16 random bytes N times.
-Target: ours / native <= 1.5. Also the cost of one import through the gate: wall time of the
-call divided by the number of imports the gate served, and the extra cost per import over
-native.
+Target (issue 12): ours / native <= 8, the print path <= 7 us per import. Also the cost of one
+import through the gate: wall time of the call divided by the number of imports the gate
+served, and the extra cost per import over native; ``cpu_*`` are the same from the thread's CPU
+time, which a loaded machine disturbs far less than wall time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import wasmtime
-from _common import ROOT, median, report, samples
+from _common import ROOT, cpu_samples, median, report, samples
 from wasmtime import component as wc
 
 from mighty import Component, Instance
@@ -61,6 +62,8 @@ def main() -> None:
         imports = ours.context.calls - before
         ours_t = median(samples(ours_fn, repeat=15, warmup=2))
         native_t = median(samples(native_fn, repeat=15, warmup=2))
+        ours_cpu = median(cpu_samples(ours_fn, repeat=15, warmup=1))
+        native_cpu = median(cpu_samples(native_fn, repeat=15, warmup=1))
         rows.append(
             {
                 "name": f"{name}: ours / native WASI",
@@ -70,7 +73,9 @@ def main() -> None:
                 "imports": imports,
                 "us_per_import": round(ours_t / imports * 1e6, 2),
                 "extra_us_per_import": round((ours_t - native_t) / imports * 1e6, 2),
-                "target": "ratio <= 1.5, per import <= 15 us",
+                "cpu_ratio": round(ours_cpu / native_cpu, 2),
+                "cpu_us_per_import": round(ours_cpu / imports * 1e6, 2),
+                "target": "ratio <= 8, print path <= 7 us per import (issue 12)",
             }
         )
     report(rows)

@@ -159,11 +159,15 @@ def _expected(wt: WitType, v: object) -> _MismatchError:
     return _MismatchError(f"expected {_short(wt)}, got {_describe(v)}")
 
 
+# Our own prototype of wasm_byte_vec_new (``dll[name]`` is a new function object, wasmtime-py's
+# stays as it is): it allocates and copies in one C call, taking the bytes object's buffer as is.
+_byte_vec_new = ffi.dll["wasm_byte_vec_new"]
+_byte_vec_new.restype = None
+_byte_vec_new.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
 def _set_name(vec: Any, data: bytes) -> None:
-    n = len(data)
-    _byte_vec_new_uninit(_byref(vec), n)
-    if n:
-        _memmove(vec.data, data, n)
+    _byte_vec_new(_byref(vec), len(data), data)
 
 
 def _get_name(vec: Any) -> bytes:

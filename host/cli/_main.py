@@ -40,7 +40,7 @@ from mighty.cli._progress import Waits
 if TYPE_CHECKING:
     from mighty.engine import Component
     from mighty.instance import Instance
-    from mighty.trace import Recorder
+    from mighty.trace import FlushMode, Recorder
     from mighty.wasi import Policy
 
 __all__ = ["broken_pipe", "escape_control", "main", "parse_size", "refuse_internal", "version_text"]
@@ -406,6 +406,13 @@ def _agent_defaults(
     metavar="[TRACE]",
     help="Record the run to TRACE (default: mty-trace-<time>.bin).",
 )
+@click.option(
+    "--flush",
+    type=click.Choice(["record", "call", "os"]),
+    default="call",
+    show_default=True,
+    help="When recorded records reach the OS (docs/determinism.md, Durability).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
 def call(
@@ -422,6 +429,7 @@ def call(
     clock: str,
     seed: int | None,
     record: str | None,
+    flush: FlushMode,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -443,7 +451,7 @@ def call(
         with Waits(not quiet) as show:
             loaded = Component.load(component, progress=show)
         refuse_internal(loaded, func)
-        recorder = _recorder(record)
+        recorder = _recorder(record, flush)
         try:
             # --fuel/--timeout are for the call; instantiation (which runs guest start-up code)
             # gets the default budget under the same memory ceiling.
@@ -689,12 +697,12 @@ def _json_args(args: Sequence[str]) -> list[Any]:
     return decoded
 
 
-def _recorder(record: str | None) -> Recorder | None:
+def _recorder(record: str | None, flush: FlushMode = "call") -> Recorder | None:
     if record is None:
         return None
     from mighty.trace import Recorder
 
-    recorder = Recorder(Path(record) if record else None)
+    recorder = Recorder(Path(record) if record else None, flush=flush)
     click.echo(f"mty: recording to {recorder.path}", err=True)
     return recorder
 

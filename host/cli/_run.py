@@ -26,7 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import suppress
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -34,6 +34,9 @@ from mighty._errors import BadInput
 from mighty.agents import AgentOutput, level_number
 from mighty.cli._main import _errors, _write_text
 from mighty.cli._progress import Waits
+
+if TYPE_CHECKING:
+    from mighty.trace import FlushMode
 
 __all__ = ["run_command"]
 
@@ -90,6 +93,13 @@ class _Interrupted(Exception):
     metavar="[TRACE]",
     help="Record every agent to TRACE.",
 )
+@click.option(
+    "--flush",
+    type=click.Choice(["record", "call", "os"]),
+    default="call",
+    show_default=True,
+    help="When recorded records reach the OS (docs/determinism.md, Durability).",
+)
 @click.option("--keep-running", is_flag=True, help="After the start messages, run until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option(
@@ -108,6 +118,7 @@ class _Interrupted(Exception):
 def run_command(
     manifest: Path,
     record: str | None,
+    flush: FlushMode,
     keep_running: bool,
     as_json: bool,
     log_level: str,
@@ -134,7 +145,9 @@ def run_command(
         replies: list[dict[str, Any]] = []
         if signals.first is not None:  # while building: nothing ran yet
             _cancelled(signals.first, replies, failures, None, as_json)
-        recorder = Recorder(Path(record) if record else None) if record is not None else None
+        recorder = (
+            Recorder(Path(record) if record else None, flush=flush) if record is not None else None
+        )
         stop = threading.Event()
         runtime = Runtime(
             workers=spec.workers,

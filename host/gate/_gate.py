@@ -215,16 +215,39 @@ class GuestContext:
 # -- the trampoline -------------------------------------------------------------------------
 
 
+def _raw(name: str, restype: Any, *argtypes: Any) -> Any:
+    """Our own prototype of a wasmtime C function (``dll[name]`` is a new function object,
+    so wasmtime-py's own prototype stays as it is): pointers as plain ``c_void_p``, which takes
+    ints and ctypes pointers alike, and no Python wrapper frame around the call."""
+    fn = ffi.dll[name]
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_VP = ctypes.c_void_p
+_get_data = _raw("wasmtime_context_get_data", _VP, _VP)
+_any_to_host = _raw("wasmtime_component_resource_any_to_host", _VP, _VP, _VP, _VP)
+_host_type = _raw("wasmtime_component_resource_host_type", ctypes.c_uint32, _VP)
+_host_rep = _raw("wasmtime_component_resource_host_rep", ctypes.c_uint32, _VP)
+_host_delete = _raw("wasmtime_component_resource_host_delete", None, _VP)
+
 # Weak: an instance dropped without close() must not keep its store (and memory) alive here.
-_CONTEXTS: weakref.WeakValueDictionary[int, GuestContext] = weakref.WeakValueDictionary()
+# A plain dict of weak references (not a WeakValueDictionary) so that the lookup on every
+# import is one dict access and one call, with no Python-level __getitem__.
+_CONTEXTS: dict[int, weakref.ref[GuestContext]] = {}
 _NEXT_STORE_KEY = itertools.count(1)
 _contexts_lock = threading.Lock()
 
 
 def _attach(ctx: GuestContext) -> int:
     key = next(_NEXT_STORE_KEY)
+
+    def forget(_ref: object, key: int = key) -> None:
+        _CONTEXTS.pop(key, None)
+
     with _contexts_lock:
-        _CONTEXTS[key] = ctx
+        _CONTEXTS[key] = weakref.ref(ctx, forget)
     ffi.wasmtime_context_set_data(ctx.store._context(), key)
     return key
 
@@ -235,17 +258,30 @@ def _detach(key: int) -> None:
 
 
 def _context_of(context_ptr: Any) -> GuestContext:
-    key = ffi.wasmtime_context_get_data(context_ptr)
-    return _CONTEXTS[int(key or 0)]
+    ctx = _CONTEXTS[_get_data(context_ptr) or 0]()
+    if ctx is None:
+        raise KeyError("the instance is gone")
+    return ctx
+
+
+_Lift = Callable[["GuestContext", Any, Any, int], list[Any]]
 
 
 @dataclass(eq=False)
 class _Registered:
+    """One host function as linked: everything a call needs, made once (``_compile``) when
+    the import is first called, then shared by every instance of the linker."""
+
     binding: Binding
     codec: FuncCodec | None = None
-    # Lifts the raw arguments straight into what hooks see (top-level resources as Handles).
-    lift: Callable[[GuestContext, Any, Any, int], list[Any]] | None = None
+    # Lifts the raw arguments straight into what the implementation takes (resources as the
+    # host objects behind them): the path of a call no hook watches, one walk of the args.
+    lift_objects: _Lift | None = None
+    # Lifts them into what hooks see (resources as Handles); ``resolve`` then turns those
+    # Handles into host objects for the implementation (None when there are no resources).
+    lift: _Lift | None = None
     resolve: Callable[[GuestContext, list[Any]], list[Any]] | None = None
+    # Turns Handles in the result into guest-owned resources (None: nothing to turn).
     to_guest: Callable[[GuestContext, Any], Any] | None = None
 
 
@@ -273,33 +309,24 @@ def _dispatch(
     except KeyError:
         return _error_ptr("mighty: host function called outside a mighty instance")
     try:
-        if reg.codec is None:
-            _compile(reg, type_ptr)
-        assert reg.codec is not None
-        assert reg.lift is not None
-        assert reg.to_guest is not None
+        codec = reg.codec
+        if codec is None:
+            codec = _compile(reg, type_ptr)
         # Resource handles must be resolved through the context of this very call: wasmtime
         # tracks the guest's borrows per call, not per store.
         store = wasmtime.StoreContext(context_ptr)
         ctx.call_store = store
-        # Hooks see resources as Handles (what a trace can record); the implementation gets
-        # the host objects behind them.
-        args = reg.lift(ctx, context_ptr, args_ptr, nargs)
-        fn = reg.binding.fn
-        resolve = reg.resolve
         ctx.calls += 1
-        if ctx.hooks:
-
-            def call() -> Any:
-                return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
-
-            run = call
-            for hook in reversed(ctx.hooks):
-                run = _wrap(hook, ctx, reg.binding, args, run)
-            result = run()
+        hooks = ctx.hooks
+        if not hooks:
+            assert reg.lift_objects is not None
+            result = reg.binding.fn(ctx, *reg.lift_objects(ctx, context_ptr, args_ptr, nargs))
         else:
-            result = fn(ctx, *(args if resolve is None else resolve(ctx, args)))
-        reg.codec.lower_result(store, reg.to_guest(ctx, result), results_ptr)
+            result = _run_hooked(reg, ctx, hooks, context_ptr, args_ptr, nargs)
+        to_guest = reg.to_guest
+        codec.lower_result(
+            store, result if to_guest is None else to_guest(ctx, result), results_ptr
+        )
         store._invalidate()
         return 0
     except GuestExitRequest as exit_request:
@@ -309,6 +336,32 @@ def _dispatch(
         if ctx.failure is None:
             ctx.failure = exc
         return _error_ptr(f"mighty: host function {reg.binding.name} failed: {exc!r}")
+
+
+def _run_hooked(
+    reg: _Registered,
+    ctx: GuestContext,
+    hooks: tuple[CallHook, ...],
+    context_ptr: Any,
+    args_ptr: Any,
+    nargs: int,
+) -> Any:
+    # Hooks see resources as Handles (what a trace can record); the implementation gets the
+    # host objects behind them.
+    assert reg.lift is not None
+    args = reg.lift(ctx, context_ptr, args_ptr, nargs)
+    fn = reg.binding.fn
+    resolve = reg.resolve
+
+    def call() -> Any:
+        return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
+
+    if len(hooks) == 1:  # a recorder or a replayer: no chain to build
+        return hooks[0](ctx, reg.binding, args, call)
+    run = call
+    for hook in reversed(hooks):
+        run = _wrap(hook, ctx, reg.binding, args, run)
+    return run()
 
 
 def _wrap(
@@ -354,7 +407,7 @@ immortal(wc_linker.resource_dtor_impl)
 immortal(wc_linker.resource_dtor_finalize)
 
 
-def _compile(reg: _Registered, type_ptr: Any) -> None:
+def _compile(reg: _Registered, type_ptr: Any) -> FuncCodec:
     fty = FuncType._from_ptr(type_ptr, owner=object())
     codec = FuncCodec.from_func_type(fty)
     param_types = [t for _, t in codec.sig.params]
@@ -365,19 +418,24 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
     ]
 
     # A top-level own/borrow parameter (most WASI calls: the stream, the descriptor) is read
-    # straight off wasmtime's value into a Handle: no ResourceAny/ResourceHost objects, no
-    # clone. Resources nested in lists, options and records go through the codec and then
-    # the converter.
+    # straight off wasmtime's value: no ResourceAny/ResourceHost objects, no clone. Resources
+    # nested in lists, options and records go through the codec and then the converter.
     lifters = codec.lifters()
     nparams = len(lifters)
+    top = [isinstance(t, OwnType | BorrowType) for t in param_types]
+
+    def arity(nargs: int) -> None:
+        raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+
+    # What hooks see: Handles.
     steps: list[tuple[Callable[[Any], Any] | None, _Conv | None]] = [
-        (None, None) if isinstance(t, OwnType | BorrowType) else (lift, conv)
-        for t, lift, conv in zip(param_types, lifters, converters, strict=True)
+        (None, None) if is_top else (lift, conv)
+        for is_top, lift, conv in zip(top, lifters, converters, strict=True)
     ]
 
     def lift_all(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
         if nargs != nparams:
-            raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+            arity(nargs)
         out = []
         for i, (lift, conv) in enumerate(steps):
             if lift is None:
@@ -394,39 +452,115 @@ def _compile(reg: _Registered, type_ptr: Any) -> None:
             for conv, v in zip(resolvers, values, strict=True)
         ]
 
+    lift_objects = _direct_lifter(param_types, lifters, resolvers)
+
     reg.resolve = resolve if any(r is not None for r in resolvers) else None
-
-    result_conv = None if codec.sig.result is None else _guest_converter(codec.sig.result)
-
-    def to_guest(ctx: GuestContext, value: Any) -> Any:
-        return value if result_conv is None else result_conv(ctx, value)
-
+    reg.to_guest = None if codec.sig.result is None else _guest_converter(codec.sig.result)
     reg.lift = lift_all
-    reg.to_guest = to_guest
+    reg.lift_objects = lift_objects
     reg.codec = codec
+    return codec
+
+
+def _direct_lifter(
+    param_types: Sequence[WitType],
+    lifters: Sequence[Callable[[Any], Any]],
+    resolvers: Sequence[_Conv | None],
+) -> _Lift:
+    """What the implementation takes, in one pass: a top-level resource goes from its rep
+    straight to the host object, with no Handle made in between."""
+    nparams = len(lifters)
+
+    def arity(nargs: int) -> None:
+        raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+
+    direct: list[tuple[int, Any]] = []
+    for t, lift, conv in zip(param_types, lifters, resolvers, strict=True):
+        if isinstance(t, OwnType):
+            direct.append((_OWN, None))
+        elif isinstance(t, BorrowType):
+            direct.append((_BORROW, None))
+        elif conv is None:
+            direct.append((_PLAIN, lift))
+        else:
+            direct.append((_NESTED, (lift, _handle_converter(t, _to_handle), conv)))
+
+    if not direct:
+
+        def lift_none(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
+            if nargs:
+                arity(nargs)
+            return _NO_ARGS
+
+        return lift_none
+
+    if all(kind == _PLAIN for kind, _ in direct):
+        plain = [lift for _, lift in direct]
+
+        def lift_plain(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
+            if nargs != nparams:
+                arity(nargs)
+            return [lift(args_ptr[i]) for i, lift in enumerate(plain)]
+
+        return lift_plain
+
+    def lift_objects(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
+        if nargs != nparams:
+            arity(nargs)
+        out = []
+        for i, (kind, how) in enumerate(direct):
+            if kind == _PLAIN:
+                out.append(how(args_ptr[i]))
+            elif kind == _NESTED:
+                lift, to_handle, to_object = how
+                out.append(to_object(ctx, to_handle(ctx, lift(args_ptr[i]))))
+            else:
+                out.append(_object_at(ctx, context_ptr, args_ptr[i].of.resource, kind))
+        return out
+
+    return lift_objects
+
+
+_PLAIN, _NESTED, _OWN, _BORROW = range(4)
+_NO_ARGS: list[Any] = []  # only ever unpacked into a call, never changed
 
 
 _Conv = Callable[[GuestContext, Any], Any]
 
 
-_HOST_PTR = ctypes.POINTER(ffi.wasmtime_component_resource_host_t)
+def _host_at(context_ptr: Any, resource: Any) -> tuple[int, int]:
+    """(type id, rep) of the host resource in a raw argument value."""
+    host = _VP()
+    error = _any_to_host(context_ptr, resource, ctypes.byref(host))
+    if error:
+        err = ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t))
+        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+    try:
+        return _host_type(host), _host_rep(host)
+    finally:
+        _host_delete(host)
 
 
 def _handle_at(context_ptr: Any, resource: Any) -> Handle:
-    """The Handle of the host resource in a raw argument value (its borrow is released)."""
-    host = _HOST_PTR()
-    error = ffi.wasmtime_component_resource_any_to_host(context_ptr, resource, ctypes.byref(host))
-    if error:
-        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(error)}")
-    try:
-        type_id = ffi.wasmtime_component_resource_host_type(host)
-        rep = ffi.wasmtime_component_resource_host_rep(host)
-    finally:
-        ffi.wasmtime_component_resource_host_delete(host)
+    """The Handle of the host resource in a raw argument value."""
+    type_id, rep = _host_at(context_ptr, resource)
     kind = _KINDS.get(type_id)
     if kind is None:
         raise StaleHandle(f"a resource of unknown host type {type_id}")
     return Handle(kind, rep)
+
+
+def _object_at(ctx: GuestContext, context_ptr: Any, resource: Any, kind: int) -> Any:
+    """The host object behind the resource in a raw argument value; an owned one leaves the
+    instance's table (the guest gave its handle away). Same checks as Handle + ``ctx.get``."""
+    type_id, rep = _host_at(context_ptr, resource)
+    table = ctx._tables.get(type_id)
+    if table is None or rep not in table:
+        found = _KINDS.get(type_id)
+        if found is None:
+            raise StaleHandle(f"a resource of unknown host type {type_id}")
+        raise StaleHandle(f"no live {found.name} with handle {rep}")
+    return table.pop(rep) if kind == _OWN else table[rep]
 
 
 def _to_handle(ctx: GuestContext, value: Any) -> Handle:

@@ -22,8 +22,10 @@ from mighty.trace._errors import (
     TraceVersionError,
 )
 from mighty.trace._format import (
+    FLUSH_MODES,
     FORMAT_VERSION,
     MAX_FRAME,
+    FlushMode,
     Trace,
     TraceReader,
     TraceWriter,
@@ -46,11 +48,13 @@ from mighty.trace._values import HandleRef, decode_value, encode_value
 
 __all__ = [
     "DEFAULT_REPLAY_LIMITS",
+    "FLUSH_MODES",
     "FORMAT_VERSION",
     "MAX_FRAME",
     "AnswerPolicy",
     "AnsweredImport",
     "Debugger",
+    "FlushMode",
     "HandleRef",
     "InstanceRecording",
     "InstanceReport",

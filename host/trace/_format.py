@@ -59,22 +59,27 @@ were fixed up, or frames in another order, read fine: catching those is the repl
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime as _dt
 import hashlib
 import os
 import struct
 import threading
+import time
+import weakref
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import cbor2
 
 from mighty.trace._cbor import CBORInvalid, TagHook, decode
+from mighty.trace._emit import BlobSink, Refused, emit, emit_into
 from mighty.trace._errors import (
     TraceCorrupt,
     TraceError,
@@ -86,11 +91,15 @@ from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with, value_from_ta
 
 __all__ = [
     "BLOB_MIN",
+    "BUFFER_BYTES",
     "FILE_MAGIC",
+    "FLUSH_INTERVAL",
+    "FLUSH_MODES",
     "FORMAT_VERSION",
     "MAX_BLOB_REFS",
     "MAX_FRAME",
     "MAX_ITEMS",
+    "FlushMode",
     "Trace",
     "TraceReader",
     "TraceWriter",
@@ -114,9 +123,14 @@ _DIGEST = 32
 _RESERVED_KINDS = frozenset({"header", "blob"})
 
 
+_PACK_II = struct.Struct(">II").pack
+_PACK_I = struct.Struct(">I").pack
+_crc32 = zlib.crc32
+
+
 def _frame(payload: bytes) -> bytes:
-    head = struct.pack(">II", len(payload), zlib.crc32(payload))
-    return head + struct.pack(">I", zlib.crc32(head)) + payload
+    head = _PACK_II(len(payload), _crc32(payload))
+    return head + _PACK_I(_crc32(head)) + payload
 
 
 def _package_version(name: str) -> str:
@@ -126,13 +140,32 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
+FlushMode = Literal["record", "call", "os"]
+"""When appended records reach the operating system (see :class:`TraceWriter`)."""
+FLUSH_MODES: tuple[FlushMode, ...] = ("record", "call", "os")
+BUFFER_BYTES = 1 << 20
+"""Default bound of the write-behind buffer: at this many bytes it is written out."""
+FLUSH_INTERVAL = 1.0
+"""Default age, in seconds, after which buffered records are written out."""
+
+
 class TraceWriter:
-    """Writes one trace file: the header at once, then each ``append``-ed record, flushed.
+    """Writes one trace file: the header at once, then each ``append``-ed record.
 
     One writer per file; ``append`` takes a lock, so several threads may share a writer, but
     records land in the order the lock is taken. The file is created (``overwrite=False``
     refuses an existing one) and synced to disk on ``close``. After a failed write the writer
-    refuses further records: the file ends at the last whole frame.
+    refuses further records: the file ends at the last whole frame written.
+
+    ``flush`` says when appended records reach the operating system (from where a crash of
+    this process cannot lose them; only ``close`` syncs them to the disk):
+
+    - ``"record"`` (the default here): every ``append`` is written before it returns.
+    - ``"call"``: records wait in a buffer until ``boundary()`` (the recorder calls it when
+      an export call begins and ends), until the buffer holds ``buffer_bytes``, or until the
+      oldest waiting record is ``flush_interval`` seconds old when another is appended.
+    - ``"os"``: as ``"call"`` but ``boundary()`` does not write: only size and age do, and a
+      background thread writes out records older than ``flush_interval`` when no append comes.
 
     The header gets ``format``, ``mighty``, ``wasmtime`` and ``created`` filled in unless the
     caller gives them; ``engine`` (dict) and ``components`` (list of ``{"sha256", "path",
@@ -146,7 +179,16 @@ class TraceWriter:
         *,
         overwrite: bool = False,
         blob_min: int = BLOB_MIN,
+        flush: FlushMode = "record",
+        buffer_bytes: int = BUFFER_BYTES,
+        flush_interval: float = FLUSH_INTERVAL,
     ) -> None:
+        if flush not in FLUSH_MODES:
+            raise TraceError(f"flush must be one of {', '.join(FLUSH_MODES)}, not {flush!r}")
+        if type(buffer_bytes) is not int or buffer_bytes < 0:
+            raise TraceError(f"buffer_bytes must be an int >= 0, not {buffer_bytes!r}")
+        if not 0 < flush_interval < float("inf"):
+            raise TraceError(f"flush_interval must be a positive number, not {flush_interval!r}")
         full = self._header(header)
         payload = self._encode(full, None)
         self._path = Path(path)
@@ -155,11 +197,28 @@ class TraceWriter:
         self._lock = threading.Lock()
         self._failed: str | None = None
         self._records = 0
+        self._mode: FlushMode = flush
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._buffer_max = buffer_bytes
+        self._interval = flush_interval
+        self._oldest = 0.0
         try:
-            self._file: BinaryIO | None = open(self._path, "wb" if overwrite else "xb")  # noqa: SIM115 - closed by close()
+            self._file: BinaryIO | None = open(self._path, "wb" if overwrite else "xb", buffering=0)  # noqa: SIM115 - closed by close()
         except OSError as exc:
             raise TraceError(f"cannot create trace {self._path}: {exc}") from exc
         self._write(_FILE_HEAD.pack(FILE_MAGIC, FORMAT_VERSION) + _frame(payload))
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if flush != "record":
+            # A writer never closed still writes out what waits when the interpreter exits
+            # normally (a crash is what the durability setting is about).
+            _BUFFERED.add(self)
+        if flush == "os":
+            self._flusher = threading.Thread(
+                target=self._flush_by_age, name=f"trace-flush {self._path.name}", daemon=True
+            )
+            self._flusher.start()
 
     @staticmethod
     def _header(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,12 +257,17 @@ class TraceWriter:
         return self._path
 
     @property
+    def flush_mode(self) -> FlushMode:
+        """When appended records reach the operating system."""
+        return self._mode
+
+    @property
     def records_written(self) -> int:
-        """How many records ``append`` has written."""
+        """How many records ``append`` has taken (written, or waiting in the buffer)."""
         return self._records
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Encode ``record`` and append it (after any new blob it holds), then flush.
+        """Encode ``record`` and append it (after any new blob it holds).
 
         Raises ``TraceError`` for a value a trace cannot hold (naming where it is), a record
         without a text ``"k"`` or with a reserved one, a frame over ``MAX_FRAME``, and after
@@ -218,25 +282,93 @@ class TraceWriter:
             raise TraceError(f'record kind "{kind}" is reserved for the format')
         with self._lock:
             self._check_open()
-            pending: dict[bytes, bytes] = {}
+            sink = BlobSink(self._blob_min, self._blobs)
+            try:
+                payload = self._checked(emit(record, sink))
+            except Refused:
+                # The reference encoder says why (or, should the two ever disagree, writes it).
+                sink, payload = self._encode_reference(record)
+            self._push(sink, payload)
 
-            def blob(data: bytes, depth: int) -> Any:
-                if len(data) < self._blob_min or depth >= MAX_DEPTH:
-                    return data
-                digest = hashlib.sha256(data).digest()
-                if digest not in self._blobs:
-                    pending[digest] = data
-                return cbor2.CBORTag(TAG_BLOB, digest)
+    def _append_encoded(self, build: Callable[[BlobSink], bytes]) -> None:
+        """Append the record payload ``build(blobs)`` makes (the recorder's import records);
+        ``build`` raises :class:`Refused` to have nothing written."""
+        with self._lock:
+            self._check_open()
+            sink = BlobSink(self._blob_min, self._blobs)
+            payload = self._checked(build(sink))
+            self._push(sink, payload)
 
-            payload = self._encode(record, blob)
-            frames = [
-                _frame(self._encode({"k": "blob", "sha256": d.hex(), "data": data}, None))
-                for d, data in pending.items()
-            ]
-            frames.append(_frame(payload))
-            self._write(b"".join(frames))
-            self._blobs.update(pending)
+    def _append_parts(
+        self, prefix: bytes, args: list[Any], middle: bytes, result: Any, suffix: bytes
+    ) -> None:
+        """Append the record ``prefix args middle result suffix``: the recorder's import
+        records, whose fixed parts are made once per import (``args`` and ``result`` may hold
+        gate Handles); :class:`Refused` (nothing written) for values the fast encoder does not
+        take."""
+        with self._lock:
+            if self._failed is not None or self._file is None:
+                self._check_open()
+            sink = BlobSink(self._blob_min, self._blobs)
+            out = [prefix]
+            emit_into(args, 1, sink, True, out)
+            out.append(middle)
+            emit_into(result, 1, sink, True, out)
+            out.append(suffix)
+            payload = b"".join(out)
+            if len(payload) > MAX_ITEMS:  # MAX_ITEMS < MAX_FRAME: shorter ones pass both
+                self._checked(payload)
+            if sink.pending:
+                self._push(sink, payload)
+                return
+            data = _frame(payload)
+            if self._mode == "record":
+                self._write(data)
+            else:
+                buffer = self._buffer
+                if not buffer:
+                    self._oldest = time.monotonic()
+                buffer.append(data)
+                self._buffered += len(data)
+                if (
+                    self._buffered >= self._buffer_max
+                    or time.monotonic() - self._oldest >= self._interval
+                ):
+                    self._drain()
             self._records += 1
+
+    def _encode_reference(self, record: Mapping[str, Any]) -> tuple[BlobSink, bytes]:
+        sink = BlobSink(self._blob_min, self._blobs)
+
+        def blob(data: bytes, depth: int) -> Any:
+            if len(data) < self._blob_min or depth >= MAX_DEPTH:
+                return data
+            sink.ref(data)
+            return cbor2.CBORTag(TAG_BLOB, hashlib.sha256(data).digest())
+
+        return sink, self._encode(record, blob)
+
+    def _push(self, sink: BlobSink, payload: bytes) -> None:
+        frames = [
+            _frame(self._encode({"k": "blob", "sha256": d.hex(), "data": data}, None))
+            for d, data in sink.pending.items()
+        ]
+        frames.append(_frame(payload))
+        data = b"".join(frames) if len(frames) > 1 else frames[0]
+        if self._mode == "record":
+            self._write(data)
+        else:
+            if not self._buffer:
+                self._oldest = time.monotonic()
+            self._buffer.append(data)
+            self._buffered += len(data)
+            if (
+                self._buffered >= self._buffer_max
+                or time.monotonic() - self._oldest >= self._interval
+            ):
+                self._drain()
+        self._blobs.update(sink.pending)
+        self._records += 1
 
     @staticmethod
     def _encode(value: Any, hook: Any) -> bytes:
@@ -246,6 +378,10 @@ class TraceWriter:
         except (ValueError, TypeError, cbor2.CBOREncodeError) as exc:
             # e.g. a str holding a lone surrogate, which UTF-8 cannot carry.
             raise TraceError(f"cannot record this value: {exc}") from exc
+        return TraceWriter._checked(payload)
+
+    @staticmethod
+    def _checked(payload: bytes) -> bytes:
         if len(payload) > MAX_FRAME:
             raise TraceError(f"a frame of {len(payload)} bytes is over the {MAX_FRAME} limit")
         if len(payload) > MAX_ITEMS:
@@ -265,31 +401,71 @@ class TraceWriter:
     def _write(self, data: bytes) -> None:
         assert self._file is not None
         try:
-            self._file.write(data)
-            self._file.flush()
+            view = memoryview(data)
+            while view:
+                written = self._file.write(view)
+                if written is None:  # only for non-blocking files, which this is not
+                    raise OSError("the write would block")
+                view = view[written:]
         except OSError as exc:
             self._failed = f"a write failed ({exc})"
             raise TraceError(f"cannot write trace {self._path}: {exc}") from exc
 
-    def flush(self) -> None:
-        """Push buffered bytes to the OS (``append`` already does after every record)."""
+    def _drain(self) -> None:
+        """Write out the buffer (under the lock)."""
+        if not self._buffer:
+            return
+        data = b"".join(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        self._write(data)
+
+    def _flush_by_age(self) -> None:
+        while not self._stop.wait(self._interval / 2):
+            with self._lock:
+                if (
+                    self._file is not None
+                    and self._failed is None
+                    and self._buffer
+                    and time.monotonic() - self._oldest >= self._interval
+                ):
+                    try:
+                        self._drain()
+                    except TraceError:
+                        return  # _failed is set: the next append says so
+
+    def boundary(self) -> None:
+        """An export call began or ended: with ``flush="call"``, write out what waits."""
+        if self._mode != "call":
+            return
         with self._lock:
             self._check_open()
-            assert self._file is not None
-            self._file.flush()
+            self._drain()
+
+    def flush(self) -> None:
+        """Hand every record appended so far to the operating system, whatever the mode."""
+        with self._lock:
+            self._check_open()
+            self._drain()
 
     def close(self) -> None:
-        """Flush, sync to disk and close; closing twice is a no-op."""
+        """Write out, sync to disk and close; closing twice is a no-op."""
+        self._stop.set()
+        flusher = self._flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
         with self._lock:
-            f, self._file = self._file, None
+            f = self._file
             if f is None:
                 return
             try:
-                f.flush()
+                if self._failed is None:
+                    self._drain()
                 os.fsync(f.fileno())
             except OSError as exc:
                 raise TraceError(f"cannot sync trace {self._path}: {exc}") from exc
             finally:
+                self._file = None
                 f.close()
 
     def __enter__(self) -> TraceWriter:
@@ -553,6 +729,18 @@ class TraceReader:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+_BUFFERED: weakref.WeakSet[TraceWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    for writer in list(_BUFFERED):
+        with writer._lock:
+            if writer._file is not None and writer._failed is None:
+                with contextlib.suppress(TraceError):
+                    writer._drain()
 
 
 def _count_only(_tag: int, _content: Any) -> Any:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
@@ -26,10 +25,23 @@ from wasmtime import _ffi as ffi
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import SETTINGS, Component
 from mighty.gate import Binding, GuestContext, GuestExitRequest, GuestViolation, Handle
-from mighty.trace._format import TraceWriter
+from mighty.trace._emit import Refused, head, text, uint
+from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, FlushMode, TraceWriter
 from mighty.trace._values import HandleRef
 
 __all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
+
+
+# Our own prototype (dll[name] is a new function object): c_void_p takes the context pointer
+# as it is, and there is no Python wrapper frame around the call.
+_get_fuel = ffi.dll["wasmtime_context_get_fuel"]
+_get_fuel.restype = ctypes.c_void_p
+_get_fuel.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
+_MAP9, _MAP10 = head(5, 9), head(5, 10)
+_K_IMPORT = text("k") + text("import") + text("i")
+_K_S, _K_IF, _K_FN, _K_ARGS = text("s"), text("if"), text("fn"), text("args")
+_K_RES, _K_OUT, _K_FUEL, _K_A = text("res"), text("out"), text("fuel"), text("a")
 
 
 def default_trace_path(directory: Path | None = None) -> Path:
@@ -76,20 +88,50 @@ def describe_policy(policy: Any) -> dict[str, Any]:
 
 
 class Recorder:
-    """Writes one trace file; many instances (even on several threads) may record into it."""
+    """Writes one trace file; many instances (even on several threads) may record into it.
 
-    def __init__(self, path: str | Path | None = None, **header: Any) -> None:
+    ``flush`` is the durability setting (docs/determinism.md says what each promises):
+    ``"call"`` (the default) hands an export call's records to the operating system when the
+    call begins and ends, so a crash of this process loses at most the records of the calls in
+    flight; ``"record"`` hands over each record as it is made; ``"os"`` only when
+    ``buffer_bytes`` have gathered or the oldest is ``flush_interval`` seconds old.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        flush: FlushMode = "call",
+        buffer_bytes: int = BUFFER_BYTES,
+        flush_interval: float = FLUSH_INTERVAL,
+        **header: Any,
+    ) -> None:
         self.path = Path(path) if path is not None else default_trace_path()
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._writer = TraceWriter(
             self.path,
             {"engine": SETTINGS.describe(), **header},
+            flush=flush,
+            buffer_bytes=buffer_bytes,
+            flush_interval=flush_interval,
         )
 
+    @property
+    def flush_mode(self) -> FlushMode:
+        """The durability setting this recorder writes with."""
+        return self._writer.flush_mode
+
     def append(self, record: dict[str, Any]) -> None:
-        with self._lock:
-            self._writer.append(record)
+        """Append one record (the writer takes the lock)."""
+        self._writer.append(record)
+
+    def boundary(self) -> None:
+        """An export call began or ended (see ``flush``)."""
+        self._writer.boundary()
+
+    def flush(self) -> None:
+        """Hand every record so far to the operating system, whatever ``flush`` says."""
+        self._writer.flush()
 
     def attach(
         self,
@@ -125,8 +167,8 @@ class Recorder:
         return InstanceRecording(self, instance_id, agent)
 
     def close(self) -> None:
-        with self._lock:
-            self._writer.close()
+        """Write out what waits, sync the file to disk and close it."""
+        self._writer.close()
 
     def __enter__(self) -> Recorder:
         return self
@@ -151,6 +193,14 @@ class InstanceRecording:
         self.agent = agent
         self.step = 0
         self.fuel_limit = 0
+        # An import record's bytes, but for its step, args, result, outcome and fuel, are the
+        # same for every call of one import: made once per binding (see _import_payload).
+        self._head = (_MAP10 if agent is not None else _MAP9) + _K_IMPORT + uint(instance_id) + _K_S
+        self._tail = b"" if agent is None else _K_A + text(agent)
+        self._mids: dict[int, tuple[Binding, bytes]] = {}
+        # One instance makes one import at a time: one out-parameter for the fuel reading.
+        self._left = ctypes.c_uint64()
+        self._left_ref = ctypes.byref(self._left)
 
     def _append(self, record: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -185,6 +235,28 @@ class InstanceRecording:
             outcome, result = "host_error", repr(exc)
             raise
         finally:
+            self._record_import(step, binding, args, result, outcome, self._fuel_used(ctx))
+        return result
+
+    def _record_import(
+        self, step: int, binding: Binding, args: Sequence[Any], result: Any, outcome: str, fuel: int
+    ) -> None:
+        mid = self._mids.get(id(binding))
+        if mid is None or mid[0] is not binding:
+            mid = (binding, _K_IF + text(binding.interface) + _K_FN + text(binding.name) + _K_ARGS)
+            self._mids[id(binding)] = mid
+        values = list(args)
+        try:
+            # Byte for byte the dict below through TraceWriter.append (tests/trace/test_emit.py).
+            self.recorder._writer._append_parts(
+                self._head + uint(step) + mid[1],
+                values,
+                _K_RES,
+                result,
+                _K_OUT + text(outcome) + _K_FUEL + uint(fuel) + self._tail,
+            )
+        except Refused:
+            # Not a value the fast encoder takes: the writer's own path names what is wrong.
             self._append(
                 {
                     "k": "import",
@@ -192,21 +264,19 @@ class InstanceRecording:
                     "s": step,
                     "if": binding.interface,
                     "fn": binding.name,
-                    "args": to_refs(list(args)),
+                    "args": to_refs(values),
                     "res": to_refs(result),
                     "out": outcome,
-                    "fuel": self._fuel_used(ctx),
+                    "fuel": fuel,
                 }
             )
-        return result
 
     def _fuel_used(self, ctx: GuestContext) -> int:
-        left = ctypes.c_uint64()
-        error = ffi.wasmtime_context_get_fuel(ctx.call_store._context(), ctypes.byref(left))
+        error = _get_fuel(ctx.call_store._context(), self._left_ref)
         if error:
-            ffi.wasmtime_error_delete(error)
+            ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
             return -1
-        return self.fuel_limit - left.value
+        return self.fuel_limit - self._left.value
 
     # -- export calls (the instance calls these) ----------------------------------------------
 
@@ -222,6 +292,7 @@ class InstanceRecording:
                 "budget": budget,
             }
         )
+        self.recorder.boundary()
 
     def end_export(
         self,
@@ -250,6 +321,8 @@ class InstanceRecording:
                 "memory_peak": memory_peak,
             }
         )
+        self.recorder.boundary()
 
     def close(self, stdout: bytes, stderr: bytes) -> None:
         self._append({"k": "close", "i": self.instance_id, "stdout": stdout, "stderr": stderr})
+        self.recorder.boundary()

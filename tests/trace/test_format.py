@@ -94,7 +94,7 @@ def test_public_names_are_pinned() -> None:
         "encode_value", "read_trace", "InstanceRecording", "InstanceReport", "NondeterminismError",
         "Recorder", "ReplayReport", "default_trace_path", "replay_trace", "summarize", "Debugger",
         "DEFAULT_REPLAY_LIMITS", "ReplayLimitExceeded", "ReplayLimits", "TraceInvalid",
-        "ReplayAborted", "ReplayEvent",
+        "ReplayAborted", "ReplayEvent", "FLUSH_MODES", "FlushMode",
         "AnswerPolicy", "AnsweredImport", "LiveFrom", "TraceAnswers", "answer_gate",
         "read_instances",
     }  # fmt: skip
