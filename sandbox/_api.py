@@ -63,6 +63,8 @@ from mighty.gate import Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
 from mighty.sandbox._tools import (
+    MAX_CONCURRENT_CALLS,
+    MAX_CONCURRENT_CALLS_LIMIT,
     MAX_NESTED_RUNS,
     Tool,
     ToolHost,
@@ -118,7 +120,8 @@ class Limits:
     - ``timeout``: wall-clock seconds for the run, not counting time spent inside tools;
     - ``output``: bytes of stdout and stderr together, and of the result's JSON;
     - ``tool_calls``: tool calls per run;
-    - ``tool_timeout``: seconds one tool call may take (a ``Tool`` may override it).
+    - ``tool_timeout``: seconds one tool call may take (a ``Tool`` may override it);
+    - ``tool_concurrency``: tool calls of the run's async code in flight at once (more wait).
     """
 
     fuel: int = 10_000_000_000
@@ -127,9 +130,10 @@ class Limits:
     output: int = 1 << 20
     tool_calls: int = 100
     tool_timeout: float = 30.0
+    tool_concurrency: int = MAX_CONCURRENT_CALLS
 
     def __post_init__(self) -> None:
-        for name in ("fuel", "memory", "output", "tool_calls"):
+        for name in ("fuel", "memory", "output", "tool_calls", "tool_concurrency"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
@@ -148,6 +152,11 @@ class Limits:
             )
         if self.output < 0 or self.tool_calls < 0:
             raise ValueError("Limits.output and Limits.tool_calls must be >= 0")
+        if not 1 <= self.tool_concurrency <= MAX_CONCURRENT_CALLS_LIMIT:
+            raise ValueError(
+                f"Limits.tool_concurrency must be in 1..{MAX_CONCURRENT_CALLS_LIMIT}, "
+                f"got {self.tool_concurrency}"
+            )
 
     def replace(self, **changes: Any) -> Limits:
         """A copy with the given fields changed (validated like the original)."""
@@ -311,6 +320,7 @@ class _Live:
             max_calls=limits.tool_calls,
             timeout=limits.tool_timeout,
             background_loop=config.background_loop,
+            concurrency=limits.tool_concurrency,
         )
         self.output = _Output(limits.output, self.host)
         policy = Policy(
@@ -363,12 +373,14 @@ class _Live:
                 "run", code, payload, budget=limits.budget(), cancel=cancel
             )
         except GuestError as exc:
+            self.host.end()
             if isinstance(exc, Cancelled) and exc.signal is not None:
                 # A signal (Ctrl-C) is the host's, not something the code did: the run stopped
                 # cleanly, and the caller gets the signal, as from Instance.call.
                 raise
             kind, message = self._failure(exc)
             return self._result(False, None, RunError(kind, message), exc.usage)
+        self.host.end()  # calls the code started and never awaited are cancelled now
         if not outcome["ok"]:
             kind = str(outcome["error-kind"])
             text_limit = _error_text_limit(limits.output)

@@ -71,6 +71,45 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.imports import tools
 
+
+def _socket_constant(name: str) -> int:
+    if name.isupper():
+        return 0
+    raise AttributeError(name)
+
+
+def _import_asyncio() -> types.ModuleType:
+    """asyncio, without bundling ``socket`` or ``subprocess`` into the interpreter.
+
+    asyncio imports both at its top for its network and process APIs, which cannot work here
+    (no sockets are granted, WASI cannot fork). Stand-ins with the few constants asyncio reads
+    while importing take their place for that import and are removed after it, so user code's
+    ``import socket`` is still a ``ModuleNotFoundError`` and no ``socket`` or ``Popen`` class
+    exists in the interpreter.
+    """
+    socket_stub = types.ModuleType("socket")
+    socket_stub.socket = None  # type: ignore[attr-defined]
+    # Constants (AF_*, SOCK_*...) appear in asyncio's default arguments; none is ever used.
+    socket_stub.__getattr__ = _socket_constant  # type: ignore[attr-defined]
+    subprocess_stub = types.ModuleType("subprocess")
+    subprocess_stub.PIPE, subprocess_stub.STDOUT, subprocess_stub.DEVNULL = -1, -2, -3  # type: ignore[attr-defined]
+    stubs = {"socket": socket_stub, "subprocess": subprocess_stub}
+    saved = {name: sys.modules.get(name) for name in stubs}
+    sys.modules.update(stubs)
+    try:
+        import asyncio  # noqa: PLC0415 - imported here, under the stand-ins
+
+        return asyncio
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+asyncio = _import_asyncio()
+
 _FILENAME = "<sandbox>"
 _MAX_DEPTH = 200
 _MAX_TOOL_DATA = 1 << 20  # the host's limit too; far more would trap in wasmtime's copy
@@ -146,7 +185,7 @@ def _dumps(value: object, what: str) -> bytes:
 _tool_specs: list[dict[str, object]] | None = None
 
 
-def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> object:
+def _encode_call(name: str, args: list[object], kwargs: dict[str, object]) -> bytes:
     try:
         payload = _dumps({"args": args, "kwargs": kwargs}, f"the arguments of {name}()")
     except _NotJson as exc:
@@ -157,12 +196,108 @@ def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> obje
             "too_large",
             f"the arguments are {len(payload)} bytes; the limit is {_MAX_TOOL_DATA}",
         )
+    return payload
+
+
+def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> object:
+    payload = _encode_call(name, args, kwargs)
     try:
         answer = tools.call(name, payload)
     except Err as failure:
         error = failure.value
         raise ToolError(name, error.kind, error.message) from None
     return json.loads(answer)
+
+
+# -- async tools ----------------------------------------------------------------------------
+# The guest has no threads, so concurrency lives in the host: `tools.start` begins a call and
+# returns its handle at once; `tools.wait` blocks until at least one started call has finished
+# (or a timeout passes) and returns the finished ones in the order the guest receives them. A
+# small asyncio event loop drives this: its selector's `select(timeout)` is `tools.wait`, and
+# each completion resolves the future of its handle. Replay is exact because every `wait`
+# answer (which calls, in which order) is an import result the trace records.
+
+
+class _Waiter:
+    """The loop's selector: waiting for I/O is waiting for tool calls to finish."""
+
+    def __init__(self, loop: _ToolLoop) -> None:
+        self.loop = loop
+
+    def select(self, timeout: float | None) -> list[object]:
+        if not self.loop.calls:
+            if timeout is None:
+                raise RuntimeError(
+                    "the event loop would wait forever: no tool call is in flight and "
+                    "nothing is scheduled"
+                )
+            if timeout > 0:
+                time.sleep(timeout)
+            return []
+        nanos = None if timeout is None else max(0, int(timeout * 1e9))
+        return list(tools.wait(nanos))
+
+    def close(self) -> None:
+        pass
+
+
+class _ToolLoop(asyncio.BaseEventLoop):
+    """The event loop of sandboxed code: timers and callbacks as usual, I/O is tool calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[int, tuple[str, asyncio.Future[object]]] = {}
+        self._selector = _Waiter(self)
+
+    def start_call(self, name: str, args: list[object], kwargs: dict[str, object]) -> object:
+        """Start tool ``name`` now; return a coroutine that waits for its result."""
+        payload = _encode_call(name, args, kwargs)
+        future: asyncio.Future[object] = self.create_future()
+        handle = tools.start(name, payload)
+        self.calls[handle] = (name, future)
+        future.add_done_callback(functools.partial(self._forget, handle))
+        return _result_of(future)
+
+    def _forget(self, handle: int, future: asyncio.Future[object]) -> None:
+        if self.calls.pop(handle, None) is not None and future.cancelled():
+            tools.cancel(handle)
+
+    def _process_events(self, event_list: list[object]) -> None:
+        for done in event_list:
+            entry = self.calls.get(done.handle)  # type: ignore[attr-defined]
+            if entry is None or entry[1].done():
+                continue
+            name, future = entry
+            outcome = done.outcome  # type: ignore[attr-defined]
+            if isinstance(outcome, Err):
+                future.set_exception(ToolError(name, outcome.value.kind, outcome.value.message))
+            else:
+                future.set_result(json.loads(outcome.value))
+
+    def _write_to_self(self) -> None:
+        pass  # no other thread can wake this loop
+
+    def close(self) -> None:
+        for handle in list(self.calls):
+            tools.cancel(handle)
+        self.calls.clear()
+        super().close()
+
+
+async def _result_of(future: asyncio.Future[object]) -> object:
+    return await future
+
+
+def _run_main(main: typing.Coroutine[object, object, object]) -> object:
+    """``asyncio.run`` on a fresh tool loop, for code with top-level ``await``."""
+    with asyncio.Runner(loop_factory=_ToolLoop) as runner:
+        return runner.run(main)
+
+
+# `asyncio.run()`, `asyncio.new_event_loop()` and `asyncio.Runner()` in user code make tool loops:
+# the default loop needs a socket pair, which this interpreter does not have.
+asyncio.events.new_event_loop = _ToolLoop  # type: ignore[assignment]
+asyncio.new_event_loop = _ToolLoop  # type: ignore[assignment]
 
 
 def _stub(spec: dict[str, object]) -> object:
@@ -222,6 +357,10 @@ def _invoke(name: str, bound: list[tuple[str, str, object]]) -> object:
             args.append(value)
         else:
             kwargs[pname] = value
+    loop = asyncio._get_running_loop()
+    if isinstance(loop, _ToolLoop):
+        # Inside async code: start the call now, let the caller await it.
+        return loop.start_call(name, args, kwargs)
     return _call_tool(name, args, kwargs)
 
 
@@ -257,15 +396,42 @@ def _failure(kind: str, message: str, trace: str = "") -> wit_world.Outcome:
 
 
 def _execute(code: str, scope: dict[str, object]) -> object:
-    """Run ``code`` in ``scope``; return ``result`` if it set one, else its last expression."""
+    """Run ``code`` in ``scope``; return ``result`` if it set one, else its last expression.
+
+    Code with a top-level ``await`` (or ``async for``/``async with``) runs as a coroutine on a
+    tool loop, where tool calls are awaitable.
+    """
     tree = ast.parse(code, _FILENAME, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, _FILENAME, "exec"), scope)  # noqa: S102 - running code is the job
-    value = eval(compile(last, _FILENAME, "eval"), scope) if last is not None else None  # noqa: S307
+    body = compile(tree, _FILENAME, "exec", flags=_TOP_LEVEL_AWAIT)
+    tail = compile(last, _FILENAME, "eval", flags=_TOP_LEVEL_AWAIT) if last is not None else None
+    if (body.co_flags | (tail.co_flags if tail is not None else 0)) & _CO_COROUTINE:
+        value = _run_main(_main(body, tail, scope))
+    else:
+        exec(body, scope)  # noqa: S102 - running code is the job
+        value = eval(tail, scope) if tail is not None else None  # noqa: S307
     if "result" in scope:
         return scope["result"]
+    return value
+
+
+_TOP_LEVEL_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE: the code object awaits
+
+
+async def _main(
+    body: types.CodeType, tail: types.CodeType | None, scope: dict[str, object]
+) -> object:
+    started = eval(body, scope)  # noqa: S307 - a coroutine when the body awaits
+    if body.co_flags & _CO_COROUTINE:
+        await started
+    if tail is None:
+        return None
+    value = eval(tail, scope)  # noqa: S307
+    if tail.co_flags & _CO_COROUTINE:
+        value = await value
     return value
 
 
