@@ -638,9 +638,19 @@ class _LoopThread:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            # Tool coroutines still running are cancelled (and may clean up) before it stops.
+            asyncio.run_coroutine_threadsafe(_shutdown(loop), loop)
             thread.join(timeout=5)
             loop.close()
+
+
+async def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=2)
+    loop.stop()
 
 
 # -- the public API -------------------------------------------------------------------------
