@@ -952,15 +952,18 @@ class _Workers:
         with self._lock:
             if self._stuck >= self.size:
                 return None
-            if self._idle:
-                slot = self._idle.pop()
+            slot = self._idle.pop() if self._idle else None
+            if slot is not None:
+                # Handed over: the thread is the job's from now on (abandoning it marks it stuck).
+                job.state = "running"
                 slot[1] = job
-                slot[0].release()
-                return job
-            self._queue.append(job)
+            else:
+                self._queue.append(job)
             if self._threads < self.size:
                 self._threads += 1
                 threading.Thread(target=self._work, name="mighty-tool", daemon=True).start()
+        if slot is not None:
+            slot[0].release()  # outside the lock, which the woken thread takes at the end
         return job
 
     def abandon(self, job: _Job) -> bool:
@@ -994,18 +997,19 @@ class _Workers:
         slot: list[Any] = [wake, None]
         while True:
             with self._lock:
-                if self._queue:
-                    job: _Job = self._queue.popleft()
-                else:
+                job: _Job | None = None
+                while self._queue and job is None:
+                    job = self._queue.popleft()
+                    if job.state != "queued":
+                        job = None  # abandoned while it waited
+                    else:
+                        job.state = "running"
+                if job is None:
                     self._idle.append(slot)
-                    job = None  # type: ignore[assignment]
             if job is None:
                 wake.acquire()
                 job, slot[1] = slot[1], None
-            with self._lock:
-                if job.state != "queued":
-                    continue
-                job.state = "running"
+                assert job is not None
             outcome = _call_sync(job.tool, job.bound, job.depth)
             with self._lock:
                 if job.state == "stuck":

@@ -97,7 +97,7 @@ def _import_asyncio() -> types.ModuleType:
     saved = {name: sys.modules.get(name) for name in stubs}
     sys.modules.update(stubs)
     try:
-        import asyncio  # noqa: PLC0415 - imported here, under the stand-ins
+        import asyncio  # imported here, under the stand-ins
 
         return asyncio
     finally:
@@ -175,8 +175,42 @@ def _check_json(value: object, path: str, depth: int, active: set[int]) -> None:
     )
 
 
+_MAX_PLAIN_ITEMS = 1 << 17
+
+
+def _plain(value: object) -> bool:
+    """A quick check that ``value`` is plain JSON data (exact builtin types, str keys, finite
+    floats, not too deep, not too many items). False means: ask ``_check_json``, which explains
+    what is wrong (or accepts the value after all: subclasses, large values)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is float:
+            if not math.isfinite(item):  # type: ignore[arg-type]
+                return False
+            continue
+        seen += 1
+        if depth >= _MAX_DEPTH or seen > _MAX_PLAIN_ITEMS:
+            return False  # a cycle ends here too
+        if kind is list or kind is tuple:
+            stack.extend((x, depth + 1) for x in item)  # type: ignore[attr-defined]
+        elif kind is dict:
+            for key, x in item.items():  # type: ignore[attr-defined]
+                if type(key) is not str:
+                    return False
+                stack.append((x, depth + 1))
+        else:
+            return False
+    return True
+
+
 def _dumps(value: object, what: str) -> bytes:
-    _check_json(value, what, 0, set())
+    if not _plain(value):
+        _check_json(value, what, 0, set())
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -221,7 +255,7 @@ def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> obje
 class _Waiter:
     """The loop's selector: waiting for I/O is waiting for tool calls to finish."""
 
-    def __init__(self, loop: _ToolLoop) -> None:
+    def __init__(self, loop: "_ToolLoop") -> None:
         self.loop = loop
 
     def select(self, timeout: float | None) -> list[object]:
@@ -331,15 +365,46 @@ def _stub(spec: dict[str, object]) -> object:
         collect.append(f"({pname!r}, {kind!r}, {pname})")
     if params and all(p["kind"] == "POSITIONAL_ONLY" for p in params):
         pieces.append("/")
-    source = (
+    source = _direct_source(name, params, pieces) or (
         f"def {name}({', '.join(pieces)}):\n    return _invoke({name!r}, [{', '.join(collect)}])\n"
     )
-    scope: dict[str, object] = {"_MISSING": _MISSING, "_invoke": _invoke}
+    scope: dict[str, object] = {"_MISSING": _MISSING, "_invoke": _invoke, "_dispatch": _dispatch}
     exec(compile(source, f"<tool {name}>", "exec"), scope)  # noqa: S102 - names were checked
     func = scope[name]
     func.__doc__ = str(spec.get("doc") or "")  # type: ignore[attr-defined]
     func.__module__ = "tools"  # type: ignore[attr-defined]
     return func
+
+
+def _direct_source(name: str, params: list[dict[str, str]], pieces: list[str]) -> str | None:
+    """The stub's source when its call needs no sorting out at run time: positional parameters
+    without defaults and keyword-only ones (the common case, and pydantic-ai's). Else None."""
+    positional: list[str] = []
+    keywords: list[str] = []
+    optional: list[str] = []
+    for param in params:
+        pname, kind = param["name"], param["kind"]
+        if kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and "default" not in param:
+            positional.append(pname)
+        elif kind == "KEYWORD_ONLY":
+            keywords.append(f"{pname!r}: {pname}")
+            if "default" in param:
+                optional.append(pname)
+        else:
+            return None
+    lines = [f"def {name}({', '.join(pieces)}):"]
+    lines.append(f"    _mighty_kw = {{{', '.join(keywords)}}}")
+    lines.extend(f"    if {o} is _MISSING:\n        del _mighty_kw[{o!r}]" for o in optional)
+    lines.append(f"    return _dispatch({name!r}, [{', '.join(positional)}], _mighty_kw)")
+    return "\n".join(lines) + "\n"
+
+
+def _dispatch(name: str, args: list[object], kwargs: dict[str, object]) -> object:
+    loop = asyncio._get_running_loop()
+    if isinstance(loop, _ToolLoop):
+        # Inside async code: start the call now, let the caller await it.
+        return loop.start_call(name, args, kwargs)
+    return _call_tool(name, args, kwargs)
 
 
 def _invoke(name: str, bound: list[tuple[str, str, object]]) -> object:
@@ -357,11 +422,7 @@ def _invoke(name: str, bound: list[tuple[str, str, object]]) -> object:
             args.append(value)
         else:
             kwargs[pname] = value
-    loop = asyncio._get_running_loop()
-    if isinstance(loop, _ToolLoop):
-        # Inside async code: start the call now, let the caller await it.
-        return loop.start_call(name, args, kwargs)
-    return _call_tool(name, args, kwargs)
+    return _dispatch(name, args, kwargs)
 
 
 def _tools() -> dict[str, object]:

@@ -83,7 +83,8 @@ def run(codes: list[str], **options: Any) -> tuple[Any, list[str], list[str]]:
     toolset = MightyCodeToolset(make_tools(log), **options)
     try:
         agent = Agent(FunctionModel(scripted(codes)), toolsets=[toolset])
-        result = agent.run_sync("go")
+        # asyncio.run, not run_sync: run_sync leaves its event loop open for later calls.
+        result = asyncio.run(agent.run("go"))
     finally:
         toolset.close()
     return result.output, _replies(result.all_messages()), log
