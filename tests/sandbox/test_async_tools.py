@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from mighty.sandbox import CancelScope, Limits, Sandbox, Tool
-from mighty.sandbox._tools import MAX_RUN_THREADS
+from mighty.sandbox._tools import MAX_RUN_THREADS, ToolHost, tools_from
 from mighty.trace import ReplayEvent, replay_trace
 from tests.sandbox._helpers import assert_clean, failed
 
@@ -439,3 +447,138 @@ def test_top_level_async_with_and_for(box: Sandbox) -> None:
     result = box.run(code)
     assert result.ok, result.error
     assert result.value == [9, 1, 2]
+
+
+# -- the host's half of the protocol, as a state machine (no interpreter) -----------------------
+
+
+class _Context:
+    """What ToolHost.wait reads of a guest context: no budget, no interrupt."""
+
+    state: ClassVar[dict[str, Any]] = {}
+
+
+class StartedCalls(RuleBasedStateMachine):
+    """start/finish/cancel/wait in any order: each finished call is delivered exactly once, in
+    the order calls finished; no more than the limit run at once; queued calls start in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.events: dict[int, asyncio.Event] = {}
+        self.running_now = 0
+        self.cancelling: set[int] = set()  # cancelled, their coroutine not yet ended
+        self.too_many: list[int] = []
+        self.limit = 1
+        self.host: ToolHost | None = None
+        self.live: list[int] = []  # handles started, not finished or cancelled, in start order
+        self.finished: list[int] = []  # in the order they finished
+        self.delivered: list[int] = []
+
+    async def _work(self, key: int) -> int:
+        self.running_now += 1
+        if self.running_now - len(self.cancelling) > self.limit:
+            self.too_many.append(self.running_now)
+        try:
+            await self.events[key].wait()
+        finally:
+            self.running_now -= 1
+            self.cancelling.discard(key)
+        return key
+
+    @initialize(limit=st.integers(1, 3))
+    def setup(self, limit: int) -> None:
+        self.limit = limit
+        tools = tools_from({"work": self._work})
+        self.host = ToolHost(
+            tools, max_calls=1000, timeout=30, background_loop=lambda: self.loop, concurrency=limit
+        )
+        self.host.begin(lambda: False, None)
+
+    def _launched(self) -> list[int]:
+        return self.live[: self.limit]
+
+    @rule()
+    def start(self) -> None:
+        assert self.host is not None
+        key = len(self.events) + 1
+        self.events[key] = asyncio.Event()
+        handle = self.host.start("work", json.dumps({"args": [], "kwargs": {"key": key}}).encode())
+        assert handle == key
+        self.live.append(handle)
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """A running call's tool returns; the next wait delivers it."""
+        assert self.host is not None
+        handle = data.draw(st.sampled_from(self._launched()))
+        self._started(handle)
+        self.loop.call_soon_threadsafe(self.events[handle].set)
+        self.live.remove(handle)
+        self.finished.append(handle)
+        while handle not in self.delivered:
+            self._wait(5_000_000_000)
+
+    def _started(self, handle: int) -> None:
+        """Wait until the call's coroutine runs (it was launched; the loop starts it soon)."""
+        for _ in range(500):
+            if self.running_now - len(self.cancelling) >= min(len(self.live), self.limit):
+                return
+            threading.Event().wait(0.002)
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        assert self.host is not None
+        handle = data.draw(st.sampled_from(self.live))
+        if handle in self._launched():
+            self.cancelling.add(handle)
+        self.host.cancel(handle)
+        self.live.remove(handle)
+
+    @rule()
+    def poll(self) -> None:
+        self._wait(0)
+
+    def _wait(self, timeout_ns: int) -> None:
+        assert self.host is not None
+        for completion in self.host.wait(_Context(), timeout_ns):  # type: ignore[arg-type]
+            self.delivered.append(completion["handle"])
+            assert completion["outcome"].value == str(completion["handle"]).encode()
+
+    @invariant()
+    def delivered_once_in_finishing_order(self) -> None:
+        assert self.delivered == self.finished[: len(self.delivered)]
+        assert len(self.delivered) == len(set(self.delivered))
+
+    @invariant()
+    def bounded(self) -> None:
+        """Calls in flight (cancelled ones aside, which end at their next await) <= the limit."""
+        assert self.too_many == []
+        if self.host is not None:
+            assert self.host._running <= self.limit
+
+    def teardown(self) -> None:
+        if self.host is not None:
+            self.host.end()
+        for event in self.events.values():
+            self.loop.call_soon_threadsafe(event.set)
+        asyncio.run_coroutine_threadsafe(_drain(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+async def _drain() -> None:
+    """Let every task of the loop end (those scheduled before this one included)."""
+    await asyncio.sleep(0)
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    if others:
+        await asyncio.wait(others, timeout=5)
+
+
+StartedCalls.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+test_started_calls = StartedCalls.TestCase
