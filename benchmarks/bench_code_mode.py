@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import threading
 import time
@@ -54,23 +55,33 @@ def _thread_per_call(n: int) -> float:
     return (time.perf_counter() - started) / n
 
 
+def _paired(first: Any, second: Any, repeat: int) -> tuple[list[float], list[float]]:
+    """Wall times of ``first`` and ``second`` taken in alternation (the load hits both alike)."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(repeat):
+        for fn, into in ((first, a), (second, b)):
+            started = time.perf_counter()
+            fn()
+            into.append(time.perf_counter() - started)
+    return a, b
+
+
 def tool_overhead(rows: list[dict[str, object]]) -> None:
-    n = 200
-    repeat = 10 if QUICK else 30
-    with Sandbox(tools=[add], pool=2) as sandbox:
-        calls = samples(
-            lambda: sandbox.run(f"for i in range({n}):\n    add(i, 1)"), repeat=repeat, warmup=3
+    n = 500
+    repeat = 15 if QUICK else 40
+    calls_code = f"for i in range({n}):\n    add(i, 1)"
+    plain_code = f"def add2(a, b):\n    return a + b\nfor i in range({n}):\n    add2(i, 1)"
+    with Sandbox(tools=[add], limits=Limits(tool_calls=n), pool=2) as sandbox:
+        for _ in range(3):
+            sandbox.run(calls_code)
+            sandbox.run(plain_code)
+        calls, plain = _paired(
+            lambda: sandbox.run(calls_code), lambda: sandbox.run(plain_code), repeat
         )
-        plain = samples(
-            lambda: sandbox.run(
-                f"def add2(a, b):\n    return a + b\nfor i in range({n}):\n    add2(i, 1)"
-            ),
-            repeat=repeat,
-            warmup=3,
-        )
-    per_call = (p(calls, 0.5) - p(plain, 0.5)) / n
+    per_call = statistics.median(c - q for c, q in zip(calls, plain, strict=True)) / n
     direct = samples(lambda: add(1, 2), repeat=2000, warmup=100)
-    thread = min(_thread_per_call(200) for _ in range(3))
+    thread = statistics.median(_thread_per_call(200) for _ in range(5))
     rows.append(
         {
             "name": f"sync tool call overhead ({n} calls/run)",
@@ -144,28 +155,28 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
             await agent.run("go")
             await asyncio.sleep(0.005)  # spaced out, as a model's turns are: the pool refills
 
-        out = []
+        out: tuple[list[float], list[float]] = ([], [])
         for agent in (coded, direct):
             for _ in range(3):
                 await once(agent)
-            times = []
-            for _ in range(repeat):
+        for _ in range(repeat):  # alternating, so the machine's load hits both alike
+            for agent, times in ((coded, out[0]), (direct, out[1])):
                 started = time.perf_counter()
                 await agent.run("go")
                 times.append(time.perf_counter() - started)
                 await asyncio.sleep(0.005)
-            out.append(times)
-        return out[0], out[1]
+        return out
 
     try:
         with_code, with_tool = asyncio.run(measure())
     finally:
         code_mode.close()
+    cost = statistics.median(c - t for c, t in zip(with_code, with_tool, strict=True))
     row: dict[str, object] = {
         "name": "run_code via pydantic-ai (5 awaited tool calls)",
         "agent_run_code_p50_ms": round(p(with_code, 0.5) * 1e3, 3),
         "agent_direct_tool_p50_ms": round(p(with_tool, 0.5) * 1e3, 3),
-        "run_code_cost_p50_ms": round((p(with_code, 0.5) - p(with_tool, 0.5)) * 1e3, 3),
+        "run_code_cost_p50_ms": round(cost * 1e3, 3),
     }
     try:
         from pydantic_monty import Monty
@@ -181,9 +192,7 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
 
             monty = samples(feed, repeat=repeat * 3, warmup=10)
         row["monty_same_snippet_p50_ms"] = round(p(monty, 0.5) * 1e3, 3)
-        row["ratio_run_code_cost_over_monty"] = round(
-            (p(with_code, 0.5) - p(with_tool, 0.5)) / p(monty, 0.5), 1
-        )
+        row["ratio_run_code_cost_over_monty"] = round(cost / p(monty, 0.5), 1)
     rows.append(row)
 
 

@@ -505,7 +505,10 @@ def _check_nesting() -> None:
 # -- spares ---------------------------------------------------------------------------------
 
 
-_WARM_CODE = 'x = [1, 2.5, "a", {"b": None}]\nresult = x'
+_WARM_CODE = (
+    # The async path too (a tool loop, a timer): code using it then finds its pages written.
+    'import asyncio\nawait asyncio.sleep(0)\nx = [1, 2.5, "a", {"b": None}]\nresult = x'
+)
 _WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
 # Background threads making instances. One: with two, the runs' own thread and both makers
 # share 2 cores, and neither back-to-back latency nor runs/s improved here (load 5-6).

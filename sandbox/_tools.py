@@ -803,13 +803,15 @@ class ToolHost:
                 flight.future = future
                 future.add_done_callback(flight.async_done)
             else:
-                job = _WORKERS.submit(flight.tool, flight.bound, flight.depth, self._thread_done)
+                # `then` is set before the job is handed over: it may finish at once.
+                job = _WORKERS.submit(
+                    flight.tool, flight.bound, flight.depth, self._thread_done, flight.sync_done
+                )
                 if job is None:
                     self._thread_done()
                     self._finish(flight, self._busy(flight.tool))
                     continue
                 flight.job = job
-                job.then = flight.sync_done
 
 
 class _Flight:
@@ -947,8 +949,10 @@ class _Workers:
         bound: inspect.BoundArguments,
         depth: int,
         release: Callable[[], None],
+        then: Callable[[Ok | Err], None] | None = None,
     ) -> _Job | None:
         job = _Job(tool, bound, depth, release)
+        job.then = then
         with self._lock:
             if self._stuck >= self.size:
                 return None
