@@ -57,6 +57,7 @@ __all__ = [
     "MAX_CONCURRENT_CALLS_LIMIT",
     "MAX_DATA",
     "MAX_DEPTH",
+    "MAX_HELD_DATA",
     "MAX_MESSAGE",
     "MAX_NAME",
     "MAX_NESTED_RUNS",
@@ -97,6 +98,9 @@ MAX_CONCURRENT_CALLS = 16
 """Default most calls of one run in flight at once (``Limits.tool_concurrency``)."""
 MAX_CONCURRENT_CALLS_LIMIT = 1024
 """The highest ``Limits.tool_concurrency`` accepted."""
+MAX_HELD_DATA = 32 << 20
+"""Most bytes one run's started calls may hold on the host: arguments of calls waiting for a
+slot, and results the code has not yet received. Past it, a new call fails at once (``busy``)."""
 _MAX_WAIT = 3600.0
 MAX_NESTED_RUNS = 1
 """How deep sandbox runs may nest through tools: a tool may start a run, whose tools may not."""
@@ -473,6 +477,7 @@ class ToolHost:
         self._finished: collections.deque[tuple[_Flight, Ok | Err]] = collections.deque()
         self._ready: collections.deque[tuple[int, Ok | Err]] = collections.deque()
         self._running = 0
+        self._held = 0  # bytes of queued calls' arguments and undelivered results
         self._threads = 0  # this run's sync calls holding a worker thread (stuck ones too)
 
     def begin(
@@ -497,6 +502,7 @@ class ToolHost:
             self._finished.clear()
             self._ready.clear()
             self._running = 0
+            self._held = 0
         for flight in flights:
             flight.abandon()
 
@@ -653,10 +659,22 @@ class ToolHost:
         handle = self._handles
         with self._cond:
             if isinstance(prepared, Err):
-                self._ready.append((handle, prepared))
+                self._put_ready(handle, prepared)
                 return handle
             tool, bound = prepared
+            if self._held + len(payload) > MAX_HELD_DATA:
+                self._put_ready(
+                    handle,
+                    _err(
+                        "busy",
+                        f"{name}() was not started: the run's calls waiting to start and results "
+                        f"waiting to be awaited hold more than {MAX_HELD_DATA} bytes",
+                    ),
+                )
+                return handle
             flight = _Flight(self, handle, tool, bound, _NESTING.get() + 1)
+            flight.size = len(payload)
+            self._held += flight.size
             self._flights[handle] = flight
             self._queued.append(flight)
             launch = self._pump()
@@ -671,6 +689,7 @@ class ToolHost:
                 return
             if flight in self._queued:
                 self._queued.remove(flight)
+                self._held -= flight.size
             elif flight.started is not None:
                 self._running -= 1
             launch = self._pump()
@@ -746,6 +765,7 @@ class ToolHost:
                 if out and size + weight > MAX_DATA:
                     break  # the rest on the next wait: one answer stays within MAX_DATA
                 self._ready.popleft()
+                self._held -= weight
                 size += weight
                 out.append({"handle": handle, "outcome": outcome})
         return out
@@ -768,8 +788,13 @@ class ToolHost:
                 return  # cancelled, timed out or from an earlier run: nobody waits for it
             del self._flights[flight.handle]
             self._running -= 1
-            self._ready.append((flight.handle, outcome))
+            self._put_ready(flight.handle, outcome)
             self._cond.notify_all()
+
+    def _put_ready(self, handle: int, outcome: Ok | Err) -> None:
+        """Under the lock: ``outcome`` waits for the guest's next wait (and counts as held)."""
+        self._ready.append((handle, outcome))
+        self._held += _weight(outcome)
 
     def _pump(self) -> list[_Flight]:
         """Queued calls that may start now (under the lock); the caller launches them."""
@@ -782,10 +807,12 @@ class ToolHost:
                     break  # waits for one of this run's threads to come back
                 # Every thread of this run is stuck in a call that timed out.
                 self._queued.popleft()
+                self._held -= flight.size
                 del self._flights[flight.handle]
-                self._ready.append((flight.handle, self._busy(flight.tool)))
+                self._put_ready(flight.handle, self._busy(flight.tool))
                 continue
             self._queued.popleft()
+            self._held -= flight.size
             self._running += 1
             if not flight.tool.is_async:
                 self._threads += 1
@@ -817,7 +844,18 @@ class ToolHost:
 class _Flight:
     """One started call of a run: queued, then running (on the tools' loop or a worker)."""
 
-    __slots__ = ("bound", "deadline", "depth", "future", "handle", "host", "job", "started", "tool")
+    __slots__ = (
+        "bound",
+        "deadline",
+        "depth",
+        "future",
+        "handle",
+        "host",
+        "job",
+        "size",
+        "started",
+        "tool",
+    )
 
     def __init__(
         self, host: ToolHost, handle: int, tool: Tool, bound: inspect.BoundArguments, depth: int
@@ -831,6 +869,7 @@ class _Flight:
         self.deadline = math.inf
         self.future: concurrent.futures.Future[Ok | Err] | None = None
         self.job: _Job | None = None
+        self.size = 0
 
     @property
     def timeout(self) -> float:

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from mighty.sandbox import CancelScope, Limits, Sandbox, Tool
+from mighty.sandbox import CancelScope, Limits, Sandbox, Tool, _tools
 from mighty.sandbox._tools import MAX_RUN_THREADS, ToolHost, tools_from
 from mighty.trace import ReplayEvent, replay_trace
 from tests.sandbox._helpers import assert_clean, failed
@@ -357,6 +357,37 @@ def test_one_run_cannot_take_the_whole_sync_pool(interpreter: object) -> None:
             assert other.value == 42
     finally:
         release.set()
+
+
+def test_what_waiting_calls_hold_is_bounded(
+    interpreter: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls queued behind the concurrency limit hold at most MAX_HELD_DATA of arguments."""
+    monkeypatch.setattr(_tools, "MAX_HELD_DATA", 2 << 20)  # the default is 32 MiB
+
+    first: list[int] = []
+
+    async def measure(text: str) -> int:
+        if not first:  # the first call holds the only slot while the others queue behind it
+            first.append(1)
+            await asyncio.sleep(1.0)
+        return len(text)
+
+    limits = Limits(tool_concurrency=1)
+    with Sandbox(tools=[measure], limits=limits, pool=0) as sandbox:
+        code = (
+            "import asyncio\n"
+            "s = 'x' * 200_000\n"
+            "r = await asyncio.gather(*[measure(text=s) for _ in range(15)], return_exceptions=True)\n"
+            "[x if isinstance(x, int) else x.kind for x in r]"
+        )
+        result = sandbox.run(code)
+    assert result.ok, result.error
+    kinds = result.value
+    held = (2 << 20) // 200_000
+    assert kinds[: held - 1] == [200_000] * (held - 1)
+    assert "busy" in kinds
+    assert set(kinds) == {200_000, "busy"}
 
 
 def _delivery(trace: Path) -> tuple[Any, list[Any]]:
