@@ -471,7 +471,7 @@ class ToolHost:
         self.cancel_check: Callable[[], bool] = lambda: False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._cond = threading.Condition(threading.Lock())
-        self._handles = 0
+        self._handles = 0  # unique for the life of the instance (a session's runs too)
         self._flights: dict[int, _Flight] = {}
         self._queued: collections.deque[_Flight] = collections.deque()
         self._finished: collections.deque[tuple[_Flight, Ok | Err]] = collections.deque()
@@ -491,7 +491,6 @@ class ToolHost:
         self.stopped = None
         self.cancel_check = cancel_check
         self.loop = loop
-        self._handles = 0
 
     def end(self) -> None:
         """The run is over: cancel its calls still queued or in flight, drop undelivered ones."""
