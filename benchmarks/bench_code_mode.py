@@ -55,15 +55,17 @@ def _thread_per_call(n: int) -> float:
     return (time.perf_counter() - started) / n
 
 
-def _paired(first: Any, second: Any, repeat: int) -> tuple[list[float], list[float]]:
-    """Wall times of ``first`` and ``second`` taken in alternation (the load hits both alike)."""
+def _paired(
+    first: Any, second: Any, repeat: int, clock: Any = time.perf_counter
+) -> tuple[list[float], list[float]]:
+    """Times of ``first`` and ``second`` taken in alternation (the load hits both alike)."""
     a: list[float] = []
     b: list[float] = []
     for _ in range(repeat):
         for fn, into in ((first, a), (second, b)):
-            started = time.perf_counter()
+            started = clock()
             fn()
-            into.append(time.perf_counter() - started)
+            into.append(clock() - started)
     return a, b
 
 
@@ -79,13 +81,23 @@ def tool_overhead(rows: list[dict[str, object]]) -> None:
         calls, plain = _paired(
             lambda: sandbox.run(calls_code), lambda: sandbox.run(plain_code), repeat
         )
+        # CPU time of the whole process (all threads): the work a call costs, without the time
+        # spent waiting for a CPU, which dominates wall time on a loaded machine.
+        cpu_calls, cpu_plain = _paired(
+            lambda: sandbox.run(calls_code),
+            lambda: sandbox.run(plain_code),
+            repeat,
+            time.process_time,
+        )
     per_call = statistics.median(c - q for c, q in zip(calls, plain, strict=True)) / n
+    cpu_per_call = statistics.median(c - q for c, q in zip(cpu_calls, cpu_plain, strict=True)) / n
     direct = samples(lambda: add(1, 2), repeat=2000, warmup=100)
     thread = statistics.median(_thread_per_call(200) for _ in range(5))
     rows.append(
         {
             "name": f"sync tool call overhead ({n} calls/run)",
             "per_call_us": round(per_call * 1e6, 1),
+            "cpu_per_call_us": round(cpu_per_call * 1e6, 1),
             "direct_python_call_us": round(p(direct, 0.5) * 1e6, 3),
             "thread_per_call_us": round(thread * 1e6, 1),
             "ratio_vs_thread_per_call": round(per_call / thread, 2),
