@@ -43,7 +43,10 @@ from typing_extensions import TypedDict
 
 from mighty.sandbox import Limits, RunResult, Sandbox, Tool
 
-__all__ = ["RUN_CODE_DESCRIPTION", "MightyCodeToolset"]
+__all__ = ["MAX_RETRY_OUTPUT", "RUN_CODE_DESCRIPTION", "MightyCodeToolset"]
+
+MAX_RETRY_OUTPUT = 8 << 10
+"""Most characters of stdout, and of stderr, a failed run's retry prompt shows (the end)."""
 
 RUN_CODE_DESCRIPTION = """\
 Run Python code (CPython 3.14, standard library, no network, no files) and return the value of \
@@ -253,8 +256,15 @@ def _answer(result: RunResult) -> Any:
     parts = [f"{result.error.kind}: {result.error.message}"]
     if result.error.traceback:
         parts.append(result.error.traceback.rstrip())
+    # The model reads this: the ends of long output (where the failure shows) within a bound.
     if result.stdout:
-        parts.append(f"stdout:\n{result.stdout.rstrip()}")
+        parts.append(f"stdout:\n{_tail(result.stdout.rstrip())}")
     if result.stderr:
-        parts.append(f"stderr:\n{result.stderr.rstrip()}")
+        parts.append(f"stderr:\n{_tail(result.stderr.rstrip())}")
     raise ModelRetry("\n".join(parts))
+
+
+def _tail(text: str) -> str:
+    if len(text) <= MAX_RETRY_OUTPUT:
+        return text
+    return f"[... {len(text) - MAX_RETRY_OUTPUT} characters cut]\n" + text[-MAX_RETRY_OUTPUT:]

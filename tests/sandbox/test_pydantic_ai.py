@@ -20,7 +20,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.toolsets import FunctionToolset
 
 from mighty.sandbox import Limits
-from mighty.sandbox.integrations.pydantic_ai import MightyCodeToolset
+from mighty.sandbox.integrations.pydantic_ai import MAX_RETRY_OUTPUT, MightyCodeToolset
 from mighty.trace import ReplayEvent, replay_trace
 
 pytestmark = pytest.mark.slow
@@ -154,3 +154,14 @@ def test_run_code_calls_replay_from_their_traces(interpreter: object, tmp_path: 
     assert report.instances[0].exports == 1
     assert len(exported) == 1
     assert replies == ["[['Lima', 'Oslo', 'Rome'], True]"]
+
+
+def test_long_output_of_a_failed_run_is_cut_for_the_model(interpreter: object) -> None:
+    """The retry prompt shows the end of long output, bounded, with the error."""
+    noisy = "for i in range(5000):\n    print('line', i)\nraise ValueError('at the end')"
+    _, replies, _ = run([noisy, "0"])
+    assert "ValueError: at the end" in replies[0]
+    assert "line 4999" in replies[0]
+    assert "line 10\n" not in replies[0]
+    assert "characters cut]" in replies[0]
+    assert len(replies[0]) < MAX_RETRY_OUTPUT + 2000
