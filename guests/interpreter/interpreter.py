@@ -208,10 +208,13 @@ def _plain(value: object) -> bool:
     return True
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _dumps(value: object, what: str) -> bytes:
     if not _plain(value):
         _check_json(value, what, 0, set())
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -290,7 +293,10 @@ class _ToolLoop(asyncio.BaseEventLoop):
         handle = tools.start(name, payload)
         self.calls[handle] = (name, future)
         future.add_done_callback(functools.partial(self._forget, handle))
-        return _result_of(future)
+        waiter = _result_of(future)
+        # Python's "coroutine ... was never awaited" warning then names the tool.
+        waiter.__name__ = waiter.__qualname__ = name
+        return waiter
 
     def _forget(self, handle: int, future: asyncio.Future[object]) -> None:
         if self.calls.pop(handle, None) is not None and future.cancelled():
