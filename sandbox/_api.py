@@ -66,6 +66,8 @@ from mighty.gate import CallHook, Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
 from mighty.sandbox._tools import (
+    MAX_CONCURRENT_CALLS,
+    MAX_CONCURRENT_CALLS_LIMIT,
     MAX_NESTED_RUNS,
     Tool,
     ToolHost,
@@ -135,7 +137,8 @@ class Limits:
       below what wasmtime copies in one host call (``LIFT_LIMIT``, ~2.7 MB), so any one write
       under it is whole; ``artifact <= output`` means no artifacts;
     - ``tool_calls``: tool calls per run;
-    - ``tool_timeout``: seconds one tool call may take (a ``Tool`` may override it).
+    - ``tool_timeout``: seconds one tool call may take (a ``Tool`` may override it);
+    - ``tool_concurrency``: tool calls of the run's async code in flight at once (more wait).
     """
 
     fuel: int = 10_000_000_000
@@ -144,10 +147,11 @@ class Limits:
     output: int = 1 << 20
     tool_calls: int = 100
     tool_timeout: float = 30.0
+    tool_concurrency: int = MAX_CONCURRENT_CALLS
     artifact: int = 2 << 20
 
     def __post_init__(self) -> None:
-        for name in ("fuel", "memory", "output", "tool_calls", "artifact"):
+        for name in ("fuel", "memory", "output", "tool_calls", "tool_concurrency", "artifact"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
@@ -166,6 +170,11 @@ class Limits:
             )
         if self.output < 0 or self.tool_calls < 0 or self.artifact < 0:
             raise ValueError("Limits.output, Limits.artifact and Limits.tool_calls must be >= 0")
+        if not 1 <= self.tool_concurrency <= MAX_CONCURRENT_CALLS_LIMIT:
+            raise ValueError(
+                f"Limits.tool_concurrency must be in 1..{MAX_CONCURRENT_CALLS_LIMIT}, "
+                f"got {self.tool_concurrency}"
+            )
 
     def replace(self, **changes: Any) -> Limits:
         """A copy with the given fields changed (validated like the original)."""
@@ -434,6 +443,7 @@ class _Live:
             max_calls=limits.tool_calls,
             timeout=limits.tool_timeout,
             background_loop=config.background_loop,
+            concurrency=limits.tool_concurrency,
         )
         self.run_limits = limits
         self.output = _Output(limits.output, limits.artifact, self.host)
@@ -493,12 +503,14 @@ class _Live:
         # Set for every run: a pooled instance's previous run may have had lower ones.
         self.host.max_calls = limits.tool_calls
         self.host.timeout = limits.tool_timeout
+        self.host.concurrency = limits.tool_concurrency
         self.output.reset(on_output, (limits.output, limits.artifact))
         try:
             outcome, usage = self.instance.call_with_usage(
                 "run", code, payload, budget=limits.budget(), cancel=cancel
             )
         except GuestError as exc:
+            self.host.end()
             self.output.finish()
             if isinstance(exc, Cancelled) and exc.signal is not None:
                 # A signal (Ctrl-C) is the host's, not something the code did: the run stopped
@@ -507,8 +519,10 @@ class _Live:
             kind, message = self._failure(exc)
             return self._result(False, None, RunError(kind, message), exc.usage)
         except BaseException:
+            self.host.end()
             self.output.finish()
             raise
+        self.host.end()  # calls the code started and never awaited are cancelled now
         self.output.finish()
         if not outcome["ok"]:
             kind = str(outcome["error-kind"])
@@ -623,7 +637,15 @@ def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: i
         raise BadInput(f"inputs must be JSON-compatible data: {exc}") from None
 
 
-_RUN_LIMIT_FIELDS = ("fuel", "memory", "timeout", "output", "tool_calls", "tool_timeout")
+_RUN_LIMIT_FIELDS = (
+    "fuel",
+    "memory",
+    "timeout",
+    "output",
+    "tool_calls",
+    "tool_timeout",
+    "tool_concurrency",
+)
 
 
 def _check_run_limits(limits: Limits, ceiling: Limits) -> None:
@@ -657,7 +679,10 @@ def _check_nesting() -> None:
 # -- spares ---------------------------------------------------------------------------------
 
 
-_WARM_CODE = 'x = [1, 2.5, "a", {"b": None}]\nresult = x'
+_WARM_CODE = (
+    # The async path too (a tool loop, a timer): code using it then finds its pages written.
+    'import asyncio\nawait asyncio.sleep(0)\nx = [1, 2.5, "a", {"b": None}]\nresult = x'
+)
 _WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
 # Background threads making instances. One: with two, the runs' own thread and both makers
 # share 2 cores, and neither back-to-back latency nor runs/s improved here (load 5-6).
@@ -790,9 +815,19 @@ class _LoopThread:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            # Tool coroutines still running are cancelled (and may clean up) before it stops.
+            asyncio.run_coroutine_threadsafe(_shutdown(loop), loop)
             thread.join(timeout=5)
             loop.close()
+
+
+async def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=2)
+    loop.stop()
 
 
 # -- the public API -------------------------------------------------------------------------

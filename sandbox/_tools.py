@@ -35,6 +35,7 @@ import dataclasses
 import inspect
 import json
 import keyword
+import logging
 import math
 import re
 import threading
@@ -52,11 +53,15 @@ from mighty.engine import SignalShield
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind
 
 __all__ = [
+    "MAX_CONCURRENT_CALLS",
+    "MAX_CONCURRENT_CALLS_LIMIT",
     "MAX_DATA",
     "MAX_DEPTH",
+    "MAX_HELD_DATA",
     "MAX_MESSAGE",
     "MAX_NAME",
     "MAX_NESTED_RUNS",
+    "MAX_RUN_THREADS",
     "MAX_TOOL_THREADS",
     "Tool",
     "ToolsProvider",
@@ -85,9 +90,22 @@ MAX_TOOL_THREADS = 32
 """Worker threads for sync tools, for the whole process. A call that times out leaves its
 thread behind until the tool returns; when every thread is such a hung call, a new call fails at
 once with ``ToolError(kind="busy")``."""
+MAX_RUN_THREADS = 16
+"""Most worker threads one run's sync calls may hold at once (timed-out calls still running
+included), so that no run can take the whole pool: further calls of that run wait for one of
+its threads, or fail at once with ``busy`` when all of them are stuck."""
+MAX_CONCURRENT_CALLS = 16
+"""Default most calls of one run in flight at once (``Limits.tool_concurrency``)."""
+MAX_CONCURRENT_CALLS_LIMIT = 1024
+"""The highest ``Limits.tool_concurrency`` accepted."""
+MAX_HELD_DATA = 32 << 20
+"""Most bytes one run's started calls may hold on the host: arguments of calls waiting for a
+slot, and results the code has not yet received. Past it, a new call fails at once (``busy``)."""
+_MAX_WAIT = 3600.0
 MAX_NESTED_RUNS = 1
 """How deep sandbox runs may nest through tools: a tool may start a run, whose tools may not."""
 _WAIT_SLICE = 0.02
+_log = logging.getLogger("mighty.sandbox")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NESTING: contextvars.ContextVar[int] = contextvars.ContextVar("mighty_sandbox_nesting", default=0)
 
@@ -423,9 +441,12 @@ class StopRun(GuestViolation):
 
 
 class ToolHost:
-    """Per-instance tool state: the registry, the limits, the current run's counters.
+    """Per-instance tool state: the registry, the limits, the current run's counters and calls.
 
-    One ``ToolHost`` is put in ``ctx.state["sandbox.tools"]`` of every sandbox instance.
+    One ``ToolHost`` is put in ``ctx.state["sandbox.tools"]`` of every sandbox instance. Sync
+    calls (``call``) run one at a time; started calls (``start``/``wait``/``cancel``, the guest's
+    async tools) run concurrently, at most ``concurrency`` at once (the rest queue here, in the
+    order started), each under its own timeout. :meth:`end` cancels what a run left in flight.
     """
 
     def __init__(
@@ -435,27 +456,54 @@ class ToolHost:
         max_calls: int,
         timeout: float,
         background_loop: Callable[[], asyncio.AbstractEventLoop],
+        concurrency: int = MAX_CONCURRENT_CALLS,
     ) -> None:
         self.tools = tools
         self.max_calls = max_calls
         self.timeout = timeout
+        self.concurrency = max(1, concurrency)
         self._background_loop = background_loop
         self.spec_json = json.dumps([t.spec() for t in tools.values()])
         self.calls = 0
         self.tool_time = 0.0
+        self.timeouts = 0
         self.stopped: StopRun | None = None
         self.cancel_check: Callable[[], bool] = lambda: False
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._handles = 0  # unique for the life of the instance (a session's runs too)
+        self._flights: dict[int, _Flight] = {}
+        self._queued: collections.deque[_Flight] = collections.deque()
+        self._finished: collections.deque[tuple[_Flight, Ok | Err]] = collections.deque()
+        self._ready: collections.deque[tuple[int, Ok | Err]] = collections.deque()
+        self._running = 0
+        self._held = 0  # bytes of queued calls' arguments and undelivered results
+        self._threads = 0  # this run's sync calls holding a worker thread (stuck ones too)
 
     def begin(
         self, cancel_check: Callable[[], bool], loop: asyncio.AbstractEventLoop | None
     ) -> None:
         """Reset the counters for a new run."""
+        self.end()
         self.calls = 0
         self.tool_time = 0.0
+        self.timeouts = 0
         self.stopped = None
         self.cancel_check = cancel_check
         self.loop = loop
+
+    def end(self) -> None:
+        """The run is over: cancel its calls still queued or in flight, drop undelivered ones."""
+        with self._cond:
+            flights = list(self._flights.values())
+            self._flights.clear()
+            self._queued.clear()
+            self._finished.clear()
+            self._ready.clear()
+            self._running = 0
+            self._held = 0
+        for flight in flights:
+            flight.abandon()
 
     def stop(self, kind: str, message: str) -> StopRun:
         """Remember why the run must end, and return the exception that ends it."""
@@ -464,7 +512,8 @@ class ToolHost:
             self.stopped = stop
         return stop
 
-    def call(self, ctx: GuestContext, name: str, payload: bytes) -> Ok | Err:
+    def _prepare(self, name: str, payload: bytes) -> tuple[Tool, inspect.BoundArguments] | Err:
+        """Look the tool up, count the call, bind its arguments (raises StopRun to end the run)."""
         if len(name) > MAX_NAME:
             # Refused by length: repr() of a 50-million-character name would be 200 MB.
             raise self.stop(
@@ -483,10 +532,21 @@ class ToolHost:
             return decoded
         args, kwargs = decoded
         try:
-            bound = tool.bind(args, kwargs)
+            return tool, tool.bind(args, kwargs)
         except (TypeError, InvalidArgument) as exc:
             return _err("invalid_arguments", _safe_text(exc, MAX_MESSAGE))
-        timeout = tool.timeout if tool.timeout is not None else self.timeout
+
+    def _timeout(self, tool: Tool) -> float:
+        return tool.timeout if tool.timeout is not None else self.timeout
+
+    # -- sync calls -------------------------------------------------------------------------
+
+    def call(self, ctx: GuestContext, name: str, payload: bytes) -> Ok | Err:
+        prepared = self._prepare(name, payload)
+        if isinstance(prepared, Err):
+            return prepared
+        tool, bound = prepared
+        timeout = self._timeout(tool)
         started = time.monotonic()
         pause = ctx.state.get("budget.pause")
         interrupt = ctx.state.get("wasi.io.interrupt")
@@ -508,26 +568,62 @@ class ToolHost:
         interrupt: Callable[[], None] | None,
     ) -> Ok | Err:
         depth = _NESTING.get() + 1
-        future: concurrent.futures.Future[Ok | Err]
         if tool.is_async:
             loop = self.loop if self.loop is not None else self._background_loop()
             future = asyncio.run_coroutine_threadsafe(_run_async(tool, bound, depth), loop)
-        else:
-            started = _WORKERS.submit(tool, bound, depth)
-            if started is None:
-                return _err(
-                    "busy",
-                    f"{tool.name}() was not started: all {MAX_TOOL_THREADS} tool threads are "
-                    "stuck in calls that timed out",
-                )
-            future = started
-        signalled: list[int] = []
-        # A Ctrl-C on the main thread while a tool works is noticed now, not when the tool
-        # returns: the budget's own listener records it, and interrupt() then raises.
+            signalled: list[int] = []
+            # A Ctrl-C on the main thread while a tool works is noticed now, not when the tool
+            # returns: the budget's own listener records it, and interrupt() then raises.
+            with SignalShield(signalled.append):
+                return self._wait_future(tool, future, timeout, interrupt, signalled)
+        with self._cond:
+            if self._threads >= MAX_RUN_THREADS:
+                return self._busy(tool)
+            self._threads += 1
+        job = _WORKERS.submit(tool, bound, depth, self._thread_done)
+        if job is None:
+            self._thread_done()
+            return self._busy(tool)
+        deadline = time.monotonic() + timeout
+        if job.done.acquire(timeout=min(timeout, _WAIT_SLICE)):  # the common case: one wait
+            return job.outcome
+        signalled = []
         with SignalShield(signalled.append):
-            return self._wait(tool, future, timeout, interrupt, signalled)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._abandoned(job)
+                    return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
+                if job.done.acquire(timeout=min(left, _WAIT_SLICE)):
+                    return job.outcome
+                if (signalled or self.cancel_check()) and interrupt is not None:
+                    self._abandoned(job)
+                    interrupt()  # raises: the run was cancelled while the tool worked
 
-    def _wait(
+    def _busy(self, tool: Tool) -> Err:
+        return _err(
+            "busy",
+            f"{tool.name}() was not started: this run's {MAX_RUN_THREADS} tool threads (or "
+            f"all {MAX_TOOL_THREADS} of the process) are stuck in calls that timed out",
+        )
+
+    def _thread_done(self) -> None:
+        with self._cond:
+            self._threads -= 1
+            self._cond.notify_all()
+
+    def _abandoned(self, job: _Job) -> None:
+        if _WORKERS.abandon(job):
+            self.timeouts += 1
+            _log.warning(
+                "sandbox tool %s() timed out and is still running on its thread "
+                "(%d of %d tool threads are stuck)",
+                job.tool.name,
+                _WORKERS.stuck(),
+                MAX_TOOL_THREADS,
+            )
+
+    def _wait_future(
         self,
         tool: Tool,
         future: concurrent.futures.Future[Ok | Err],
@@ -539,19 +635,271 @@ class ToolHost:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                _WORKERS.abandon(future)
+                future.cancel()
                 return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
             try:
                 return future.result(timeout=min(left, _WAIT_SLICE))
             except concurrent.futures.TimeoutError:
                 if (signalled or self.cancel_check()) and interrupt is not None:
-                    _WORKERS.abandon(future)
+                    future.cancel()
                     interrupt()  # raises: the run was cancelled while the tool worked
                 continue
             except concurrent.futures.CancelledError:
                 return _err("cancelled", f"{tool.name}() was cancelled")
             except BaseException as exc:  # noqa: BLE001 - Ctrl-C/exit let through on a main loop
                 return _err("interrupted", f"{tool.name}() was interrupted: {type(exc).__name__}")
+
+    # -- started calls (the guest's async tools) ---------------------------------------------
+
+    def start(self, name: str, payload: bytes) -> int:
+        """Start a call; its outcome waits in :meth:`wait`. Returns the call's handle."""
+        prepared = self._prepare(name, payload)
+        self._handles += 1
+        handle = self._handles
+        with self._cond:
+            if isinstance(prepared, Err):
+                self._put_ready(handle, prepared)
+                return handle
+            tool, bound = prepared
+            if self._held + len(payload) > MAX_HELD_DATA:
+                self._put_ready(
+                    handle,
+                    _err(
+                        "busy",
+                        f"{name}() was not started: the run's calls waiting to start and results "
+                        f"waiting to be awaited hold more than {MAX_HELD_DATA} bytes",
+                    ),
+                )
+                return handle
+            flight = _Flight(self, handle, tool, bound, _NESTING.get() + 1)
+            flight.size = len(payload)
+            self._held += flight.size
+            self._flights[handle] = flight
+            self._queued.append(flight)
+            launch = self._pump()
+        self._launch(launch)
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        """The guest gave up on ``handle``: stop its tool if it runs, forget it otherwise."""
+        with self._cond:
+            flight = self._flights.pop(handle, None)
+            if flight is None:
+                return
+            if flight in self._queued:
+                self._queued.remove(flight)
+                self._held -= flight.size
+            elif flight.started is not None:
+                self._running -= 1
+            launch = self._pump()
+        flight.abandon()
+        self._launch(launch)
+
+    def wait(self, ctx: GuestContext, timeout_ns: int | None) -> list[dict[str, Any]]:
+        """Finished calls in delivery order; waits (up to ``timeout_ns``) until there is one."""
+        interrupt = ctx.state.get("wasi.io.interrupt")
+        now = time.monotonic()
+        until = None if timeout_ns is None else now + min(timeout_ns / 1e9, _MAX_WAIT)
+        with self._cond:
+            launch = self._pump()
+        self._launch(launch)
+        if self._ready or not self._flights:
+            return self._deliver(until, interrupt)
+        pause = ctx.state.get("budget.pause")
+        started = time.monotonic()
+        signalled: list[int] = []
+        try:
+            with SignalShield(signalled.append):
+                if pause is not None:
+                    with pause():
+                        self._await_any(until, interrupt, signalled)
+                else:
+                    self._await_any(until, interrupt, signalled)
+        finally:
+            self.tool_time += time.monotonic() - started
+        return self._deliver(None, interrupt)
+
+    def _await_any(
+        self,
+        until: float | None,
+        interrupt: Callable[[], None] | None,
+        signalled: list[int],
+    ) -> None:
+        """Sleep until a call finishes, one times out, ``until`` passes or the run is stopped."""
+        while True:
+            now = time.monotonic()
+            with self._cond:
+                launch = self._pump()
+                if not launch:
+                    if self._ready or not self._flights or (until is not None and now >= until):
+                        return
+                    wake = min(
+                        (f.deadline for f in self._flights.values() if f.started is not None),
+                        default=now + _WAIT_SLICE,
+                    )
+                    if until is not None:
+                        wake = min(wake, until)
+                    self._cond.wait(max(0.0, min(wake - now, _WAIT_SLICE)))
+            self._launch(launch)
+            if (signalled or self.cancel_check()) and interrupt is not None:
+                self.end()
+                interrupt()  # raises: the run was cancelled while its tools worked
+            self._expire()
+
+    def _deliver(
+        self, until: float | None, interrupt: Callable[[], None] | None
+    ) -> list[dict[str, Any]]:
+        if until is not None and not self._ready and not self._flights:
+            # Nothing in flight: a plain sleep of the guest's loop, under the run's deadline.
+            while (left := until - time.monotonic()) > 0:
+                time.sleep(min(left, _WAIT_SLICE))
+                if interrupt is not None:
+                    interrupt()
+        out: list[dict[str, Any]] = []
+        size = 0
+        with self._cond:
+            while self._ready:
+                handle, outcome = self._ready[0]
+                weight = _weight(outcome)
+                if out and size + weight > MAX_DATA:
+                    break  # the rest on the next wait: one answer stays within MAX_DATA
+                self._ready.popleft()
+                self._held -= weight
+                size += weight
+                out.append({"handle": handle, "outcome": outcome})
+        return out
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            late = [
+                f for f in self._flights.values() if f.started is not None and f.deadline <= now
+            ]
+        for flight in late:
+            message = f"{flight.tool.name}() did not return within {flight.timeout:g} s"
+            self._finish(flight, _err("timeout", message))  # first: abandoning may finish it
+            flight.abandon()
+
+    def _finish(self, flight: _Flight, outcome: Ok | Err) -> None:
+        """A call ended (from any thread): hand its outcome to the guest's next wait."""
+        with self._cond:
+            if self._flights.get(flight.handle) is not flight:
+                return  # cancelled, timed out or from an earlier run: nobody waits for it
+            del self._flights[flight.handle]
+            self._running -= 1
+            self._put_ready(flight.handle, outcome)
+            self._cond.notify_all()
+
+    def _put_ready(self, handle: int, outcome: Ok | Err) -> None:
+        """Under the lock: ``outcome`` waits for the guest's next wait (and counts as held)."""
+        self._ready.append((handle, outcome))
+        self._held += _weight(outcome)
+
+    def _pump(self) -> list[_Flight]:
+        """Queued calls that may start now (under the lock); the caller launches them."""
+        launch: list[_Flight] = []
+        while self._queued and self._running < self.concurrency:
+            flight = self._queued[0]
+            if not flight.tool.is_async and self._threads >= MAX_RUN_THREADS:
+                flights = self._flights.values()
+                if any(f.started is not None and not f.tool.is_async for f in flights):
+                    break  # waits for one of this run's threads to come back
+                # Every thread of this run is stuck in a call that timed out.
+                self._queued.popleft()
+                self._held -= flight.size
+                del self._flights[flight.handle]
+                self._put_ready(flight.handle, self._busy(flight.tool))
+                continue
+            self._queued.popleft()
+            self._held -= flight.size
+            self._running += 1
+            if not flight.tool.is_async:
+                self._threads += 1
+            flight.started = time.monotonic()
+            flight.deadline = flight.started + self._timeout(flight.tool)
+            launch.append(flight)
+        return launch
+
+    def _launch(self, flights: list[_Flight]) -> None:
+        for flight in flights:
+            if flight.tool.is_async:
+                loop = self.loop if self.loop is not None else self._background_loop()
+                coro = _run_async(flight.tool, flight.bound, flight.depth)
+                future = asyncio.run_coroutine_threadsafe(coro, loop)
+                flight.future = future
+                future.add_done_callback(flight.async_done)
+            else:
+                # `then` is set before the job is handed over: it may finish at once.
+                job = _WORKERS.submit(
+                    flight.tool, flight.bound, flight.depth, self._thread_done, flight.sync_done
+                )
+                if job is None:
+                    self._thread_done()
+                    self._finish(flight, self._busy(flight.tool))
+                    continue
+                flight.job = job
+
+
+class _Flight:
+    """One started call of a run: queued, then running (on the tools' loop or a worker)."""
+
+    __slots__ = (
+        "bound",
+        "deadline",
+        "depth",
+        "future",
+        "handle",
+        "host",
+        "job",
+        "size",
+        "started",
+        "tool",
+    )
+
+    def __init__(
+        self, host: ToolHost, handle: int, tool: Tool, bound: inspect.BoundArguments, depth: int
+    ) -> None:
+        self.host = host
+        self.handle = handle
+        self.tool = tool
+        self.bound = bound
+        self.depth = depth
+        self.started: float | None = None
+        self.deadline = math.inf
+        self.future: concurrent.futures.Future[Ok | Err] | None = None
+        self.job: _Job | None = None
+        self.size = 0
+
+    @property
+    def timeout(self) -> float:
+        return self.host._timeout(self.tool)
+
+    def abandon(self) -> None:
+        if self.future is not None:
+            self.future.cancel()  # cancels the tool's task on its loop
+        if self.job is not None:
+            self.host._abandoned(self.job)
+
+    def async_done(self, future: concurrent.futures.Future[Ok | Err]) -> None:
+        if future.cancelled():
+            outcome: Ok | Err = _err("cancelled", f"{self.tool.name}() was cancelled")
+        else:
+            try:
+                outcome = future.result()
+            except BaseException as exc:  # noqa: BLE001 - Ctrl-C/exit let through on a main loop
+                outcome = _err(
+                    "interrupted", f"{self.tool.name}() was interrupted: {type(exc).__name__}"
+                )
+        self.host._finish(self, outcome)
+
+    def sync_done(self, outcome: Ok | Err) -> None:
+        self.host._finish(self, outcome)
+
+
+def _weight(outcome: Ok | Err) -> int:
+    if isinstance(outcome, Ok):
+        return len(outcome.value) + 16
+    return len(outcome.value["message"]) * 4 + 64
 
 
 async def _run_async(tool: Tool, bound: inspect.BoundArguments, depth: int) -> Ok | Err:
@@ -597,13 +945,23 @@ def _call_sync(tool: Tool, bound: inspect.BoundArguments, depth: int) -> Ok | Er
 
 
 class _Job:
-    __slots__ = ("bound", "depth", "future", "tool")
+    """One sync call on a worker. ``done`` is released when ``outcome`` is set; ``then`` (if
+    set) receives the outcome on the worker; ``release`` frees the caller's thread share."""
 
-    def __init__(self, tool: Tool, bound: inspect.BoundArguments, depth: int) -> None:
+    __slots__ = ("bound", "depth", "done", "outcome", "release", "state", "then", "tool")
+
+    def __init__(
+        self, tool: Tool, bound: inspect.BoundArguments, depth: int, release: Callable[[], None]
+    ) -> None:
         self.tool = tool
         self.bound = bound
         self.depth = depth
-        self.future: concurrent.futures.Future[Ok | Err] = concurrent.futures.Future()
+        self.release = release
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.outcome: Ok | Err = _err("cancelled", f"{tool.name}() was cancelled")
+        self.then: Callable[[Ok | Err], None] | None = None
+        self.state = "queued"  # then "running", "stuck" (abandoned while running), "over"
 
 
 class _Workers:
@@ -611,67 +969,100 @@ class _Workers:
 
     A job whose caller gave up (timeout, cancel) while it ran is *stuck*: its thread is busy
     until the tool returns. When all ``size`` threads are stuck, ``submit`` says no at once;
-    otherwise a job waits its turn (under its caller's timeout).
+    otherwise a job waits its turn (under its caller's timeout). Each idle thread waits on a
+    lock of its own, and a job is handed to one directly: a call costs two lock releases.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queue: collections.deque[_Job] = collections.deque()
+        self._idle: list[list[Any]] = []  # [wake lock, job] of each idle thread
         self._threads = 0
-        self._idle = 0
-        self._running: dict[concurrent.futures.Future[Ok | Err], bool] = {}
+        self._stuck = 0
 
     def submit(
-        self, tool: Tool, bound: inspect.BoundArguments, depth: int
-    ) -> concurrent.futures.Future[Ok | Err] | None:
-        with self._cond:
-            if sum(self._running.values()) >= self.size:
+        self,
+        tool: Tool,
+        bound: inspect.BoundArguments,
+        depth: int,
+        release: Callable[[], None],
+        then: Callable[[Ok | Err], None] | None = None,
+    ) -> _Job | None:
+        job = _Job(tool, bound, depth, release)
+        job.then = then
+        with self._lock:
+            if self._stuck >= self.size:
                 return None
-            job = _Job(tool, bound, depth)
-            self._queue.append(job)
-            if self._idle >= len(self._queue):
-                self._cond.notify()
-            elif self._threads < self.size:
+            slot = self._idle.pop() if self._idle else None
+            if slot is not None:
+                # Handed over: the thread is the job's from now on (abandoning it marks it stuck).
+                job.state = "running"
+                slot[1] = job
+            else:
+                self._queue.append(job)
+            if self._threads < self.size:
                 self._threads += 1
                 threading.Thread(target=self._work, name="mighty-tool", daemon=True).start()
-            return job.future
+        if slot is not None:
+            slot[0].release()  # outside the lock, which the woken thread takes at the end
+        return job
 
-    def abandon(self, future: concurrent.futures.Future[Ok | Err]) -> None:
-        """The caller gave up on ``future``: cancel it if it has not started, else mark it."""
-        if future.cancel():
-            return
-        with self._cond:
-            if future in self._running:
-                self._running[future] = True
+    def abandon(self, job: _Job) -> bool:
+        """The caller gave up on ``job``. Returns True when it is left running (stuck)."""
+        with self._lock:
+            if job.state == "running":
+                job.state = "stuck"
+                self._stuck += 1
+                return True
+            if job.state != "queued":
+                return False
+            if job in self._queue:  # else it was handed to a thread, which will skip it
+                self._queue.remove(job)
+            job.state = "over"
+        job.release()
+        return False
 
     def stuck(self) -> int:
         """How many threads are in calls their callers gave up on."""
-        with self._cond:
-            return sum(self._running.values())
+        with self._lock:
+            return self._stuck
 
     def threads(self) -> int:
         """How many worker threads exist."""
-        with self._cond:
+        with self._lock:
             return self._threads
 
     def _work(self) -> None:
+        wake = threading.Lock()
+        wake.acquire()
+        slot: list[Any] = [wake, None]
         while True:
-            with self._cond:
-                while not self._queue:
-                    self._idle += 1
-                    self._cond.wait()
-                    self._idle -= 1
-                job = self._queue.popleft()
-                if not job.future.set_running_or_notify_cancel():
-                    continue
-                self._running[job.future] = False
-            try:
-                outcome = _call_sync(job.tool, job.bound, job.depth)
-            finally:
-                with self._cond:
-                    del self._running[job.future]
-            job.future.set_result(outcome)
+            with self._lock:
+                job: _Job | None = None
+                while self._queue and job is None:
+                    job = self._queue.popleft()
+                    if job.state != "queued":
+                        job = None  # abandoned while it waited
+                    else:
+                        job.state = "running"
+                if job is None:
+                    self._idle.append(slot)
+            if job is None:
+                wake.acquire()
+                job, slot[1] = slot[1], None
+                assert job is not None
+            outcome = _call_sync(job.tool, job.bound, job.depth)
+            with self._lock:
+                if job.state == "stuck":
+                    self._stuck -= 1
+                job.state = "over"
+            job.outcome = outcome
+            then = job.then
+            job.release()
+            job.done.release()
+            if then is not None:
+                then(outcome)
 
 
 _WORKERS = _Workers(MAX_TOOL_THREADS)
@@ -773,6 +1164,9 @@ class ToolsProvider:
     def bindings(self) -> Iterable[Binding]:
         yield Binding(INTERFACE, "list-tools", _list_tools)
         yield Binding(INTERFACE, "call", _call)
+        yield Binding(INTERFACE, "start", _start)
+        yield Binding(INTERFACE, "wait", _wait)
+        yield Binding(INTERFACE, "cancel", _cancel)
 
     def setup(self, ctx: GuestContext) -> None:
         ctx.state.setdefault("sandbox.tools", None)
@@ -792,3 +1186,15 @@ def _list_tools(ctx: GuestContext) -> str:
 
 def _call(ctx: GuestContext, name: str, payload: bytes) -> Ok | Err:
     return _host(ctx).call(ctx, name, bytes(payload))
+
+
+def _start(ctx: GuestContext, name: str, payload: bytes) -> int:
+    return _host(ctx).start(name, bytes(payload))
+
+
+def _wait(ctx: GuestContext, timeout_ns: int | None) -> list[dict[str, Any]]:
+    return _host(ctx).wait(ctx, timeout_ns)
+
+
+def _cancel(ctx: GuestContext, handle: int) -> None:
+    _host(ctx).cancel(handle)

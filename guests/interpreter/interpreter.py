@@ -71,6 +71,45 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.imports import tools
 
+
+def _socket_constant(name: str) -> int:
+    if name.isupper():
+        return 0
+    raise AttributeError(name)
+
+
+def _import_asyncio() -> types.ModuleType:
+    """asyncio, without bundling ``socket`` or ``subprocess`` into the interpreter.
+
+    asyncio imports both at its top for its network and process APIs, which cannot work here
+    (no sockets are granted, WASI cannot fork). Stand-ins with the few constants asyncio reads
+    while importing take their place for that import and are removed after it, so user code's
+    ``import socket`` is still a ``ModuleNotFoundError`` and no ``socket`` or ``Popen`` class
+    exists in the interpreter.
+    """
+    socket_stub = types.ModuleType("socket")
+    socket_stub.socket = None  # type: ignore[attr-defined]
+    # Constants (AF_*, SOCK_*...) appear in asyncio's default arguments; none is ever used.
+    socket_stub.__getattr__ = _socket_constant  # type: ignore[attr-defined]
+    subprocess_stub = types.ModuleType("subprocess")
+    subprocess_stub.PIPE, subprocess_stub.STDOUT, subprocess_stub.DEVNULL = -1, -2, -3  # type: ignore[attr-defined]
+    stubs = {"socket": socket_stub, "subprocess": subprocess_stub}
+    saved = {name: sys.modules.get(name) for name in stubs}
+    sys.modules.update(stubs)
+    try:
+        import asyncio  # imported here, under the stand-ins
+
+        return asyncio
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+asyncio = _import_asyncio()
+
 _FILENAME = "<sandbox>"
 _MAX_DEPTH = 200
 _MAX_TOOL_DATA = 1 << 20  # the host's limit too; far more would trap in wasmtime's copy
@@ -136,9 +175,46 @@ def _check_json(value: object, path: str, depth: int, active: set[int]) -> None:
     )
 
 
+_MAX_PLAIN_ITEMS = 1 << 17
+
+
+def _plain(value: object) -> bool:
+    """A quick check that ``value`` is plain JSON data (exact builtin types, str keys, finite
+    floats, not too deep, not too many items). False means: ask ``_check_json``, which explains
+    what is wrong (or accepts the value after all: subclasses, large values)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is float:
+            if not math.isfinite(item):  # type: ignore[arg-type]
+                return False
+            continue
+        seen += 1
+        if depth >= _MAX_DEPTH or seen > _MAX_PLAIN_ITEMS:
+            return False  # a cycle ends here too
+        if kind is list or kind is tuple:
+            stack.extend((x, depth + 1) for x in item)  # type: ignore[attr-defined]
+        elif kind is dict:
+            for key, x in item.items():  # type: ignore[attr-defined]
+                if type(key) is not str:
+                    return False
+                stack.append((x, depth + 1))
+        else:
+            return False
+    return True
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _dumps(value: object, what: str) -> bytes:
-    _check_json(value, what, 0, set())
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    if not _plain(value):
+        _check_json(value, what, 0, set())
+    return _ENCODER.encode(value).encode()
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -146,7 +222,7 @@ def _dumps(value: object, what: str) -> bytes:
 _tool_specs: list[dict[str, object]] | None = None
 
 
-def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> object:
+def _encode_call(name: str, args: list[object], kwargs: dict[str, object]) -> bytes:
     try:
         payload = _dumps({"args": args, "kwargs": kwargs}, f"the arguments of {name}()")
     except _NotJson as exc:
@@ -157,12 +233,111 @@ def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> obje
             "too_large",
             f"the arguments are {len(payload)} bytes; the limit is {_MAX_TOOL_DATA}",
         )
+    return payload
+
+
+def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> object:
+    payload = _encode_call(name, args, kwargs)
     try:
         answer = tools.call(name, payload)
     except Err as failure:
         error = failure.value
         raise ToolError(name, error.kind, error.message) from None
     return json.loads(answer)
+
+
+# -- async tools ----------------------------------------------------------------------------
+# The guest has no threads, so concurrency lives in the host: `tools.start` begins a call and
+# returns its handle at once; `tools.wait` blocks until at least one started call has finished
+# (or a timeout passes) and returns the finished ones in the order the guest receives them. A
+# small asyncio event loop drives this: its selector's `select(timeout)` is `tools.wait`, and
+# each completion resolves the future of its handle. Replay is exact because every `wait`
+# answer (which calls, in which order) is an import result the trace records.
+
+
+class _Waiter:
+    """The loop's selector: waiting for I/O is waiting for tool calls to finish."""
+
+    def __init__(self, loop: "_ToolLoop") -> None:
+        self.loop = loop
+
+    def select(self, timeout: float | None) -> list[object]:
+        if not self.loop.calls:
+            if timeout is None:
+                raise RuntimeError(
+                    "the event loop would wait forever: no tool call is in flight and "
+                    "nothing is scheduled"
+                )
+            if timeout > 0:
+                time.sleep(timeout)
+            return []
+        nanos = None if timeout is None else max(0, int(timeout * 1e9))
+        return list(tools.wait(nanos))
+
+    def close(self) -> None:
+        pass
+
+
+class _ToolLoop(asyncio.BaseEventLoop):
+    """The event loop of sandboxed code: timers and callbacks as usual, I/O is tool calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[int, tuple[str, asyncio.Future[object]]] = {}
+        self._selector = _Waiter(self)
+
+    def start_call(self, name: str, args: list[object], kwargs: dict[str, object]) -> object:
+        """Start tool ``name`` now; return a coroutine that waits for its result."""
+        payload = _encode_call(name, args, kwargs)
+        future: asyncio.Future[object] = self.create_future()
+        handle = tools.start(name, payload)
+        self.calls[handle] = (name, future)
+        future.add_done_callback(functools.partial(self._forget, handle))
+        waiter = _result_of(future)
+        # Python's "coroutine ... was never awaited" warning then names the tool.
+        waiter.__name__ = waiter.__qualname__ = name
+        return waiter
+
+    def _forget(self, handle: int, future: asyncio.Future[object]) -> None:
+        if self.calls.pop(handle, None) is not None and future.cancelled():
+            tools.cancel(handle)
+
+    def _process_events(self, event_list: list[object]) -> None:
+        for done in event_list:
+            entry = self.calls.get(done.handle)  # type: ignore[attr-defined]
+            if entry is None or entry[1].done():
+                continue
+            name, future = entry
+            outcome = done.outcome  # type: ignore[attr-defined]
+            if isinstance(outcome, Err):
+                future.set_exception(ToolError(name, outcome.value.kind, outcome.value.message))
+            else:
+                future.set_result(json.loads(outcome.value))
+
+    def _write_to_self(self) -> None:
+        pass  # no other thread can wake this loop
+
+    def close(self) -> None:
+        for handle in list(self.calls):
+            tools.cancel(handle)
+        self.calls.clear()
+        super().close()
+
+
+async def _result_of(future: asyncio.Future[object]) -> object:
+    return await future
+
+
+def _run_main(main: typing.Coroutine[object, object, object]) -> object:
+    """``asyncio.run`` on a fresh tool loop, for code with top-level ``await``."""
+    with asyncio.Runner(loop_factory=_ToolLoop) as runner:
+        return runner.run(main)
+
+
+# `asyncio.run()`, `asyncio.new_event_loop()` and `asyncio.Runner()` in user code make tool loops:
+# the default loop needs a socket pair, which this interpreter does not have.
+asyncio.events.new_event_loop = _ToolLoop  # type: ignore[assignment]
+asyncio.new_event_loop = _ToolLoop  # type: ignore[assignment]
 
 
 def _stub(spec: dict[str, object]) -> object:
@@ -196,15 +371,46 @@ def _stub(spec: dict[str, object]) -> object:
         collect.append(f"({pname!r}, {kind!r}, {pname})")
     if params and all(p["kind"] == "POSITIONAL_ONLY" for p in params):
         pieces.append("/")
-    source = (
+    source = _direct_source(name, params, pieces) or (
         f"def {name}({', '.join(pieces)}):\n    return _invoke({name!r}, [{', '.join(collect)}])\n"
     )
-    scope: dict[str, object] = {"_MISSING": _MISSING, "_invoke": _invoke}
+    scope: dict[str, object] = {"_MISSING": _MISSING, "_invoke": _invoke, "_dispatch": _dispatch}
     exec(compile(source, f"<tool {name}>", "exec"), scope)  # noqa: S102 - names were checked
     func = scope[name]
     func.__doc__ = str(spec.get("doc") or "")  # type: ignore[attr-defined]
     func.__module__ = "tools"  # type: ignore[attr-defined]
     return func
+
+
+def _direct_source(name: str, params: list[dict[str, str]], pieces: list[str]) -> str | None:
+    """The stub's source when its call needs no sorting out at run time: positional parameters
+    without defaults and keyword-only ones (the common case, and pydantic-ai's). Else None."""
+    positional: list[str] = []
+    keywords: list[str] = []
+    optional: list[str] = []
+    for param in params:
+        pname, kind = param["name"], param["kind"]
+        if kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and "default" not in param:
+            positional.append(pname)
+        elif kind == "KEYWORD_ONLY":
+            keywords.append(f"{pname!r}: {pname}")
+            if "default" in param:
+                optional.append(pname)
+        else:
+            return None
+    lines = [f"def {name}({', '.join(pieces)}):"]
+    lines.append(f"    _mighty_kw = {{{', '.join(keywords)}}}")
+    lines.extend(f"    if {o} is _MISSING:\n        del _mighty_kw[{o!r}]" for o in optional)
+    lines.append(f"    return _dispatch({name!r}, [{', '.join(positional)}], _mighty_kw)")
+    return "\n".join(lines) + "\n"
+
+
+def _dispatch(name: str, args: list[object], kwargs: dict[str, object]) -> object:
+    loop = asyncio._get_running_loop()
+    if isinstance(loop, _ToolLoop):
+        # Inside async code: start the call now, let the caller await it.
+        return loop.start_call(name, args, kwargs)
+    return _call_tool(name, args, kwargs)
 
 
 def _invoke(name: str, bound: list[tuple[str, str, object]]) -> object:
@@ -222,7 +428,7 @@ def _invoke(name: str, bound: list[tuple[str, str, object]]) -> object:
             args.append(value)
         else:
             kwargs[pname] = value
-    return _call_tool(name, args, kwargs)
+    return _dispatch(name, args, kwargs)
 
 
 def _tools() -> dict[str, object]:
@@ -257,15 +463,42 @@ def _failure(kind: str, message: str, trace: str = "") -> wit_world.Outcome:
 
 
 def _execute(code: str, scope: dict[str, object]) -> object:
-    """Run ``code`` in ``scope``; return ``result`` if it set one, else its last expression."""
+    """Run ``code`` in ``scope``; return ``result`` if it set one, else its last expression.
+
+    Code with a top-level ``await`` (or ``async for``/``async with``) runs as a coroutine on a
+    tool loop, where tool calls are awaitable.
+    """
     tree = ast.parse(code, _FILENAME, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, _FILENAME, "exec"), scope)  # noqa: S102 - running code is the job
-    value = eval(compile(last, _FILENAME, "eval"), scope) if last is not None else None  # noqa: S307
+    body = compile(tree, _FILENAME, "exec", flags=_TOP_LEVEL_AWAIT)
+    tail = compile(last, _FILENAME, "eval", flags=_TOP_LEVEL_AWAIT) if last is not None else None
+    if (body.co_flags | (tail.co_flags if tail is not None else 0)) & _CO_COROUTINE:
+        value = _run_main(_main(body, tail, scope))
+    else:
+        exec(body, scope)  # noqa: S102 - running code is the job
+        value = eval(tail, scope) if tail is not None else None  # noqa: S307
     if "result" in scope:
         return scope["result"]
+    return value
+
+
+_TOP_LEVEL_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE: the code object awaits
+
+
+async def _main(
+    body: types.CodeType, tail: types.CodeType | None, scope: dict[str, object]
+) -> object:
+    started = eval(body, scope)  # noqa: S307 - a coroutine when the body awaits
+    if body.co_flags & _CO_COROUTINE:
+        await started
+    if tail is None:
+        return None
+    value = eval(tail, scope)  # noqa: S307
+    if tail.co_flags & _CO_COROUTINE:
+        value = await value
     return value
 
 
