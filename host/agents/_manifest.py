@@ -41,7 +41,7 @@ from mighty.budget import Budget
 from mighty.engine import Component
 from mighty.wasi import Policy
 
-__all__ = ["Manifest", "load_manifest"]
+__all__ = ["Manifest", "agent_types", "load_manifest", "supervisor_spec"]
 
 _UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
 _UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
@@ -126,6 +126,8 @@ class Manifest(_Model):
     agents: dict[str, AgentTypeModel]
     supervisor: SupervisorModel = SupervisorModel()
     start: list[StartModel] = []
+    cluster: dict[str, Any] | None = None
+    """The ``[cluster]`` block, validated by ``mighty.cluster`` (``mty node``), not here."""
 
 
 ChildModel.model_rebuild()

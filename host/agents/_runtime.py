@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import cbor2
 from pydantic import ValidationError
@@ -86,7 +86,7 @@ from mighty.gate import Binding, Gate, GuestContext, ResourceKind
 from mighty.instance import Instance
 from mighty.wasi import CaptureOutput, WasiProvider
 
-__all__ = ["AgentProcess", "AgentStats", "Runtime"]
+__all__ = ["AgentProcess", "AgentStats", "RemoteRouter", "Runtime"]
 
 _BATCH = 16
 _INTERFACE = "mighty:agent/host"
@@ -103,6 +103,40 @@ def encode_body(body: Any) -> bytes:
 
 def decode_body(data: bytes | None) -> Any:
     return None if not data else cbor2.loads(data)
+
+
+class RemoteRouter(Protocol):
+    """Where messages to other nodes go: installed by a layer above (``mighty.cluster``).
+
+    The runtime consults it only for an address it does not hold itself (no local agent or
+    name by that address), so agents never import the cluster and a runtime without a router
+    behaves as before. ``route`` returns the local form of an address that names this node
+    (``node:type:pid`` -> ``type:pid``), or None when another node handles it; ``send`` and
+    ``ask`` then carry the message there, with the same errors as a local one (``ask``'s
+    future fails with the AgentError the remote side raised, or AskTimeout). ``claim`` and
+    ``release`` make a registered name cluster-wide (``claim`` raises BadSpawn on a clash).
+    """
+
+    def route(self, address: str) -> str | None: ...
+
+    def send(
+        self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None
+    ) -> None: ...
+
+    def ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        *,
+        sender: str,
+        timeout: float,
+        chain: tuple[str, ...],
+    ) -> Future[bytes | None]: ...
+
+    def claim(self, name: str, address: str) -> None: ...
+
+    def release(self, name: str, address: str) -> None: ...
 
 
 @dataclass
@@ -499,6 +533,8 @@ class Runtime:
         # Agents buried (stopped for good), kept for reports of what they did and left undone.
         self._retired: deque[AgentProcess] = deque(maxlen=_EVENTS_KEPT)
         self._closing = False
+        self.router: RemoteRouter | None = None
+        """Consulted for addresses this runtime does not hold (see RemoteRouter)."""
 
     @property
     def closing(self) -> bool:
@@ -550,6 +586,8 @@ class Runtime:
             if name is not None:
                 self._names[name] = address
         try:
+            if name is not None and self.router is not None:
+                self.router.claim(name, address)
             process.start()
         except BaseException:
             self._forget(process)
@@ -576,8 +614,27 @@ class Runtime:
     def _forget(self, process: AgentProcess) -> None:
         with self._lock:
             self._agents.pop(process.address, None)
-            if process.name is not None and self._names.get(process.name) == process.address:
-                del self._names[process.name]
+            named = process.name is not None and self._names.get(process.name) == process.address
+            if named:
+                del self._names[process.name]  # type: ignore[arg-type]
+        router = self.router
+        if named and router is not None:
+            assert process.name is not None
+            try:
+                router.release(process.name, process.address)
+            except Exception:  # noqa: BLE001 -- a name left behind expires with its node
+                _log.exception("releasing the name %r failed", process.name)
+
+    def _remote(self, address: str) -> tuple[RemoteRouter | None, str]:
+        """(the router, the address) when another node holds ``address``; (None, local form)."""
+        router = self.router
+        if router is None:
+            return None, address
+        with self._lock:
+            if address in self._agents or address in self._names:
+                return None, address
+        local = router.route(address)
+        return (router, address) if local is None else (None, local)
 
     def retired(self) -> list[AgentProcess]:
         """The agents stopped for good (crashed unsupervised, given up on, stopped, shut down)."""
@@ -638,6 +695,10 @@ class Runtime:
         timeout: float | None = None,
     ) -> None:
         """Put a message in ``to``'s mailbox; returns when it is accepted."""
+        router, to = self._remote(to)
+        if router is not None:
+            router.send(to, name, encode_body(body), sender=sender, timeout=timeout)
+            return
         process = self.process(to)
         self._check_breaker(process.address)
         process.deliver(Envelope(sender, name, encode_body(body)), timeout)
@@ -654,6 +715,9 @@ class Runtime:
         self, to: str, name: str, body: Any = None, *, sender: str = HOST
     ) -> Future[bytes | None]:
         """Send an ask and return at once; the future holds the raw reply body."""
+        router, to = self._remote(to)
+        if router is not None:
+            return router.ask(to, name, encode_body(body), sender=sender, timeout=30.0, chain=())
         process = self.process(to)
         self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
@@ -671,13 +735,14 @@ class Runtime:
         chain: tuple[str, ...] = (),
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
     ) -> bytes | None:
-        process = self.process(to)
-        if process.address in chain:
-            path = " -> ".join((*chain, process.address))
-            raise AskCycle(f"ask cycle: {path}")
-        breaker = self._check_breaker(process.address)
-        future: Future[bytes | None] = Future()
-        process.deliver(Envelope(sender, name, body, future, asker_chain=chain), timeout)
+        router, to = self._remote(to)
+        breaker = None
+        if router is not None:
+            future = router.ask(to, name, body, sender=sender, timeout=timeout, chain=chain)
+        else:
+            future, breaker = self.deliver_ask(
+                to, name, body, sender=sender, chain=chain, timeout=timeout
+            )
         try:
             result = wait(future, timeout) if wait is not None else future.result(timeout)
         except FutureTimeout:
@@ -689,6 +754,41 @@ class Runtime:
         if breaker is not None:
             breaker.record_success()
         return result
+
+    def deliver_ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        *,
+        sender: str,
+        chain: tuple[str, ...] = (),
+        timeout: float | None = None,
+    ) -> tuple[Future[bytes | None], Any]:
+        """Put an ask in a local agent's mailbox: (the reply's future, the target's breaker).
+
+        The asker records the outcome in the breaker (if any) when it has waited for it.
+        """
+        process = self.process(to)
+        if process.address in chain:
+            path = " -> ".join((*chain, process.address))
+            raise AskCycle(f"ask cycle: {path}")
+        breaker = self._check_breaker(process.address)
+        future: Future[bytes | None] = Future()
+        process.deliver(Envelope(sender, name, body, future, asker_chain=chain), timeout)
+        return future, breaker
+
+    def send_raw(
+        self, to: str, name: str, body: bytes, *, sender: str = HOST, timeout: float | None = None
+    ) -> None:
+        """``send`` with a body already encoded (CBOR), local or remote."""
+        router, to = self._remote(to)
+        if router is not None:
+            router.send(to, name, body, sender=sender, timeout=timeout)
+            return
+        process = self.process(to)
+        self._check_breaker(process.address)
+        process.deliver(Envelope(sender, name, body), timeout)
 
     def reload(
         self, agent_type: str, source: str | os.PathLike[str] | bytes, *, drain_timeout: float = 5.0
@@ -828,9 +928,7 @@ class AgentHostProvider:
         def send_raw(ctx: GuestContext, to: str, msg: dict[str, Any]) -> Any:
             process = _process(ctx)
             try:
-                target = runtime.process(to)
-                runtime._check_breaker(target.address)
-                target.deliver(Envelope(process.address, msg["name"], bytes(msg["body"])))
+                runtime.send_raw(to, msg["name"], bytes(msg["body"]), sender=process.address)
             except AgentError as exc:
                 return _agent_error(exc)
             return Ok(None)
