@@ -98,6 +98,8 @@ class ClusterConfig(_Model):
     max_frame: int = Field(1 << 20, ge=1024, le=64 << 20)
     max_inflight: int = Field(1024, ge=1, le=1 << 20)
     """Incoming messages that may wait for a full mailbox at once; more answer mailbox-full."""
+    durable: list[str] = []
+    """Agent types whose sends by name are at-least-once over JetStream (see _durable)."""
     tls: TlsModel | None = None
     creds: str | None = None
     peers: dict[str, PeerModel] = Field(min_length=1)

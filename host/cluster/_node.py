@@ -73,6 +73,7 @@ from mighty.agents import (
     start_tree,
 )
 from mighty.cluster._config import ClusterConfig, check_node_name
+from mighty.cluster._durable import Durable
 from mighty.cluster._frames import Frame, FrameError, decode, encode
 
 __all__ = ["ClusterError", "Node", "NodeStats"]
@@ -184,6 +185,7 @@ class Node:
         self._lock = threading.Lock()
         self._closed = False
         self.started_at = time.time()
+        self.durable = Durable(self)
         # Kinds handled on the pool (they may block: instantiate a component, drain an agent).
         self._handlers: dict[str, Callable[[Frame], Frame]] = {
             "spawn": self._in_spawn,
@@ -260,6 +262,11 @@ class Node:
             ) from None
         await nc.subscribe(self.subject, cb=self._on_request, pending_msgs_limit=_SUB_PENDING)
         await nc.subscribe(f"{self.prefix}.hb", cb=self._on_heartbeat)
+        if self.durable.types:
+            try:
+                await self.durable.setup(nc)
+            except nats.errors.Error as exc:
+                raise ClusterError(f"cannot set up the durable stream: {exc}") from None
         watcher = await self._names_kv.watchall()
         self._watcher = watcher
         self._tasks.append(asyncio.ensure_future(self._watch_names(watcher)))
@@ -285,6 +292,7 @@ class Node:
         self._closed = True
         if self.runtime.router is self:
             self.runtime.router = None
+        self.durable.close()
         if self._thread.is_alive():
             try:
                 self._call(self._close(), timeout)
@@ -426,9 +434,18 @@ class Node:
     # -- outgoing ---------------------------------------------------------------------------
 
     def send(self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None) -> None:
-        """RemoteRouter.send: returns when the remote mailbox accepted the message."""
-        node, target = self._target(to)
+        """RemoteRouter.send: returns when the remote mailbox accepted the message.
+
+        A send by name to an agent of a durable type returns when JetStream stored it.
+        """
         wait = timeout if timeout is not None else self.config.ask_timeout
+        if self.durable.types and to.count(":") == 0:
+            owner = (self.whereis(to) or "").split(":")
+            if len(owner) == 3 and owner[1] in self.durable.types:
+                self.stats.sent += 1
+                self.durable.publish(to, name, body, sender=self.qualify(sender), timeout=wait)
+                return
+        node, target = self._target(to)
         frame = Frame(
             "send",
             node=self.name,
@@ -827,6 +844,8 @@ class Node:
         with self._lock:
             self._claims[name] = revision
             self._names[name] = value
+        if address.partition(":")[0] in self.durable.types:
+            self.durable.attach(name, address)
 
     async def _claim(self, name: str, value: str) -> int:
         kv = self._names_kv
@@ -847,6 +866,7 @@ class Node:
 
     def release(self, name: str, address: str) -> None:
         """RemoteRouter.release: drop our claim (asynchronously; a later claim is kept)."""
+        self.durable.detach(name)
         with self._lock:
             revision = self._claims.pop(name, None)
         if revision is None or self._closed:
