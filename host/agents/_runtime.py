@@ -594,6 +594,31 @@ class Runtime:
             raise
         return process
 
+    def register_name(self, name: str, address: str) -> None:
+        """Register ``name`` for the live agent at ``address`` (cluster-wide with a router)."""
+        process = self.process(address)
+        with self._lock:
+            if name in self._names or process.name is not None:
+                raise BadSpawn(f"the name {name!r} is already registered (or {address} has one)")
+            self._names[name] = process.address
+            process.name = name
+        if self.router is None:
+            return
+        try:
+            self.router.claim(name, process.address)
+        except BaseException:
+            with self._lock:
+                self._names.pop(name, None)
+                process.name = None
+            raise
+
+    def detach(self, address: str) -> AgentProcess:
+        """Take an agent out of the registry, its mailbox untouched (a live migration's last
+        step): the caller owns it now, and stops it."""
+        process = self.process(address)
+        self._forget(process)
+        return process
+
     def whereis(self, name: str) -> str | None:
         """The address registered under ``name``, if any."""
         with self._lock:

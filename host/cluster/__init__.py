@@ -13,6 +13,7 @@ from mighty.cluster._config import (
     parse_cluster,
 )
 from mighty.cluster._frames import MAX_FRAME, VERSION, Frame, FrameError, decode, encode
+from mighty.cluster._migrate import MigrationFailed, MigrationReport
 from mighty.cluster._node import ClusterError, Node, NodeStats, error_of
 from mighty.cluster._server import NatsServer, free_port, nats_server_binary
 from mighty.cluster._supervisor import ClusterChild, ClusterSupervisor, RemoteChild
@@ -28,6 +29,8 @@ __all__ = [
     "ClusterSupervisorModel",
     "Frame",
     "FrameError",
+    "MigrationFailed",
+    "MigrationReport",
     "NatsServer",
     "Node",
     "NodeStats",

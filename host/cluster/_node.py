@@ -75,6 +75,7 @@ from mighty.agents import (
 from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
 from mighty.cluster._frames import Frame, FrameError, decode, encode
+from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
 
 __all__ = ["ClusterError", "Node", "NodeStats"]
 
@@ -179,6 +180,10 @@ class Node:
         self._names: dict[str, str] = {}
         self._claims: dict[str, int] = {}
         self._supervisors: dict[str, Supervisor] = {}
+        self._moved: dict[str, str] = {}
+        """Addresses whose agent migrated: old (local or node:type:pid) -> node:type:pid."""
+        self._takeover: dict[str, str] = {}
+        self._moving: dict[str, threading.Event] = {}
         self._listeners: list[Callable[[str, bool], None]] = []
         self._inflight = 0
         self._ids = itertools.count(1)
@@ -190,6 +195,7 @@ class Node:
         self._handlers: dict[str, Callable[[Frame], Frame]] = {
             "spawn": self._in_spawn,
             "stop": self._in_stop,
+            "migrate": lambda frame: accept_migration(self, frame),
         }
 
     # -- life -------------------------------------------------------------------------------
@@ -375,6 +381,8 @@ class Node:
 
     def route(self, address: str) -> str | None:
         """RemoteRouter.route: the local form, or None when another node holds ``address``."""
+        if self._moved_to(address) is not None:
+            return None
         parts = address.split(":")
         if len(parts) == 3:
             if parts[0] == self.name:
@@ -419,6 +427,8 @@ class Node:
 
     def _target(self, to: str) -> tuple[str, str]:
         """(the node, the address in the frame) for a remote ``to``."""
+        self._wait_moved(to)
+        to = self._moved_to(to) or to
         parts = to.split(":")
         if len(parts) == 3:
             node, target = parts[0], f"{parts[1]}:{parts[2]}"
@@ -430,6 +440,47 @@ class Node:
         if node in self._dead:
             raise NoProc(f"{to}: node {node} is down")
         return node, target
+
+    def _moved_to(self, address: str) -> str | None:
+        """Where the agent once at ``address`` lives now (after migrations), if it moved."""
+        found = None
+        with self._lock:
+            for _ in range(8):
+                key = self.localize(address)
+                nxt = self._moved.get(key) or self._moved.get(address)
+                if nxt is None:
+                    break
+                found = address = nxt
+        return found
+
+    def moving(self, local: str, new_address: str) -> threading.Event:
+        """Record that ``local`` moved to ``new_address``; sends to it wait for the event."""
+        ready = threading.Event()
+        with self._lock:
+            self._moving[local] = ready
+            self._moved[local] = new_address
+        return ready
+
+    def _wait_moved(self, address: str) -> None:
+        with self._lock:
+            ready = self._moving.get(self.localize(address))
+        if ready is not None and not ready.wait(30):
+            raise AskTimeout(f"{address} is still moving")
+
+    def migrate(self, address: str, node: str, *, drain_timeout: float = 5.0) -> MigrationReport:
+        """Move the agent at ``address`` (on this node), live, to ``node``; see _migrate."""
+        return migrate(self, address, node, drain_timeout=drain_timeout)
+
+    def expect_takeover(self, name: str, previous: str) -> None:
+        """A migration moves ``name`` from ``previous`` to an agent here: let the claim take it."""
+        with self._lock:
+            self._takeover[name] = previous
+
+    def takeover_done(self, name: str, new_address: str) -> None:
+        """``name`` moved to ``new_address`` on another node (our claim is theirs now)."""
+        with self._lock:
+            self._claims.pop(name, None)
+            self._names[name] = new_address
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -529,6 +580,14 @@ class Node:
             self._drop(exc.reason, f"a reply from {to}: {exc.message}")
             _set(future, error=AskTimeout(f"{to} answered with a frame this node cannot read"))
             return
+        moved = reply.extra.get("moved")
+        if (
+            isinstance(moved, str)
+            and moved.count(":") == 2
+            and moved.partition(":")[0] in self.config.peers
+        ):
+            with self._lock:
+                self._moved[to] = moved  # the old node forwarded: go direct from now on
         if reply.k == "ok":
             _set(future, reply.body or None)
         elif reply.k == "err":
@@ -613,6 +672,13 @@ class Node:
             self._drop("peer", f"a frame from {frame.node!r}, not in [cluster.peers]")
             return
         self.stats.received += 1
+        if frame.k in ("send", "ask"):
+            moved = self._moved_to(frame.to)
+            if moved is not None:
+                with self._lock:
+                    ready = self._moving.get(self.localize(frame.to))
+                self._loop.create_task(forward_frame(self, msg, frame, moved, ready))
+                return
         try:
             if frame.k == "send":
                 self._in_send(msg, frame)
@@ -857,8 +923,12 @@ class Node:
         entry = await kv.get(name)
         owner = _address_value(entry.value) or ""
         owner_node = owner.partition(":")[0]
-        stale = owner_node in self._dead or (
-            owner_node == self.name and self.runtime.whereis(name) != self.localize(owner)
+        with self._lock:
+            expected = self._takeover.pop(name, None)
+        stale = (
+            owner == expected
+            or owner_node in self._dead
+            or (owner_node == self.name and self.runtime.whereis(name) != self.localize(owner))
         )
         if owner == value or stale:
             return int(await kv.update(name, value.encode(), last=entry.revision))

@@ -126,3 +126,11 @@ class Mty:
             self.out, _ = self.process.communicate()
         self._reader.join(5)
         return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def counter(tmp_path_factory: pytest.TempPathFactory) -> Component:
+    """The counter example agent (state: count; snapshot/restore), built once (cached)."""
+    from tests.agents.conftest import _build_path
+
+    return Component.load(_build_path("counter", tmp_path_factory.mktemp("counter")))
