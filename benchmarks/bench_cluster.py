@@ -167,6 +167,7 @@ def main() -> None:
                     "cross_node_p50_vs_in_process": round(median(cross) / median(inproc), 2),
                 }
             )
+            rows.append(_sends(runtime, target, local))
             # Migration pause: an echo agent between two in-process nodes (a and c).
             rows.append(_migration(server.url, echo))
         finally:
@@ -175,6 +176,35 @@ def main() -> None:
             remote.terminate()
             remote.wait(20)
     report(rows)
+
+
+def _sends(runtime: Runtime, target: str, local: str) -> dict[str, object]:
+    """Sends/s to one remote node (each acknowledged by the target's mailbox), 1 and 4 senders."""
+    import threading
+
+    def rate(to: str, threads: int) -> float:
+        count = N // threads
+
+        def run() -> None:
+            for _ in range(count):
+                runtime.send(to, "x", 1)
+
+        workers = [threading.Thread(target=run) for _ in range(threads)]
+        started = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return count * threads / (time.perf_counter() - started)
+
+    remote1, remote4 = rate(target, 1), rate(target, 4)
+    in_process = rate(local, 1)
+    return {
+        "name": "sends/s to another node (acknowledged)",
+        "one_sender": round(remote1),
+        "four_senders": round(remote4),
+        "in_process_one_sender": round(in_process),
+    }
 
 
 def _migration(url: str, echo: Component) -> dict[str, object]:

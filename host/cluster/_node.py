@@ -108,6 +108,7 @@ _BY_CODE: dict[str, type[AgentError]] = {
 }
 _POOL = 8
 _SUB_PENDING = 65_536
+_SUB_PENDING_BYTES = 64 << 20
 _LOGGED_DROPS = 10
 
 
@@ -266,8 +267,19 @@ class Node:
                 f"node name {self.name!r} is in use: a live node refreshed it within the last "
                 f"{config.dead_after:g} s (if it died, start again after that)"
             ) from None
-        await nc.subscribe(self.subject, cb=self._on_request, pending_msgs_limit=_SUB_PENDING)
-        await nc.subscribe(f"{self.prefix}.hb", cb=self._on_heartbeat)
+        # Bounded: past these, NATS drops for this slow consumer (counted by the server).
+        await nc.subscribe(
+            self.subject,
+            cb=self._on_request,
+            pending_msgs_limit=_SUB_PENDING,
+            pending_bytes_limit=_SUB_PENDING_BYTES,
+        )
+        await nc.subscribe(
+            f"{self.prefix}.hb",
+            cb=self._on_heartbeat,
+            pending_msgs_limit=1024,
+            pending_bytes_limit=1 << 20,
+        )
         if self.durable.types:
             try:
                 await self.durable.setup(nc)
