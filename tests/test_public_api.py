@@ -28,6 +28,7 @@ PACKAGES = [
     "mighty.budget",
     "mighty.build",
     "mighty.cli",
+    "mighty.cluster",
     "mighty.control",
     "mighty.engine",
     "mighty.eval",

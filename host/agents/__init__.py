@@ -4,6 +4,7 @@ from mighty.agents._compose import broadcast, pipe
 from mighty.agents._hibernate import HibernationStats, Hibernator
 from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._manifest import Manifest, agent_types, load_manifest, supervisor_spec
 from mighty.agents._output import (
     LOG_LEVELS,
     AgentOutput,
@@ -11,7 +12,14 @@ from mighty.agents._output import (
     OutputTail,
     level_number,
 )
-from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
+from mighty.agents._runtime import (
+    AgentProcess,
+    AgentStats,
+    RemoteRouter,
+    Runtime,
+    decode_body,
+    encode_body,
+)
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._store import (
     BadStateDir,
@@ -81,9 +89,11 @@ __all__ = [
     "MailboxFull",
     "MailboxFullError",
     "MailboxSettings",
+    "Manifest",
     "NoProc",
     "OutputTail",
     "Refused",
+    "RemoteRouter",
     "Runtime",
     "Scheduler",
     "SnapshotCorrupt",
@@ -98,10 +108,13 @@ __all__ = [
     "SupervisorSpec",
     "SupervisorStartFailed",
     "WorkerStats",
+    "agent_types",
     "broadcast",
     "decode_body",
     "encode_body",
     "level_number",
+    "load_manifest",
     "pipe",
     "start_tree",
+    "supervisor_spec",
 ]

@@ -46,7 +46,7 @@ from mighty.budget import Budget
 from mighty.engine import Component
 from mighty.wasi import Policy
 
-__all__ = ["Manifest", "load_manifest", "state_dir"]
+__all__ = ["Manifest", "agent_types", "load_manifest", "state_dir", "supervisor_spec"]
 
 _UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
 _UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
@@ -142,6 +142,8 @@ class Manifest(_Model):
     """The introspect capability: snapshots and spans carry bodies (docs/observability.md)."""
     telemetry: dict[str, Any] | None = None
     """OpenTelemetry export settings, checked by mighty.telemetry.load_config."""
+    cluster: dict[str, Any] | None = None
+    """The ``[cluster]`` block, validated by ``mighty.cluster`` (``mty node``), not here."""
 
 
 ChildModel.model_rebuild()

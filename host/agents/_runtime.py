@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cbor2
 from pydantic import ValidationError
@@ -103,7 +103,7 @@ from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
 if TYPE_CHECKING:
     from mighty.telemetry import Telemetry
 
-__all__ = ["AgentProcess", "AgentStats", "Runtime"]
+__all__ = ["AgentProcess", "AgentStats", "RemoteRouter", "Runtime"]
 
 _BATCH = 16
 _INTERFACE = "mighty:agent/host"
@@ -120,6 +120,40 @@ def encode_body(body: Any) -> bytes:
 
 def decode_body(data: bytes | None) -> Any:
     return None if not data else cbor2.loads(data)
+
+
+class RemoteRouter(Protocol):
+    """Where messages to other nodes go: installed by a layer above (``mighty.cluster``).
+
+    The runtime consults it only for an address it does not hold itself (no local agent or
+    name by that address), so agents never import the cluster and a runtime without a router
+    behaves as before. ``route`` returns the local form of an address that names this node
+    (``node:type:pid`` -> ``type:pid``), or None when another node handles it; ``send`` and
+    ``ask`` then carry the message there, with the same errors as a local one (``ask``'s
+    future fails with the AgentError the remote side raised, or AskTimeout). ``claim`` and
+    ``release`` make a registered name cluster-wide (``claim`` raises BadSpawn on a clash).
+    """
+
+    def route(self, address: str) -> str | None: ...
+
+    def send(
+        self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None
+    ) -> None: ...
+
+    def ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        *,
+        sender: str,
+        timeout: float,
+        chain: tuple[str, ...],
+    ) -> Future[bytes | None]: ...
+
+    def claim(self, name: str, address: str) -> None: ...
+
+    def release(self, name: str, address: str) -> None: ...
 
 
 @dataclass
@@ -683,6 +717,8 @@ class Runtime:
         self.telemetry = telemetry
         if telemetry is not None:
             telemetry.observe(self.agents, self.scheduler.steals, bodies=introspect)
+        self.router: RemoteRouter | None = None
+        """Consulted for addresses this runtime does not hold (see RemoteRouter)."""
 
     @property
     def closing(self) -> bool:
@@ -753,6 +789,8 @@ class Runtime:
         telemetry = self.telemetry
         span = None if telemetry is None else telemetry.spawn_begin(type_name)
         try:
+            if name is not None and self.router is not None:
+                self.router.claim(name, address)
             process.start()
         except BaseException as exc:
             self._forget(process)
@@ -802,6 +840,31 @@ class Runtime:
         self._adopt(process)
         return process
 
+    def register_name(self, name: str, address: str) -> None:
+        """Register ``name`` for the live agent at ``address`` (cluster-wide with a router)."""
+        process = self.process(address)
+        with self._lock:
+            if name in self._names or process.name is not None:
+                raise BadSpawn(f"the name {name!r} is already registered (or {address} has one)")
+            self._names[name] = process.address
+            process.name = name
+        if self.router is None:
+            return
+        try:
+            self.router.claim(name, process.address)
+        except BaseException:
+            with self._lock:
+                self._names.pop(name, None)
+                process.name = None
+            raise
+
+    def detach(self, address: str) -> AgentProcess:
+        """Take an agent out of the registry, its mailbox untouched (a live migration's last
+        step): the caller owns it now, and stops it."""
+        process = self.process(address)
+        self._forget(process)
+        return process
+
     def whereis(self, name: str) -> str | None:
         """The address registered under ``name``, if any."""
         with self._lock:
@@ -837,8 +900,27 @@ class Runtime:
     def _forget(self, process: AgentProcess) -> None:
         with self._lock:
             self._agents.pop(process.address, None)
-            if process.name is not None and self._names.get(process.name) == process.address:
-                del self._names[process.name]
+            named = process.name is not None and self._names.get(process.name) == process.address
+            if named:
+                del self._names[process.name]  # type: ignore[arg-type]
+        router = self.router
+        if named and router is not None:
+            assert process.name is not None
+            try:
+                router.release(process.name, process.address)
+            except Exception:  # noqa: BLE001 -- a name left behind expires with its node
+                _log.exception("releasing the name %r failed", process.name)
+
+    def _remote(self, address: str) -> tuple[RemoteRouter | None, str]:
+        """(the router, the address) when another node holds ``address``; (None, local form)."""
+        router = self.router
+        if router is None:
+            return None, address
+        with self._lock:
+            if address in self._agents or address in self._names:
+                return None, address
+        local = router.route(address)
+        return (router, address) if local is None else (None, local)
 
     def retired(self) -> list[AgentProcess]:
         """The agents stopped for good (crashed unsupervised, given up on, stopped, shut down)."""
@@ -921,12 +1003,7 @@ class Runtime:
         timeout: float | None = None,
     ) -> None:
         """Put a message in ``to``'s mailbox; returns when it is accepted."""
-        process = self.process(to)
-        self._check_breaker(process.address)
-        envelope = Envelope(sender, name, encode_body(body))
-        if self.telemetry is not None:
-            envelope.trace = self.telemetry.send(process.address, name, sender)
-        process.deliver(envelope, timeout)
+        self.send_raw(to, name, encode_body(body), sender=sender, timeout=timeout)
 
     def ask(
         self, to: str, name: str, body: Any = None, *, timeout: float = 5.0, sender: str = HOST
@@ -940,6 +1017,9 @@ class Runtime:
         self, to: str, name: str, body: Any = None, *, sender: str = HOST
     ) -> Future[bytes | None]:
         """Send an ask and return at once; the future holds the raw reply body."""
+        router, to = self._remote(to)
+        if router is not None:
+            return router.ask(to, name, encode_body(body), sender=sender, timeout=30.0, chain=())
         process = self.process(to)
         self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
@@ -965,44 +1045,47 @@ class Runtime:
         chain: tuple[str, ...] = (),
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
     ) -> bytes | None:
-        process = self.process(to)
-        if process.address in chain and name != INSPECT:
-            path = " -> ".join((*chain, process.address))
-            raise AskCycle(f"ask cycle: {path}")
-        breaker = self._check_breaker(process.address)
-        future: Future[bytes | None] = Future()
-        envelope = Envelope(sender, name, body, future, asker_chain=chain)
+        router, to = self._remote(to)
+        if router is not None:
+            future = router.ask(to, name, body, sender=sender, timeout=timeout, chain=chain)
+            return self._await_reply(to, name, future, None, timeout, wait)
         telemetry = self.telemetry
         if telemetry is None:
-            return self._ask(to, envelope, process, breaker, timeout, wait)
-        span = telemetry.ask_begin(process.address, name, sender)
-        envelope.trace = telemetry.carry(span)
+            future, breaker = self.deliver_ask(
+                to, name, body, sender=sender, chain=chain, timeout=timeout
+            )
+            return self._await_reply(to, name, future, breaker, timeout, wait)
+        span = telemetry.ask_begin(self.process(to).address, name, sender)
         try:
-            result = self._ask(to, envelope, process, breaker, timeout, wait)
+            future, breaker = self.deliver_ask(
+                to,
+                name,
+                body,
+                sender=sender,
+                chain=chain,
+                timeout=timeout,
+                trace=telemetry.carry(span),
+            )
+            result = self._await_reply(to, name, future, breaker, timeout, wait)
         except BaseException as exc:
             telemetry.ask_end(span, exc)
             raise
         telemetry.ask_end(span, None)
         return result
 
-    def _ask(
+    def _await_reply(
         self,
         to: str,
-        envelope: Envelope,
-        process: AgentProcess,
+        name: str,
+        future: Future[bytes | None],
         breaker: Any,
         timeout: float,
         wait: Callable[[Future[bytes | None], float], bytes | None] | None,
     ) -> bytes | None:
-        future = envelope.reply
-        assert future is not None
-        process.deliver(envelope, timeout)
         try:
             result = wait(future, timeout) if wait is not None else future.result(timeout)
         except FutureTimeout:
-            raise AskTimeout(
-                f"no reply from {to} to {envelope.name!r} within {timeout:g} s"
-            ) from None
+            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s") from None
         except (HandlerFailed, AgentCrashed):
             if breaker is not None:
                 breaker.record_failure()
@@ -1010,6 +1093,47 @@ class Runtime:
         if breaker is not None:
             breaker.record_success()
         return result
+
+    def deliver_ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        *,
+        sender: str,
+        chain: tuple[str, ...] = (),
+        timeout: float | None = None,
+        trace: Any = None,
+    ) -> tuple[Future[bytes | None], Any]:
+        """Put an ask in a local agent's mailbox: (the reply's future, the target's breaker).
+
+        The asker records the outcome in the breaker (if any) when it has waited for it.
+        ``trace`` is the asker's span context (mighty.telemetry), carried in the envelope.
+        """
+        process = self.process(to)
+        if process.address in chain and name != INSPECT:
+            path = " -> ".join((*chain, process.address))
+            raise AskCycle(f"ask cycle: {path}")
+        breaker = self._check_breaker(process.address)
+        future: Future[bytes | None] = Future()
+        envelope = Envelope(sender, name, body, future, asker_chain=chain, trace=trace)
+        process.deliver(envelope, timeout)
+        return future, breaker
+
+    def send_raw(
+        self, to: str, name: str, body: bytes, *, sender: str = HOST, timeout: float | None = None
+    ) -> None:
+        """``send`` with a body already encoded (CBOR), local or remote."""
+        router, to = self._remote(to)
+        if router is not None:
+            router.send(to, name, body, sender=sender, timeout=timeout)
+            return
+        process = self.process(to)
+        self._check_breaker(process.address)
+        envelope = Envelope(sender, name, body)
+        if self.telemetry is not None:
+            envelope.trace = self.telemetry.send(process.address, name, sender)
+        process.deliver(envelope, timeout)
 
     def reload(
         self,
@@ -1161,14 +1285,7 @@ class AgentHostProvider:
         def send_raw(ctx: GuestContext, to: str, msg: dict[str, Any]) -> Any:
             process = _process(ctx)
             try:
-                target = runtime.process(to)
-                runtime._check_breaker(target.address)
-                envelope = Envelope(process.address, msg["name"], bytes(msg["body"]))
-                if runtime.telemetry is not None:
-                    envelope.trace = runtime.telemetry.send(
-                        target.address, envelope.name, process.address
-                    )
-                target.deliver(envelope)
+                runtime.send_raw(to, msg["name"], bytes(msg["body"]), sender=process.address)
             except AgentError as exc:
                 return _agent_error(exc)
             return Ok(None)

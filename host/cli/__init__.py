@@ -4,6 +4,7 @@ from mighty.cli._eval import eval_command
 from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
 from mighty.cli._mcp import sandbox_group
+from mighty.cli._node import migrate_command, node_command
 from mighty.cli._observe import inspect_agents_command, top_command
 from mighty.cli._run import reload_command, run_command
 from mighty.cli._sandbox import exec_command
@@ -13,6 +14,8 @@ main.add_command(exec_command, "exec")
 main.add_command(sandbox_group, "sandbox")
 main.add_command(run_command, "run")
 main.add_command(reload_command, "reload")
+main.add_command(node_command, "node")
+main.add_command(migrate_command, "migrate")
 main.add_command(compile_command, "compile")
 main.add_command(inspect_command, "inspect-component")
 main.add_command(inspect_command, "wit")

@@ -138,6 +138,8 @@ def run_command(
     threshold = level_number(log_level)
     with _Signals() as signals, _errors(as_json):
         spec, base = load_manifest(manifest)
+        if spec.cluster is not None:
+            raise BadInput(f"{manifest} has a [cluster] block: run each node with `mty node`")
         with Waits(not quiet) as show:
             types = agent_types(spec, base, show)
         telemetry = _telemetry(spec.telemetry)

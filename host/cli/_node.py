@@ -1,0 +1,194 @@
+"""`mty node mighty.toml`: run an agent system as one node of a cluster, until a signal.
+
+The manifest's ``[cluster]`` block says how to join (see mighty.cluster); its agents,
+``[supervisor]`` tree and ``[[start]]`` messages are as for `mty run`. The node whose name is
+``[cluster.supervisor] node`` (default: the first peer) also runs the cluster supervisor and
+sends the start messages. Exit status: 0 after SIGINT/SIGTERM with nothing left unhandled,
+1 otherwise, 2 on a bad manifest or when the cluster cannot be joined.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mighty._errors import BadInput
+from mighty.agents import level_number
+from mighty.cli._main import _errors
+from mighty.cli._progress import Waits
+from mighty.cli._run import _OutputWriter, _Signals, _start_messages, _summary
+
+__all__ = ["node_command"]
+
+_SLICE = 0.05
+_PEERS_WAIT = 30.0
+
+
+@click.command("node")
+@click.argument("manifest", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--name", help="This node's name (default: [cluster] node).")
+@click.option("--server", "servers", multiple=True, help="NATS server URL; repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Least severe agent line shown.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No agent output and no progress on stderr.")
+def node_command(
+    manifest: Path,
+    name: str | None,
+    servers: tuple[str, ...],
+    as_json: bool,
+    log_level: str,
+    quiet: bool,
+) -> None:
+    """Join the cluster of MANIFEST's [cluster] block and serve its agents until Ctrl-C."""
+    from mighty.agents import Runtime, agent_types, load_manifest, start_tree, supervisor_spec
+    from mighty.cluster import Node, parse_cluster
+
+    threshold = level_number(log_level)
+    with _Signals() as signals, _errors(as_json):
+        spec, base = load_manifest(manifest)
+        if spec.cluster is None:
+            raise BadInput(f"{manifest}: no [cluster] block (use `mty run` for one machine)")
+        data = dict(spec.cluster)
+        if servers:
+            data["servers"] = list(servers)
+        config = parse_cluster(data).resolve(base)
+        with Waits(not quiet) as show:
+            types = agent_types(spec, base, show)
+        runtime = Runtime(
+            workers=spec.workers, on_output=None if quiet else _OutputWriter(threshold)
+        )
+        node = Node(runtime, config, name=name)
+        supervisor: Any = None
+        control = None
+        failures: list[str] = []
+        replies: list[dict[str, Any]] = []
+        try:
+            for agent_type in types:
+                runtime.register(agent_type)
+            node.start()
+            where = ", ".join(config.servers)
+            click.echo(f"mty: node {node.name} joined cluster {config.name} at {where}", err=True)
+            start_tree(runtime, supervisor_spec(spec.supervisor))
+            control = _control_server(runtime, node)
+            plan = config.supervisor
+            leader = (plan.node if plan is not None else None) or next(iter(config.peers))
+            if node.name == leader:
+                supervisor = _supervise(node, plan)
+                _start_messages(runtime, spec.start, signals, replies, failures, as_json)
+            while not signals.requested:
+                time.sleep(_SLICE)
+        finally:
+            if supervisor is not None:
+                supervisor.stop()
+            if control is not None:
+                control.stop()
+            runtime.shutdown(drain=False, timeout=10.0)
+            node.close()
+        summary = _summary(runtime, threshold)
+        summary["node"] = {
+            "name": node.name,
+            "sent": node.stats.sent,
+            "asked": node.stats.asked,
+            "received": node.stats.received,
+            "dropped": dict(node.stats.dropped),
+        }
+        failed = bool(failures) or summary["unhandled"] > 0
+        if as_json:
+            click.echo(
+                json.dumps(
+                    {"ok": not failed, "replies": replies, "failures": failures, **summary},
+                    default=repr,
+                )
+            )
+        else:
+            click.echo(f"node {node.name}: {len(summary['agents'])} agent(s), {summary['node']}")
+        sys.exit(1 if failed else 0)
+
+
+def _supervise(node: Any, plan: Any) -> Any:
+    """Start the cluster supervisor of ``plan`` once its pinned nodes are up (None: no plan)."""
+    from mighty.cluster import ClusterSupervisor
+
+    if plan is None or not plan.children:
+        return None
+    pinned = sorted({c.node for c in plan.children if c.node is not None})
+    if not node.wait_for(pinned, _PEERS_WAIT):
+        missing = sorted(set(pinned) - set(node.live_nodes()))
+        raise BadInput(f"pinned nodes not up after {_PEERS_WAIT:g} s: {missing}")
+    supervisor = ClusterSupervisor.from_model(node, plan).start()
+    click.echo(f"mty: cluster supervisor started on {node.name}", err=True)
+    return supervisor
+
+
+def _control_server(runtime: Any, node: Any) -> Any:
+    """The control socket (RUNTIME_CONTROL_SOCK): status, and migrate for `mty migrate`."""
+    import os
+
+    from mighty.control import ENV_VAR, ControlServer
+
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+
+    def status(_args: dict[str, Any]) -> Any:
+        return {**_summary(runtime), "node": node.name, "live": node.live_nodes()}
+
+    def migrate(args: dict[str, Any]) -> Any:
+        address, target = args.get("address"), args.get("node")
+        if not isinstance(address, str) or not isinstance(target, str):
+            raise BadInput("migrate takes {address: str, node: str}")
+        return node.migrate(address, target).to_json()
+
+    server = ControlServer(path, {"status": status, "migrate": migrate}).start()
+    click.echo(f"mty: control socket at {path}", err=True)
+    return server
+
+
+@click.command("migrate")
+@click.argument("address")
+@click.argument("node")
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(path_type=Path),
+    help="Control socket of the node holding ADDRESS (default: $RUNTIME_CONTROL_SOCK).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+def migrate_command(address: str, node: str, socket_path: Path | None, as_json: bool) -> None:
+    """Move the agent at ADDRESS, live, to NODE (state, mailbox; senders keep the address)."""
+    import os
+
+    from mighty.control import ENV_VAR, ControlError, request
+
+    with _errors(as_json):
+        path = socket_path or os.environ.get(ENV_VAR)
+        if not path:
+            raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
+        try:
+            result = request(path, "migrate", {"address": address, "node": node}, timeout=60)
+        except ControlError as exc:
+            if as_json:
+                click.echo(
+                    json.dumps({"ok": False, "error": {"kind": exc.kind, "message": str(exc)}})
+                )
+            else:
+                click.echo(f"mty: migration refused: {exc}", err=True)
+            sys.exit(1)
+        if as_json:
+            click.echo(json.dumps({"ok": True, "result": result}))
+        else:
+            click.echo(
+                f"{address}: moved to {result['address']} (paused {result['pause_ms']} ms, "
+                f"{result['moved']} queued message(s) moved)"
+            )

@@ -1,0 +1,46 @@
+"""Cluster: runtimes on several nodes joined through NATS, with send/ask across them.
+
+A layer above ``mighty.agents`` (which knows nothing of it: a Node installs itself as the
+runtime's ``router``) and below the CLI (``mty node``). See docs/cluster.md.
+"""
+
+from mighty.cluster._config import (
+    ClusterChildModel,
+    ClusterConfig,
+    ClusterSupervisorModel,
+    TlsModel,
+    check_node_name,
+    parse_cluster,
+)
+from mighty.cluster._frames import MAX_FRAME, VERSION, Frame, FrameError, decode, encode
+from mighty.cluster._migrate import MigrationFailed, MigrationReport
+from mighty.cluster._node import ClusterError, Node, NodeStats, error_of
+from mighty.cluster._server import NatsServer, free_port, nats_server_binary
+from mighty.cluster._supervisor import ClusterChild, ClusterSupervisor, RemoteChild
+
+__all__ = [
+    "MAX_FRAME",
+    "VERSION",
+    "ClusterChild",
+    "ClusterChildModel",
+    "ClusterConfig",
+    "ClusterError",
+    "ClusterSupervisor",
+    "ClusterSupervisorModel",
+    "Frame",
+    "FrameError",
+    "MigrationFailed",
+    "MigrationReport",
+    "NatsServer",
+    "Node",
+    "NodeStats",
+    "RemoteChild",
+    "TlsModel",
+    "check_node_name",
+    "decode",
+    "encode",
+    "error_of",
+    "free_port",
+    "nats_server_binary",
+    "parse_cluster",
+]

@@ -1,0 +1,164 @@
+"""The frames nodes exchange over NATS: CBOR maps with a version field, validated and bounded.
+
+A request frame goes to a node's subject (``<prefix>.node.<node>``) and names what to do in
+``k``: ``send`` (put a message in a mailbox; the reply acknowledges it), ``ask`` (request/reply;
+``ttl`` is the asker's deadline in milliseconds left when it sent, so clocks need not agree),
+``spawn``, ``stop``, ``migrate`` (an agent's state and mailbox moving in) and ``hb`` (a
+heartbeat, published to ``<prefix>.hb``). Every answer is a reply frame: ``ok`` with a body, or
+``err`` with the ``agent-error`` code (``noproc``, ``timeout``, ``refused``, ``mailbox-full``,
+``circuit-open``, ``failed``, ``cycle``, ``bad-spawn``) and a message.
+
+Everything here is untrusted network input: ``decode`` checks the size, the CBOR, the version,
+every field's type and length, and raises FrameError (with a short ``reason`` for the drop
+counters) for anything else. It never raises anything but FrameError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+
+from mighty._errors import HostError
+
+__all__ = [
+    "KINDS",
+    "MAX_FRAME",
+    "VERSION",
+    "Frame",
+    "FrameError",
+    "decode",
+    "encode",
+]
+
+VERSION = 1
+"""The frame version this node writes; a frame with a higher version is dropped."""
+MAX_FRAME = 8 << 20
+"""The largest frame accepted by default (bytes); the node's ``max_frame`` lowers it."""
+KINDS = frozenset({"send", "ask", "spawn", "stop", "migrate", "hb", "ok", "err"})
+_MAX_TEXT = 512
+_MAX_CHAIN = 64
+_MAX_TTL_MS = 24 * 3600 * 1000
+_TEXT_FIELDS = ("node", "to", "from", "name", "id", "code", "msg", "type")
+
+
+class FrameError(HostError):
+    """A frame that is not ours to read: too large, not CBOR, a newer version, a bad field."""
+
+    kind = "bad_frame"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One validated frame. Unused fields keep their defaults."""
+
+    k: str
+    node: str = ""
+    """The sending node."""
+    to: str = ""
+    sender: str = ""
+    name: str = ""
+    body: bytes = b""
+    ttl: int = 0
+    """ask: the asker's deadline, in milliseconds left when the frame was sent."""
+    chain: tuple[str, ...] = ()
+    id: str = ""
+    code: str = ""
+    msg: str = ""
+    type: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific data (heartbeat load, a migration's mailbox), checked by its reader."""
+
+
+def encode(frame: Frame) -> bytes:
+    """The frame as CBOR (only the fields that differ from the defaults)."""
+    data: dict[str, Any] = {"v": VERSION, "k": frame.k}
+    if frame.node:
+        data["node"] = frame.node
+    if frame.to:
+        data["to"] = frame.to
+    if frame.sender:
+        data["from"] = frame.sender
+    if frame.name:
+        data["name"] = frame.name
+    if frame.body:
+        data["body"] = frame.body
+    if frame.ttl:
+        data["ttl"] = frame.ttl
+    if frame.chain:
+        data["chain"] = list(frame.chain)
+    for key in ("id", "code", "msg", "type"):
+        value = getattr(frame, key)
+        if value:
+            data[key] = value
+    if frame.extra:
+        data["x"] = frame.extra
+    return bytes(cbor2.dumps(data))
+
+
+def decode(data: bytes, *, max_frame: int = MAX_FRAME) -> Frame:
+    """A validated Frame from untrusted bytes, or FrameError."""
+    if len(data) > max_frame:
+        raise FrameError(f"frame of {len(data)} bytes (limit {max_frame})", reason="size")
+    try:
+        raw = cbor2.loads(data)
+    except Exception as exc:  # noqa: BLE001 -- cbor2 raises many kinds on garbage
+        raise FrameError(f"not CBOR: {type(exc).__name__}", reason="garbage") from None
+    if not isinstance(raw, dict):
+        raise FrameError("a frame is a CBOR map", reason="garbage")
+    version = raw.get("v")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise FrameError(f"bad frame version {version!r}", reason="garbage")
+    if version > VERSION:
+        raise FrameError(
+            f"frame version {version} is newer than this node's ({VERSION})", reason="version"
+        )
+    kind = raw.get("k")
+    if kind not in KINDS:
+        raise FrameError(f"unknown frame kind {str(kind)[:32]!r}", reason="garbage")
+    text: dict[str, str] = {}
+    for key in _TEXT_FIELDS:
+        value = raw.get(key, "")
+        if not isinstance(value, str) or len(value) > _MAX_TEXT:
+            raise FrameError(
+                f"field {key!r} is not a string of at most {_MAX_TEXT}", reason="field"
+            )
+        text[key] = value
+    body = raw.get("body", b"")
+    if not isinstance(body, bytes):
+        raise FrameError("field 'body' is not bytes", reason="field")
+    ttl = raw.get("ttl", 0)
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 0 <= ttl <= _MAX_TTL_MS:
+        raise FrameError("field 'ttl' is not a deadline in milliseconds", reason="field")
+    chain = raw.get("chain", [])
+    if (
+        not isinstance(chain, list)
+        or len(chain) > _MAX_CHAIN
+        or not all(isinstance(c, str) and len(c) <= _MAX_TEXT for c in chain)
+    ):
+        raise FrameError("field 'chain' is not a short list of addresses", reason="field")
+    extra = raw.get("x", {})
+    if not isinstance(extra, dict):
+        raise FrameError("field 'x' is not a map", reason="field")
+    if kind == "ask" and ttl == 0:
+        raise FrameError("an ask carries its deadline (ttl > 0)", reason="field")
+    return Frame(
+        kind,
+        node=text["node"],
+        to=text["to"],
+        sender=text["from"],
+        name=text["name"],
+        body=body,
+        ttl=ttl,
+        chain=tuple(chain),
+        id=text["id"],
+        code=text["code"],
+        msg=text["msg"],
+        type=text["type"],
+        extra=extra,
+    )

@@ -1,0 +1,1111 @@
+"""A node: one Runtime joined to a cluster through NATS, routing messages for other nodes.
+
+``Node(runtime, config).start()`` connects (nats-py, on an asyncio loop in a thread of its
+own), claims its node name, subscribes to its subject and installs itself as the runtime's
+``router``: from then on ``send``/``ask`` to ``node:type:pid`` or to a cluster-wide name held
+by another node go over NATS, from the host API and from guests alike.
+
+- ``send`` is a NATS request whose reply acknowledges that the remote mailbox accepted the
+  message (or says why not: ``noproc``, ``mailbox-full``, ``circuit-open``), so a remote send
+  returns or fails as a local one does. Delivery is at most once: a message in a mailbox of a
+  node that dies is lost, as a local one is when its process dies.
+- ``ask`` is a NATS request/reply carrying the asker's deadline (``ttl``); the asker's future
+  always settles by its own deadline (``AskTimeout``), whatever NATS does.
+- Backpressure: an incoming message for a full ``block`` mailbox waits on a worker thread (at
+  most ``max_inflight`` of them wait at once; beyond that the answer is ``mailbox-full``); the
+  NATS subscription itself is bounded, never an unbounded buffer.
+- Names: a name registered with ``spawn(..., name=)`` is claimed in the JetStream KV bucket
+  ``<cluster>_names``; a name another live node holds is refused with BadSpawn naming it.
+- Liveness: every node publishes a heartbeat each ``heartbeat`` seconds; one silent for
+  ``dead_after`` is dead: messages to it fail with ``noproc`` at once, and membership listeners
+  (the cluster supervisor) hear of it.
+
+Frames that are not ours (garbage, a newer version, a node outside ``[cluster.peers]``) are
+dropped, counted in ``stats.dropped`` by reason, and logged (the first few, then every 1000th).
+
+Threads: nothing on the NATS loop blocks (a blocking delivery, a spawn, a name lookup run on
+the node's small thread pool); calls from other threads wait on the loop with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+import ssl
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from mighty._errors import BadInput, HostError
+from mighty.agents import (
+    AgentChild,
+    AgentCrashed,
+    AgentError,
+    AskCycle,
+    AskTimeout,
+    BadSpawn,
+    CircuitOpenError,
+    HandlerFailed,
+    MailboxFullError,
+    NoProc,
+    Refused,
+    Runtime,
+    Supervisor,
+    SupervisorSpec,
+    SupervisorStartFailed,
+    decode_body,
+    start_tree,
+)
+from mighty.cluster._config import ClusterConfig, check_node_name
+from mighty.cluster._durable import Durable
+from mighty.cluster._frames import Frame, FrameError, decode, encode
+from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
+
+__all__ = ["ClusterError", "Node", "NodeStats"]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_KEY = re.compile(r"^[-_=A-Za-z0-9]{1,256}$")
+_ERRORS: dict[str, type[AgentError]] = {
+    cls.__name__: cls
+    for cls in (
+        NoProc,
+        AskTimeout,
+        Refused,
+        MailboxFullError,
+        CircuitOpenError,
+        HandlerFailed,
+        AgentCrashed,
+        AskCycle,
+        BadSpawn,
+    )
+}
+_BY_CODE: dict[str, type[AgentError]] = {
+    "noproc": NoProc,
+    "timeout": AskTimeout,
+    "refused": Refused,
+    "mailbox-full": MailboxFullError,
+    "circuit-open": CircuitOpenError,
+    "cycle": AskCycle,
+    "bad-spawn": BadSpawn,
+}
+_POOL = 8
+_SUB_PENDING = 65_536
+_SUB_PENDING_BYTES = 64 << 20
+_LOGGED_DROPS = 10
+
+
+class ClusterError(HostError):
+    """The node could not join or talk to the cluster (NATS down, a name clash, a bad peer)."""
+
+    kind = "cluster_error"
+
+
+@dataclass
+class NodeStats:
+    """Counters of one node."""
+
+    sent: int = 0
+    asked: int = 0
+    received: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Frames dropped, by reason: garbage, version, size, field, peer."""
+
+
+def _set(future: Future[T], value: T | None = None, error: BaseException | None = None) -> None:
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass
+
+
+def error_of(frame: Frame) -> AgentError:
+    """The AgentError an ``err`` reply frame stands for."""
+    cls = _ERRORS.get(frame.type) or _BY_CODE.get(frame.code, HandlerFailed)
+    return cls(frame.msg or frame.code or "remote error")
+
+
+def _err(node: str, exc: AgentError) -> Frame:
+    return Frame("err", node=node, code=exc.code, type=type(exc).__name__, msg=exc.message)
+
+
+class Node:
+    """This runtime's membership of a cluster (see the module docstring)."""
+
+    def __init__(self, runtime: Runtime, config: ClusterConfig, *, name: str | None = None) -> None:
+        node = name or config.node
+        if node is None:
+            raise BadInput("the node needs a name: [cluster] node = ... or --name")
+        self.name = check_node_name(node)
+        if self.name not in config.peers:
+            allowed = ", ".join(sorted(config.peers))
+            raise BadInput(f"node {self.name!r} is not in [cluster.peers] ({allowed})")
+        self.runtime = runtime
+        self.config = config
+        self.prefix = config.name
+        self.subject = f"{self.prefix}.node.{self.name}"
+        self.stats = NodeStats()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"cluster-{self.name}", daemon=True
+        )
+        self._pool = ThreadPoolExecutor(_POOL, thread_name_prefix=f"cluster-{self.name}")
+        self._nc: Client | None = None
+        self._watcher: Any = None
+        self._names_kv: KeyValue | None = None
+        self._nodes_kv: KeyValue | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._seen: dict[str, float] = {}
+        self._load: dict[str, int] = {}
+        self._dead: set[str] = set()
+        self._names: dict[str, str] = {}
+        self._claims: dict[str, int] = {}
+        self._supervisors: dict[str, Supervisor] = {}
+        self._moved: dict[str, str] = {}
+        """Addresses whose agent migrated: old (local or node:type:pid) -> node:type:pid."""
+        self._takeover: dict[str, str] = {}
+        self._moving: dict[str, threading.Event] = {}
+        self._listeners: list[Callable[[str, bool], None]] = []
+        self._inflight = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = False
+        self.started_at = time.time()
+        self.durable = Durable(self)
+        # Kinds handled on the pool (they may block: instantiate a component, drain an agent).
+        self._handlers: dict[str, Callable[[Frame], Frame]] = {
+            "spawn": self._in_spawn,
+            "stop": self._in_stop,
+            "migrate": lambda frame: accept_migration(self, frame),
+        }
+
+    # -- life -------------------------------------------------------------------------------
+
+    def start(self) -> Node:
+        """Connect, claim the node name, subscribe; then route the runtime's remote messages."""
+        if self._closed:
+            raise ClusterError(f"node {self.name} has left the cluster; make a new Node")
+        self._thread.start()
+        try:
+            self._call(self._start(), self.config.connect_timeout + 10)
+        except BaseException:
+            self.close()
+            raise
+        self.runtime.router = self
+        return self
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        tls = self.config.tls
+        if tls is None:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=tls.ca)
+            if tls.cert is not None:
+                context.load_cert_chain(tls.cert, tls.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise BadInput(f"[cluster] tls: {exc}") from None
+        return context
+
+    async def _start(self) -> None:
+        config = self.config
+        options: dict[str, Any] = {
+            "servers": config.servers,
+            "name": f"mighty-{self.name}",
+            "connect_timeout": max(1, int(config.connect_timeout)),
+            "reconnect_time_wait": 0.5,
+            "max_reconnect_attempts": -1,
+            "allow_reconnect": True,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+        }
+        context = self._ssl()
+        if context is not None:
+            options["tls"] = context
+        if config.creds is not None:
+            options["user_credentials"] = config.creds
+        try:
+            nc = await asyncio.wait_for(nats.connect(**options), config.connect_timeout)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            servers = ", ".join(config.servers)
+            raise ClusterError(
+                f"no NATS server answered at {servers}: {exc or type(exc).__name__}"
+            ) from None
+        self._nc = nc
+        js = nc.jetstream()
+        try:
+            self._names_kv = await self._bucket(js, f"{self.prefix}_names", None)
+            self._nodes_kv = await self._bucket(js, f"{self.prefix}_nodes", config.dead_after)
+        except nats.errors.Error as exc:
+            raise ClusterError(
+                f"JetStream is not available on {config.servers[0]}: {exc}"
+            ) from None
+        try:
+            await self._nodes_kv.create(self.name, encode(self._heartbeat()))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise ClusterError(
+                f"node name {self.name!r} is in use: a live node refreshed it within the last "
+                f"{config.dead_after:g} s (if it died, start again after that)"
+            ) from None
+        # Bounded: past these, NATS drops for this slow consumer (counted by the server).
+        await nc.subscribe(
+            self.subject,
+            cb=self._on_request,
+            pending_msgs_limit=_SUB_PENDING,
+            pending_bytes_limit=_SUB_PENDING_BYTES,
+        )
+        await nc.subscribe(
+            f"{self.prefix}.hb",
+            cb=self._on_heartbeat,
+            pending_msgs_limit=1024,
+            pending_bytes_limit=1 << 20,
+        )
+        if self.durable.types:
+            try:
+                await self.durable.setup(nc)
+            except nats.errors.Error as exc:
+                raise ClusterError(f"cannot set up the durable stream: {exc}") from None
+        watcher = await self._names_kv.watchall()
+        self._watcher = watcher
+        self._tasks.append(asyncio.ensure_future(self._watch_names(watcher)))
+        self._tasks.append(asyncio.ensure_future(self._beat()))
+        await nc.flush()
+
+    async def _bucket(self, js: Any, bucket: str, ttl: float | None) -> KeyValue:
+        try:
+            kv: KeyValue = await js.key_value(bucket)
+            return kv
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        try:
+            created: KeyValue = await js.create_key_value(bucket=bucket, history=1, ttl=ttl)
+        except nats.js.errors.BadRequestError:  # created by another node just now
+            created = await js.key_value(bucket)
+        return created
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Leave the cluster: names released, the node's key removed, the connection drained."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.runtime.router is self:
+            self.runtime.router = None
+        self.durable.close()
+        if self._thread.is_alive():
+            try:
+                self._call(self._close(), timeout)
+            except (ClusterError, HostError) as exc:
+                _log.warning("node %s: leaving the cluster: %s", self.name, exc)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        nc = self._nc
+        if nc is None:
+            return
+        if self._watcher is not None:
+            with suppress(TimeoutError, nats.errors.Error):
+                await asyncio.wait_for(self._watcher.stop(), 1.0)
+        if nc.is_connected:
+            for name, revision in list(self._claims.items()):
+                await self._delete_name(name, revision)
+            if self._nodes_kv is not None:
+                with contextlib.suppress(TimeoutError, nats.errors.Error):
+                    await asyncio.wait_for(self._nodes_kv.delete(self.name), 1.0)
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await asyncio.wait_for(nc.close(), 2.0)
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls onto the loop ----------------------------------------------------------------
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        if threading.get_ident() == self._thread.ident:
+            coro.close()
+            raise HostError("a blocking cluster call on the NATS loop (a bug)")
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:
+            coro.close()
+            raise ClusterError(f"node {self.name} has left the cluster") from None
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise ClusterError(
+                f"node {self.name}: no answer from NATS within {timeout:g} s"
+            ) from None
+
+    async def _on_error(self, exc: Exception) -> None:
+        _log.warning("node %s: NATS: %s", self.name, exc)
+
+    async def _on_disconnected(self) -> None:
+        if self._closed:
+            return
+        _log.warning("node %s: disconnected from NATS; reconnecting", self.name)
+
+    async def _on_reconnected(self) -> None:
+        _log.warning("node %s: reconnected to NATS", self.name)
+
+    # -- addresses --------------------------------------------------------------------------
+
+    def qualify(self, address: str) -> str:
+        """``type:pid`` (or ``host``) of this node as ``node:type:pid``; others unchanged."""
+        if address.count(":") == 2:
+            return address
+        if address.count(":") == 1 or address == "host":
+            return f"{self.name}:{address}"
+        return address
+
+    def localize(self, address: str) -> str:
+        """``node:type:pid`` of this node as ``type:pid``; others unchanged."""
+        node, _, rest = address.partition(":")
+        return rest if node == self.name and rest.count(":") == 1 else address
+
+    def route(self, address: str) -> str | None:
+        """RemoteRouter.route: the local form, or None when another node holds ``address``."""
+        if self._moved_to(address) is not None:
+            return None
+        parts = address.split(":")
+        if len(parts) == 3:
+            if parts[0] == self.name:
+                return f"{parts[1]}:{parts[2]}"
+            if parts[0] not in self.config.peers:
+                raise NoProc(f"no node {parts[0]!r} in this cluster (address {address!r})")
+            return None
+        if len(parts) != 1:
+            return address
+        owner = self.whereis(address)
+        if owner is None:
+            return address
+        node, _, local = owner.partition(":")
+        return local if node == self.name else None
+
+    def whereis(self, name: str) -> str | None:
+        """The cluster-wide address (``node:type:pid``) registered under ``name``, if any."""
+        with self._lock:
+            found = self._names.get(name)
+        if found is not None or not _KEY.match(name):
+            return found
+        if threading.get_ident() == self._thread.ident:
+            return None
+        try:
+            return self._call(self._get_name(name), 5.0)
+        except ClusterError:
+            return None
+
+    async def _get_name(self, name: str) -> str | None:
+        assert self._names_kv is not None
+        try:
+            entry = await self._names_kv.get(name)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except nats.errors.Error:
+            return None
+        value = _address_value(entry.value)
+        if value is not None:
+            with self._lock:
+                self._names[name] = value
+        return value
+
+    def _target(self, to: str) -> tuple[str, str]:
+        """(the node, the address in the frame) for a remote ``to``."""
+        self._wait_moved(to)
+        to = self._moved_to(to) or to
+        parts = to.split(":")
+        if len(parts) == 3:
+            node, target = parts[0], f"{parts[1]}:{parts[2]}"
+        else:
+            owner = self.whereis(to)
+            if owner is None:
+                raise NoProc(f"no agent at {to!r}")
+            node, target = owner.partition(":")[0], to
+        if node in self._dead:
+            raise NoProc(f"{to}: node {node} is down")
+        return node, target
+
+    def _moved_to(self, address: str) -> str | None:
+        """Where the agent once at ``address`` lives now (after migrations), if it moved."""
+        found = None
+        with self._lock:
+            for _ in range(8):
+                key = self.localize(address)
+                nxt = self._moved.get(key) or self._moved.get(address)
+                if nxt is None:
+                    break
+                found = address = nxt
+        return found
+
+    def moving(self, local: str, new_address: str) -> threading.Event:
+        """Record that ``local`` moved to ``new_address``; sends to it wait for the event."""
+        ready = threading.Event()
+        with self._lock:
+            self._moving[local] = ready
+            self._moved[local] = new_address
+        return ready
+
+    def _wait_moved(self, address: str) -> None:
+        with self._lock:
+            ready = self._moving.get(self.localize(address))
+        if ready is not None and not ready.wait(30):
+            raise AskTimeout(f"{address} is still moving")
+
+    def migrate(self, address: str, node: str, *, drain_timeout: float = 5.0) -> MigrationReport:
+        """Move the agent at ``address`` (on this node), live, to ``node``; see _migrate."""
+        return migrate(self, address, node, drain_timeout=drain_timeout)
+
+    def expect_takeover(self, name: str, previous: str) -> None:
+        """A migration moves ``name`` from ``previous`` to an agent here: let the claim take it."""
+        with self._lock:
+            self._takeover[name] = previous
+
+    def takeover_done(self, name: str, new_address: str) -> None:
+        """``name`` moved to ``new_address`` on another node (our claim is theirs now)."""
+        with self._lock:
+            self._claims.pop(name, None)
+            self._names[name] = new_address
+
+    # -- outgoing ---------------------------------------------------------------------------
+
+    def send(self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None) -> None:
+        """RemoteRouter.send: returns when the remote mailbox accepted the message.
+
+        A send by name to an agent of a durable type returns when JetStream stored it.
+        """
+        wait = timeout if timeout is not None else self.config.ask_timeout
+        if self.durable.types and to.count(":") == 0:
+            owner = (self.whereis(to) or "").split(":")
+            if len(owner) == 3 and owner[1] in self.durable.types:
+                self.stats.sent += 1
+                self.durable.publish(to, name, body, sender=self.qualify(sender), timeout=wait)
+                return
+        node, target = self._target(to)
+        frame = Frame(
+            "send",
+            node=self.name,
+            to=target,
+            sender=self.qualify(sender),
+            name=name,
+            body=body,
+            ttl=max(1, int(wait * 1000)),
+            id=f"{self.name}-{next(self._ids)}",
+        )
+        self.stats.sent += 1
+        future: Future[bytes | None] = Future()
+        self._submit(node, to, frame, wait, future)
+        try:
+            future.result(wait + 1.0)
+        except FutureTimeout:
+            raise AskTimeout(f"no acknowledgement from {to} within {wait:g} s") from None
+
+    def ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        *,
+        sender: str,
+        timeout: float,
+        chain: tuple[str, ...],
+    ) -> Future[bytes | None]:
+        """RemoteRouter.ask: the reply's future; it settles by the deadline at the latest."""
+        node, target = self._target(to)
+        frame = Frame(
+            "ask",
+            node=self.name,
+            to=target,
+            sender=self.qualify(sender),
+            name=name,
+            body=body,
+            ttl=max(1, int(timeout * 1000)),
+            chain=tuple(self.qualify(c) for c in chain),
+        )
+        self.stats.asked += 1
+        future: Future[bytes | None] = Future()
+        self._submit(node, to, frame, timeout, future)
+        return future
+
+    def _submit(
+        self, node: str, to: str, frame: Frame, timeout: float, future: Future[bytes | None]
+    ) -> None:
+        data = encode(frame)
+        if len(data) > self.config.max_frame:
+            raise Refused(
+                f"{to}: a message of {len(data)} bytes exceeds the cluster's frame limit "
+                f"({self.config.max_frame})"
+            )
+        coro = self._request(f"{self.prefix}.node.{node}", to, data, timeout, future)
+        try:
+            asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:
+            coro.close()
+            raise NoProc(f"{to}: this node has left the cluster") from None
+
+    async def _request(
+        self, subject: str, to: str, data: bytes, timeout: float, future: Future[bytes | None]
+    ) -> None:
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            _set(future, error=NoProc(f"{to}: this node has left the cluster"))
+            return
+        try:
+            msg = await nc.request(subject, data, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            _set(future, error=NoProc(f"{to}: its node is not running"))
+            return
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            what = "no reply" if isinstance(exc, TimeoutError) else f"no reply ({exc})"
+            _set(future, error=AskTimeout(f"{what} from {to} within {timeout:g} s"))
+            return
+        try:
+            reply = decode(msg.data, max_frame=self.config.max_frame)
+        except FrameError as exc:
+            self._drop(exc.reason, f"a reply from {to}: {exc.message}")
+            _set(future, error=AskTimeout(f"{to} answered with a frame this node cannot read"))
+            return
+        moved = reply.extra.get("moved")
+        if (
+            isinstance(moved, str)
+            and moved.count(":") == 2
+            and moved.partition(":")[0] in self.config.peers
+        ):
+            with self._lock:
+                self._moved[to] = moved  # the old node forwarded: go direct from now on
+        if reply.k == "ok":
+            _set(future, reply.body or None)
+        elif reply.k == "err":
+            if reply.code == "noproc" and to.count(":") == 0:
+                with self._lock:
+                    self._names.pop(to, None)
+            _set(future, error=error_of(reply))
+        else:
+            self._drop("field", f"a reply of kind {reply.k!r} from {to}")
+            _set(future, error=AskTimeout(f"{to} answered with a {reply.k!r} frame"))
+
+    def request(self, node: str, frame: Frame, timeout: float) -> Frame:
+        """A request frame to ``node``, waiting for its ``ok`` reply (an AgentError otherwise)."""
+        if node in self._dead:
+            raise NoProc(f"node {node} is down")
+        future: Future[bytes | None] = Future()
+        holder: list[Frame] = []
+
+        async def go() -> None:
+            nc = self._nc
+            assert nc is not None
+            try:
+                msg = await nc.request(f"{self.prefix}.node.{node}", encode(frame), timeout=timeout)
+                reply = decode(msg.data, max_frame=self.config.max_frame)
+            except nats.errors.NoRespondersError:
+                _set(future, error=NoProc(f"node {node} is not running"))
+                return
+            except (TimeoutError, nats.errors.Error, OSError, FrameError) as exc:
+                _set(
+                    future,
+                    error=AskTimeout(f"no reply from node {node} within {timeout:g} s ({exc})"),
+                )
+                return
+            if reply.k == "err":
+                _set(future, error=error_of(reply))
+                return
+            holder.append(reply)
+            _set(future, None)
+
+        self._call(go(), timeout + 2.0)
+        future.result(0)
+        return holder[0]
+
+    # -- incoming ---------------------------------------------------------------------------
+
+    def _drop(self, reason: str, what: str) -> None:
+        self.stats.dropped[reason] += 1
+        count = self.stats.dropped[reason]
+        if count <= _LOGGED_DROPS or count % 1000 == 0:
+            _log.warning("node %s: dropped %s (%s; %d so far)", self.name, what, reason, count)
+
+    async def _respond(self, msg: Msg, frame: Frame) -> None:
+        nc = self._nc
+        if not msg.reply or nc is None:
+            return
+        try:
+            await nc.publish(msg.reply, encode(frame))
+        except nats.errors.Error as exc:
+            _log.warning("node %s: replying failed: %s", self.name, exc)
+
+    def _answer(self, msg: Msg, frame: Frame) -> None:
+        """Reply from any thread."""
+        if self._closed:
+            return
+        with suppress(RuntimeError):  # the loop is closed: the asker times out
+            self._loop.call_soon_threadsafe(self._reply_soon, msg, frame)
+
+    def _reply_soon(self, msg: Msg, frame: Frame) -> None:
+        self._loop.create_task(self._respond(msg, frame))
+
+    async def _on_request(self, msg: Msg) -> None:
+        try:
+            frame = decode(msg.data, max_frame=self.config.max_frame)
+        except FrameError as exc:
+            self._drop(exc.reason, f"a frame on {msg.subject}: {exc.message}")
+            if exc.reason == "version":
+                await self._respond(
+                    msg, Frame("err", node=self.name, code="failed", msg=exc.message)
+                )
+            return
+        if frame.node not in self.config.peers:
+            self._drop("peer", f"a frame from {frame.node!r}, not in [cluster.peers]")
+            return
+        self.stats.received += 1
+        if frame.k in ("send", "ask"):
+            moved = self._moved_to(frame.to)
+            if moved is not None:
+                with self._lock:
+                    ready = self._moving.get(self.localize(frame.to))
+                self._loop.create_task(forward_frame(self, msg, frame, moved, ready))
+                return
+        try:
+            if frame.k == "send":
+                self._in_send(msg, frame)
+            elif frame.k == "ask":
+                self._in_ask(msg, frame)
+            elif frame.k in self._handlers:
+                self._in_pool(msg, frame)
+            else:
+                self._drop("field", f"a {frame.k!r} frame on {msg.subject}")
+        except AgentError as exc:
+            await self._respond(msg, _err(self.name, exc))
+
+    def _local(self, to: str) -> str:
+        """The local address a frame's ``to`` names (a name resolved here), or NoProc."""
+        target = self.localize(to)
+        if target.count(":") == 1:
+            return target
+        if target.count(":") == 0:
+            found = self.runtime.whereis(target)
+            if found is not None:
+                return found
+        raise NoProc(f"no agent at {to!r} on node {self.name}")
+
+    def _blocks(self, address: str) -> bool:
+        """The target's mailbox is full and its policy is to block."""
+        mailbox = self.runtime.process(address).mailbox
+        return mailbox.on_full == "block" and len(mailbox) >= mailbox.capacity
+
+    def _slow(self, msg: Msg, work: Callable[[], None]) -> None:
+        """Run a delivery that may block on the pool (bounded), answering mailbox-full beyond."""
+        if self._inflight >= self.config.max_inflight:
+            raise MailboxFullError(f"node {self.name}: too many deliveries waiting for space")
+        self._inflight += 1
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                self._loop.call_soon_threadsafe(self._done_inflight)
+
+        self._pool.submit(run)
+
+    def _done_inflight(self) -> None:
+        self._inflight -= 1
+
+    def _in_send(self, msg: Msg, frame: Frame) -> None:
+        local = self._local(frame.to)
+        wait = frame.ttl / 1000 if frame.ttl else None
+
+        def deliver(timeout: float | None) -> None:
+            self.runtime.send_raw(
+                local, frame.name, frame.body, sender=frame.sender, timeout=timeout
+            )
+
+        if not self._blocks(local):
+            try:
+                deliver(0.0)
+            except MailboxFullError:
+                if self.runtime.process(local).mailbox.on_full != "block":
+                    raise
+            else:
+                self._loop.create_task(self._respond(msg, Frame("ok", node=self.name)))
+                return
+
+        def slow() -> None:
+            try:
+                deliver(wait)
+            except AgentError as exc:
+                self._answer(msg, _err(self.name, exc))
+                return
+            self._answer(msg, Frame("ok", node=self.name))
+
+        self._slow(msg, slow)
+
+    def _in_ask(self, msg: Msg, frame: Frame) -> None:
+        local = self._local(frame.to)
+        chain = tuple(self.localize(c) for c in frame.chain)
+        wait = frame.ttl / 1000
+
+        def deliver(timeout: float) -> None:
+            future, breaker = self.runtime.deliver_ask(
+                local, frame.name, frame.body, sender=frame.sender, chain=chain, timeout=timeout
+            )
+            future.add_done_callback(lambda f: self._replied(msg, f, breaker))
+
+        if not self._blocks(local):
+            try:
+                deliver(0.0)
+            except MailboxFullError:
+                if self.runtime.process(local).mailbox.on_full != "block":
+                    raise
+            else:
+                return
+
+        def slow() -> None:
+            try:
+                deliver(wait)
+            except AgentError as exc:
+                self._answer(msg, _err(self.name, exc))
+
+        self._slow(msg, slow)
+
+    def _replied(self, msg: Msg, future: Future[bytes | None], breaker: Any) -> None:
+        """The local agent answered a remote ask (on the thread that settled it)."""
+        error = future.exception()
+        if error is None:
+            if breaker is not None:
+                breaker.record_success()
+            self._answer(msg, Frame("ok", node=self.name, body=future.result() or b""))
+            return
+        if breaker is not None and isinstance(error, HandlerFailed | AgentCrashed):
+            breaker.record_failure()
+        if isinstance(error, AgentError):
+            self._answer(msg, _err(self.name, error))
+        else:
+            self._answer(msg, Frame("err", node=self.name, code="failed", msg=str(error)[:400]))
+
+    def handle(self, kind: str, handler: Callable[[Frame], Frame]) -> None:
+        """Serve request frames of ``kind`` with ``handler`` (on the pool: it may block)."""
+        self._handlers[kind] = handler
+
+    def _in_pool(self, msg: Msg, frame: Frame) -> None:
+        handler = self._handlers[frame.k]
+
+        def run() -> None:
+            try:
+                reply = handler(frame)
+            except AgentError as exc:
+                reply = _err(self.name, exc)
+            except Exception as exc:  # noqa: BLE001 -- a bad request must not kill the pool
+                _log.exception("node %s: %s request failed", self.name, frame.k)
+                reply = Frame(
+                    "err", node=self.name, code="failed", msg=f"{type(exc).__name__}: {exc}"[:400]
+                )
+            self._answer(msg, reply)
+
+        self._pool.submit(run)
+
+    def _in_spawn(self, frame: Frame) -> Frame:
+        name = frame.name or None
+        supervise = frame.extra.get("supervise")
+        if name is None or not isinstance(supervise, dict):
+            process = self.runtime.spawn_process(frame.type, frame.body, name=name)
+            return Frame("ok", node=self.name, to=self.qualify(process.address))
+        intensity, period = supervise.get("intensity", 3), supervise.get("period", 5.0)
+        if not isinstance(intensity, int) or not isinstance(period, int | float) or period <= 0:
+            raise BadSpawn("spawn: supervise takes {intensity: int, period: seconds}")
+        # Supervised here: a crash on this node restarts it here (same address and mailbox).
+        child = AgentChild(name, frame.type, decode_body(frame.body))
+        spec = SupervisorSpec(f"{self.name}/{name}", [child], "one_for_one", intensity, period)
+        try:
+            supervisor = start_tree(self.runtime, spec)
+        except SupervisorStartFailed as exc:
+            raise BadSpawn(str(exc)) from None
+        address = self.runtime.whereis(name)
+        if address is None:
+            supervisor.stop()
+            raise BadSpawn(f"{name!r} stopped as it started")
+        with self._lock:
+            self._supervisors[address] = supervisor
+        return Frame("ok", node=self.name, to=self.qualify(address))
+
+    def _in_stop(self, frame: Frame) -> Frame:
+        local = self._local(frame.to)
+        with self._lock:
+            supervisor = self._supervisors.pop(local, None)
+        if supervisor is not None:
+            supervisor.stop()
+        with suppress(NoProc):
+            self.runtime.stop(local)
+        return Frame("ok", node=self.name)
+
+    # -- remote life ------------------------------------------------------------------------
+
+    def spawn_on(
+        self,
+        node: str,
+        type_name: str,
+        init: bytes = b"",
+        *,
+        name: str | None = None,
+        supervise: tuple[int, float] | None = None,
+        timeout: float = 60.0,
+    ) -> str:
+        """Start an agent on ``node`` (this one or another); its address ``node:type:pid``.
+
+        ``supervise=(intensity, period)`` (with a ``name``) puts it under a one_for_one
+        supervisor on that node, so that a crash there restarts it there.
+        """
+        if node not in self.config.peers:
+            raise BadSpawn(f"no node {node!r} in this cluster")
+        extra = (
+            {}
+            if supervise is None
+            else {"supervise": {"intensity": supervise[0], "period": supervise[1]}}
+        )
+        frame = Frame(
+            "spawn", node=self.name, type=type_name, body=init, name=name or "", extra=extra
+        )
+        if node == self.name:
+            if threading.get_ident() == self._thread.ident:
+                raise HostError("spawn_on from the NATS loop (a bug)")
+            return self._in_spawn(frame).to
+        reply = self.request(node, frame, timeout)
+        return reply.to
+
+    def stop_on(self, address: str, timeout: float = 10.0) -> None:
+        """Stop the agent at ``node:type:pid`` for good, wherever it runs."""
+        node, _, local = address.partition(":")
+        frame = Frame("stop", node=self.name, to=local)
+        if node == self.name:
+            self._in_stop(frame)
+            return
+        self.request(node, frame, timeout)
+
+    # -- names ------------------------------------------------------------------------------
+
+    def claim(self, name: str, address: str) -> None:
+        """RemoteRouter.claim: register ``name`` cluster-wide, or BadSpawn on a clash."""
+        if not _KEY.match(name):
+            raise BadSpawn(
+                f"{name!r} cannot be a cluster-wide name (letters, digits, '-', '_', '=')"
+            )
+        value = self.qualify(address)
+        try:
+            revision = self._call(self._claim(name, value), 10.0)
+        except ClusterError as exc:
+            raise BadSpawn(f"cannot register the name {name!r}: {exc.message}") from None
+        with self._lock:
+            self._claims[name] = revision
+            self._names[name] = value
+        if address.partition(":")[0] in self.durable.types:
+            self.durable.attach(name, address)
+
+    async def _claim(self, name: str, value: str) -> int:
+        kv = self._names_kv
+        assert kv is not None
+        try:
+            return int(await kv.create(name, value.encode()))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        entry = await kv.get(name)
+        owner = _address_value(entry.value) or ""
+        owner_node = owner.partition(":")[0]
+        with self._lock:
+            expected = self._takeover.pop(name, None)
+        stale = (
+            owner == expected
+            or owner_node in self._dead
+            or (owner_node == self.name and self.runtime.whereis(name) != self.localize(owner))
+        )
+        if owner == value or stale:
+            return int(await kv.update(name, value.encode(), last=entry.revision))
+        raise BadSpawn(f"the name {name!r} is already registered in the cluster, by {owner}")
+
+    def release(self, name: str, address: str) -> None:
+        """RemoteRouter.release: drop our claim (asynchronously; a later claim is kept)."""
+        self.durable.detach(name)
+        with self._lock:
+            revision = self._claims.pop(name, None)
+        if revision is None or self._closed:
+            return
+        with contextlib.suppress(RuntimeError):
+            asyncio.run_coroutine_threadsafe(self._delete_name(name, revision), self._loop)
+
+    async def _delete_name(self, name: str, revision: int) -> None:
+        kv = self._names_kv
+        if kv is None:
+            return
+        # Taken over meanwhile, or NATS away: the claim goes stale with this node.
+        with suppress(TimeoutError, nats.errors.Error):
+            await asyncio.wait_for(kv.delete(name, last=revision), 2.0)
+
+    def forget_names_of(self, node: str) -> list[str]:
+        """Delete the names a dead ``node`` held (its supervisor restarts the agents)."""
+        return self._call(self._forget_names(node), 10.0)
+
+    async def _forget_names(self, node: str) -> list[str]:
+        kv = self._names_kv
+        assert kv is not None
+        with self._lock:
+            held = [n for n, a in self._names.items() if a.partition(":")[0] == node]
+        for name in held:
+            try:
+                entry = await kv.get(name)
+                owner = _address_value(entry.value) or ""
+                if owner.partition(":")[0] == node:
+                    await kv.delete(name, last=entry.revision)
+            except nats.errors.Error:
+                continue
+            with self._lock:
+                self._names.pop(name, None)
+        return held
+
+    async def _watch_names(self, watcher: Any) -> None:
+        while True:
+            try:
+                entry = await watcher.updates(timeout=3600)
+            except nats.errors.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 -- the watcher broke (NATS away): lookups still work
+                _log.warning("node %s: the names watcher stopped", self.name)
+                return
+            if entry is None:
+                continue
+            with self._lock:
+                if entry.operation in ("DEL", "PURGE"):
+                    self._names.pop(entry.key, None)
+                else:
+                    value = _address_value(entry.value)
+                    if value is not None:
+                        self._names[entry.key] = value
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    def on_membership(self, listener: Callable[[str, bool], None]) -> None:
+        """``listener(node, alive)`` hears a node die or come back (on a pool thread)."""
+        self._listeners.append(listener)
+
+    def live_nodes(self) -> list[str]:
+        """This node and every peer heard from within ``dead_after``, in peer order."""
+        now = time.monotonic()
+        window = self.config.dead_after
+        return [
+            n
+            for n in self.config.peers
+            if n == self.name or (n not in self._dead and now - self._seen.get(n, -1e9) <= window)
+        ]
+
+    def load(self, node: str) -> int:
+        """Agents on ``node`` at its last heartbeat (this node: now)."""
+        if node == self.name:
+            return len(self.runtime.agents())
+        return self._load.get(node, 0)
+
+    def wait_for(self, nodes: list[str], timeout: float) -> bool:
+        """Wait until every node in ``nodes`` is live; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while not set(nodes) <= set(self.live_nodes()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _heartbeat(self) -> Frame:
+        return Frame("hb", node=self.name, extra={"load": len(self.runtime.agents())})
+
+    async def _beat(self) -> None:
+        nc = self._nc
+        assert nc is not None
+        assert self._nodes_kv is not None
+        while True:
+            frame = encode(self._heartbeat())
+            try:
+                await nc.publish(f"{self.prefix}.hb", frame)
+                if nc.is_connected:
+                    await asyncio.wait_for(
+                        self._nodes_kv.put(self.name, frame), self.config.heartbeat
+                    )
+            except (TimeoutError, nats.errors.Error):
+                pass
+            self._check_liveness()
+            await asyncio.sleep(self.config.heartbeat)
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for node, seen in list(self._seen.items()):
+            if node not in self._dead and now - seen > self.config.dead_after:
+                self._dead.add(node)
+                _log.warning(
+                    "node %s: node %s is dead (silent for %.1f s)", self.name, node, now - seen
+                )
+                self._notify(node, alive=False)
+
+    def _notify(self, node: str, *, alive: bool) -> None:
+        for listener in list(self._listeners):
+
+            def run(listener: Callable[[str, bool], None] = listener) -> None:
+                try:
+                    listener(node, alive)
+                except Exception:  # noqa: BLE001 -- a listener must not break liveness
+                    _log.exception("node %s: membership listener failed", self.name)
+
+            self._pool.submit(run)
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            frame = decode(msg.data, max_frame=4096)
+        except FrameError as exc:
+            self._drop(exc.reason, f"a heartbeat: {exc.message}")
+            return
+        if frame.k != "hb":
+            self._drop("field", f"a {frame.k!r} frame on the heartbeat subject")
+            return
+        if frame.node not in self.config.peers:
+            self._drop("peer", f"a heartbeat from {frame.node!r}, not in [cluster.peers]")
+            return
+        if frame.node == self.name:
+            return
+        load = frame.extra.get("load", 0)
+        self._load[frame.node] = load if isinstance(load, int) and load >= 0 else 0
+        self._seen[frame.node] = time.monotonic()
+        if frame.node in self._dead:
+            self._dead.discard(frame.node)
+            self._notify(frame.node, alive=True)
+
+
+def _address_value(value: bytes | None) -> str | None:
+    """A names-bucket value (``node:type:pid``), or None for anything else."""
+    if value is None or len(value) > 600:
+        return None
+    try:
+        text = value.decode()
+    except UnicodeDecodeError:
+        return None
+    return text if text.count(":") == 2 else None

@@ -1,0 +1,175 @@
+"""A supervisor whose children run on several nodes, restarted elsewhere when a node dies.
+
+The restart logic is the agents' own ``Supervisor`` (strategies one_for_one, rest_for_one and
+one_for_all; intensity within a period): each child's ``start`` places it on a live node
+(pinned to ``node`` while that node lives, else round-robin or least-loaded over the live
+nodes) and spawns it there under its cluster-wide name. When the heartbeats of a node stop for
+``dead_after`` seconds, each child it held is reported as crashed ("node b is down"): its name
+is released from the names bucket and the strategy restarts it on a surviving node. Messages
+queued in the dead node's mailboxes are lost (at-most-once), as in a local crash.
+
+A child crashing on its own node is restarted there by the node (a fresh instance, the same
+address and mailbox), as in a local tree; the cluster supervisor only sees node deaths. The
+supervisor runs on one node: if that node dies, the children keep running unsupervised.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mighty.agents import (
+    AgentError,
+    BadSpawn,
+    ChildSpec,
+    Supervisor,
+    SupervisorEvent,
+    encode_body,
+)
+from mighty.cluster._config import ClusterSupervisorModel
+from mighty.cluster._node import Node
+
+__all__ = ["ClusterChild", "ClusterSupervisor", "RemoteChild"]
+
+_log = logging.getLogger(__name__)
+Placement = Literal["round_robin", "least_loaded"]
+
+
+@dataclass(frozen=True)
+class ClusterChild:
+    """A child of a cluster supervisor: registered cluster-wide under ``name``."""
+
+    name: str
+    type: str
+    init: Any = None
+    node: str | None = None
+    """Pinned to this node while it lives."""
+
+
+class RemoteChild:
+    """The supervisor's handle on a child running on some node."""
+
+    def __init__(self, node: Node, address: str) -> None:
+        self.node = node
+        self.address = address
+
+    @property
+    def where(self) -> str:
+        return self.address.partition(":")[0]
+
+    def stop(self) -> None:
+        if self.where in self.node.live_nodes():
+            try:
+                self.node.stop_on(self.address)
+            except AgentError as exc:
+                _log.info("stopping %s: %s", self.address, exc.message)
+
+
+class ClusterSupervisor:
+    """Children placed on the cluster's nodes; see the module docstring."""
+
+    def __init__(
+        self,
+        node: Node,
+        children: Sequence[ClusterChild],
+        *,
+        name: str = "cluster",
+        strategy: Literal["one_for_one", "rest_for_one", "one_for_all"] = "one_for_one",
+        intensity: int = 3,
+        period: float = 30.0,
+        placement: Placement = "round_robin",
+        local_intensity: int = 3,
+        local_period: float = 5.0,
+    ) -> None:
+        self.node = node
+        self.local_intensity = local_intensity
+        self.local_period = local_period
+        self.children = list(children)
+        self.placement = placement
+        self.events: list[SupervisorEvent] = []
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+        self._handles: dict[str, RemoteChild] = {}
+        self.supervisor = Supervisor(
+            name,
+            [ChildSpec(c.name, self._starter(c)) for c in self.children],
+            strategy,
+            intensity,
+            period,
+            on_event=self.events.append,
+        )
+        node.on_membership(self._membership)
+
+    @classmethod
+    def from_model(cls, node: Node, model: ClusterSupervisorModel) -> ClusterSupervisor:
+        return cls(
+            node,
+            [ClusterChild(c.name, c.type, c.init, c.node) for c in model.children],
+            strategy=model.strategy,
+            intensity=model.intensity,
+            period=model.period,
+            placement=model.placement,
+        )
+
+    @property
+    def state(self) -> str:
+        return self.supervisor.state
+
+    def start(self) -> ClusterSupervisor:
+        self.supervisor.start()
+        return self
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+
+    def where(self) -> dict[str, str]:
+        """Each running child's address (``node:type:pid``), by child name."""
+        with self._lock:
+            return {name: h.address for name, h in self._handles.items()}
+
+    def _place(self, child: ClusterChild) -> str:
+        peers = self.node.config.peers
+        live = [n for n in self.node.live_nodes() if peers[n].spawn]
+        if not live:
+            raise BadSpawn(f"no live node to place {child.name!r} on")
+        if child.node is not None and child.node in live:
+            return child.node
+        if self.placement == "least_loaded":
+            return min(live, key=self.node.load)
+        return live[next(self._turn) % len(live)]
+
+    def _starter(self, child: ClusterChild) -> Any:
+        def start() -> RemoteChild:
+            target = self._place(child)
+            address = self.node.spawn_on(
+                target,
+                child.type,
+                encode_body(child.init),
+                name=child.name,
+                supervise=(self.local_intensity, self.local_period),
+            )
+            handle = RemoteChild(self.node, address)
+            with self._lock:
+                self._handles[child.name] = handle
+            return handle
+
+        return start
+
+    def _membership(self, node: str, alive: bool) -> None:
+        if alive:
+            return
+        with self._lock:
+            lost = [name for name, h in self._handles.items() if h.where == node]
+        if not lost:
+            return
+        self.node.forget_names_of(node)
+        for name in lost:
+            with self._lock:
+                handle = self._handles.get(name)
+            self.supervisor.child_exited(
+                name, crashed=True, reason=f"node {node} is down", handle=handle
+            )

@@ -1,0 +1,136 @@
+"""Cluster tests: real nats-server processes on loopback ports, real runtimes and `mty node`s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mighty import Component
+from mighty.agents import AgentType, MailboxSettings, Runtime
+from mighty.cluster import ClusterConfig, NatsServer, Node, parse_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+ECHO_WAT = ROOT / "tests" / "fixtures" / "echo_agent.wat"
+
+
+@pytest.fixture(scope="session")
+def echo_wasm(wat: Callable[[str], bytes], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cluster") / "echo.wasm"
+    path.write_bytes(wat(ECHO_WAT.read_text()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def echo(echo_wasm: Path) -> Component:
+    return Component.load(echo_wasm)
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    with NatsServer() as server:
+        yield server
+
+
+def config(url: str, peers: tuple[str, ...] = ("a", "b", "t"), **extra: Any) -> ClusterConfig:
+    return parse_cluster(
+        {"servers": [url], "peers": {p: {} for p in peers}, "heartbeat": 0.2, "dead_after": 1.0}
+        | extra
+    )
+
+
+class Nodes:
+    """Runtimes joined as nodes in this process; all closed at the end."""
+
+    def __init__(self, echo: Component, url: str) -> None:
+        self.echo = echo
+        self.url = url
+        self.made: list[tuple[Runtime, Node]] = []
+
+    def __call__(
+        self, name: str, *, mailbox: MailboxSettings | None = None, **extra: Any
+    ) -> tuple[Runtime, Node]:
+        runtime = Runtime(workers=1)
+        runtime.register(AgentType("echo", self.echo, mailbox=mailbox or MailboxSettings()))
+        runtime.register(
+            AgentType("strict", self.echo, accepts={"put": None}, mailbox=MailboxSettings())
+        )
+        node = Node(runtime, config(self.url, **extra), name=name)
+        self.made.append((runtime, node))
+        node.start()
+        return runtime, node
+
+    def close(self) -> None:
+        for runtime, node in reversed(self.made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+@pytest.fixture
+def nodes(echo: Component, nats_server: NatsServer) -> Iterator[Nodes]:
+    made = Nodes(echo, nats_server.url)
+    yield made
+    made.close()
+
+
+class Mty:
+    """`mty ARGS` as a subprocess; its stderr read on a thread (never a full pipe)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mighty.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: list[str] = []
+        self.out = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    def wait_line(self, text: str, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if self.process.poll() is not None and not self._reader.is_alive():
+                raise AssertionError(f"mty ended before {text!r}: {''.join(self.lines)}")
+            assert time.monotonic() < deadline, f"no {text!r} in {timeout} s: {self.lines}"
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.finish()
+
+    def finish(self, sig: int = signal.SIGINT, timeout: float = 20.0) -> int:
+        """Signal it (if running), wait, collect stdout; the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            self.out, _ = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.out, _ = self.process.communicate()
+        self._reader.join(5)
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def counter(tmp_path_factory: pytest.TempPathFactory) -> Component:
+    """The counter example agent (state: count; snapshot/restore), built once (cached)."""
+    from tests.agents.conftest import _build_path
+
+    return Component.load(_build_path("counter", tmp_path_factory.mktemp("counter")))
