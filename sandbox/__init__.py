@@ -26,6 +26,12 @@ from mighty.sandbox._api import (
     Session,
 )
 from mighty.sandbox._interpreter import interpreter_component
+from mighty.sandbox._snapshot import (
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotMismatch,
+    SnapshotTooLarge,
+)
 from mighty.sandbox._tools import Tool
 from mighty.wasi import DirGrant, MemoryDir
 
@@ -40,6 +46,10 @@ __all__ = [
     "RunUsage",
     "Sandbox",
     "Session",
+    "SnapshotCorrupt",
+    "SnapshotError",
+    "SnapshotMismatch",
+    "SnapshotTooLarge",
     "Tool",
     "interpreter_component",
 ]

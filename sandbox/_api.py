@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import hashlib
 import json
 import math
 import threading
@@ -58,10 +59,17 @@ from mighty._errors import (
     OutOfMemory,
 )
 from mighty.budget import Budget, CancelScope, Usage
-from mighty.engine import Component
+from mighty.engine import Component, MemoryState, state_from_pages
 from mighty.gate import Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
+from mighty.sandbox._snapshot import (
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotMismatch,
+    decode_snapshot,
+    encode_snapshot,
+)
 from mighty.sandbox._tools import (
     MAX_NESTED_RUNS,
     Tool,
@@ -303,7 +311,13 @@ class _Config:
 class _Live:
     """One interpreter instance with its tool host and output capture."""
 
-    def __init__(self, config: _Config, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        config: _Config,
+        recorder: Recorder | None = None,
+        *,
+        memory: MemoryState | None = None,
+    ) -> None:
         limits = config.limits
         self.limits = limits
         self.host = ToolHost(
@@ -326,6 +340,7 @@ class _Live:
             record=recorder,
             # A code-mode instance works at once: copy the pages a run writes in one go.
             prefault=True,
+            memory=memory,
         )
         self.instance.context.state["sandbox.tools"] = self.host
 
@@ -680,6 +695,9 @@ class Sandbox:
         if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= _MAX_POOL:
             raise BadInput(f"pool must be an int in 0..{_MAX_POOL}, got {pool!r}")
         self._pool = _Pool(self._config, pool)
+        # What a session's interpreter has cached of the tools: snapshots are stamped with it.
+        spec = json.dumps([t.spec() for t in self.tools.values()])
+        self._tools_digest = hashlib.sha256(spec.encode()).hexdigest()
         self._closed = False
         weakref.finalize(self, _Pool.close, self._pool)
         weakref.finalize(self, _LoopThread.close, self._loop)
@@ -735,6 +753,35 @@ class Sandbox:
         """A REPL-style session: one interpreter whose globals persist across runs."""
         return Session(self)
 
+    def restore(self, snapshot: bytes | bytearray | memoryview) -> Session:
+        """A session that continues from ``snapshot`` (from :meth:`Session.snapshot`, in this
+        process or another): the same globals, functions, classes and imported modules.
+
+        The snapshot must come from the same interpreter build and a sandbox with the same
+        tools, and its memory must fit this sandbox's ``Limits.memory``; otherwise, or when it
+        is truncated or corrupted, :class:`SnapshotError` (``SnapshotMismatch``,
+        ``SnapshotCorrupt``, ``SnapshotTooLarge``) says why.
+        """
+        if self._closed:
+            raise ValueError("sandbox is closed")
+        component = self._config.component
+        snap = decode_snapshot(
+            snapshot,
+            component=component.sha256,
+            tools=self._tools_digest,
+            memory_limit=self.limits.memory,
+        )
+        image = component.images[0] if len(component.images) == 1 else None
+        if snap.image_length != (image.length if image is not None else 0):
+            raise SnapshotMismatch(
+                "the snapshot's memory image does not match this interpreter's (another build)"
+            )
+        try:
+            state = state_from_pages(snap.memory_size, image, snap.ranges, snap.data)
+        except ValueError as exc:
+            raise SnapshotCorrupt(f"the snapshot's memory is not valid: {exc}") from None
+        return Session(self, _start=(state, snap.holdings))
+
     def _run(
         self,
         code: str,
@@ -784,18 +831,124 @@ class Sandbox:
         self.close()
 
 
+_SESSION_WARM = (
+    "import os, sys\nsys.stdout.write(' ')\nsys.stdout.flush()\n"
+    "sys.stderr.write(' ')\nsys.stderr.flush()\n"
+    "try:\n    os.stat('/')\nexcept OSError:\n    pass\nresult = None"
+)
+"""A session's first call: the interpreter's start-up, one write to each output stream and one
+path lookup (which opens the granted directories), so that the guest takes those handles now,
+in this order, in every session instance (a snapshot's memory refers to them by handle number;
+see ``Session._begin``)."""
+_SESSION_WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
+
+_Start = tuple[MemoryState, frozenset[tuple[str, int]]]
+
+
 class Session:
     """One interpreter whose globals persist from run to run (explicitly not isolated).
 
     A run that ends the interpreter (any kind but ``exception`` and ``tool_error``) loses the
     state: the next run starts in a fresh interpreter, and ``restarts`` counts how often.
+    ``snapshot()`` saves the state as bytes (``Sandbox.restore`` continues from them, in any
+    process with the same interpreter build) and ``fork()`` makes an independent copy.
     """
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, *, _start: _Start | None = None) -> None:
         self._sandbox = sandbox
         self._live: _Live | None = None
         self._lock = threading.Lock()
         self.restarts = 0
+        self._held: frozenset[tuple[str, int]] = frozenset()
+        """The host resources the guest held after its start-up."""
+        self._frozen: MemoryState | None = None
+        """The memory as of the last snapshot or fork, while no run has changed it."""
+        if _start is not None:
+            self._live = self._begin(_start)
+
+    def _begin(self, start: _Start | None) -> _Live:
+        """A started interpreter: fresh, or holding ``start``'s memory.
+
+        The memory of a snapshot is only valid in an instance whose guest holds the same host
+        resources under the same handles, and whose globals (stack pointers) are at rest: so a
+        restored instance is made with a memory of the snapshot's size holding the fresh image,
+        makes the same start-up call as every session instance, is checked to hold what the
+        snapshot's instance held, and only then gets the snapshot's pages, in place.
+        """
+        config = self._sandbox._config
+        if start is None:
+            live = _Live(config)
+        else:
+            state, held = start
+            live = _Live(config, memory=state_from_pages(state.size, state.image, (), b""))
+        try:
+            result = live.execute(_SESSION_WARM, _SESSION_WARM_INPUTS, None, None)
+            if not result.ok:
+                raise RuntimeError(f"the interpreter failed to start: {result.error}")
+            self._held = live.instance.holdings()
+            if start is not None:
+                if self._held != held:
+                    raise SnapshotMismatch(
+                        "the snapshot's interpreter held other host resources than a new one "
+                        f"holds ({sorted(held)} vs {sorted(self._held)})"
+                    )
+                try:
+                    live.instance.restore_memory(state)
+                except ValueError:
+                    raise SnapshotError(
+                        "the interpreter grew its memory while starting; cannot restore"
+                    ) from None
+                self._frozen = state
+        except BaseException:
+            live.close()
+            raise
+        return live
+
+    def snapshot(self) -> bytes:
+        """The interpreter's whole state as bytes, for :meth:`Sandbox.restore`.
+
+        Taken between runs: the pages of the linear memory that differ from the interpreter's
+        image (compressed), stamped with the interpreter build, the tools, and a format
+        version, with a checksum. At most the session's memory in size (bounded by
+        ``Limits.memory``). Raises :class:`SnapshotError` while the code holds host resources a
+        new interpreter would not have (a file it opened and did not close).
+        """
+        with self._lock:
+            state = self._freeze()
+            return encode_snapshot(
+                component=self._sandbox._config.component.sha256,
+                tools=self._sandbox._tools_digest,
+                memory_size=state.size,
+                image_length=state.image.length if state.image is not None else 0,
+                holdings=self._held,
+                pages=state.pages(),
+            )
+
+    def fork(self) -> Session:
+        """A new session starting from this one's state; the two then go their own ways.
+
+        The memory is frozen once (a sealed copy of the changed pages) and mapped
+        copy-on-write into the new instance: pages neither session writes stay shared.
+        """
+        with self._lock:
+            state = self._freeze()
+            start = (state, self._held)
+        return Session(self._sandbox, _start=start)
+
+    def _freeze(self) -> MemoryState:
+        if self._live is None:
+            self._live = self._begin(None)
+        live = self._live
+        held = live.instance.holdings()
+        if held != self._held:
+            extra = sorted({name for name, _rep in held ^ self._held})
+            raise SnapshotError(
+                "the session's code holds host resources a new interpreter would not have "
+                f"({', '.join(extra)}): close open files and streams before a snapshot or fork"
+            )
+        if self._frozen is None:
+            self._frozen = live.instance.capture_memory()
+        return self._frozen
 
     def run(
         self,
@@ -811,8 +964,9 @@ class Session:
         payload = _encode_inputs(inputs, keep=True, max_value=self._sandbox.limits.output)
         with self._lock:
             if self._live is None:
-                self._live = _Live(self._sandbox._config)
+                self._live = self._begin(None)
             live = self._live
+            self._frozen = None
             result = live.execute(code, payload, cancel, None)
             if live.dead:
                 live.close()
@@ -842,6 +996,7 @@ class Session:
     def reset(self) -> None:
         """Forget every global the session's runs defined."""
         with self._lock:
+            self._frozen = None
             if self._live is not None:
                 try:
                     self._live.instance.call("reset")

@@ -32,6 +32,10 @@ def test_public_names() -> None:
             "RunUsage",
             "Sandbox",
             "Session",
+            "SnapshotCorrupt",
+            "SnapshotError",
+            "SnapshotMismatch",
+            "SnapshotTooLarge",
             "Tool",
             "interpreter_component",
         ]
