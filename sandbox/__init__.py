@@ -26,6 +26,7 @@ from mighty.sandbox._api import (
     Session,
 )
 from mighty.sandbox._interpreter import interpreter_component
+from mighty.sandbox._packages import PackageError
 from mighty.sandbox._snapshot import (
     SnapshotCorrupt,
     SnapshotError,
@@ -41,6 +42,7 @@ __all__ = [
     "DirGrant",
     "Limits",
     "MemoryDir",
+    "PackageError",
     "RunError",
     "RunResult",
     "RunUsage",

@@ -39,6 +39,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import threading
 import weakref
 from collections import deque
@@ -63,6 +64,7 @@ from mighty.engine import Component, MemoryState, state_from_pages
 from mighty.gate import Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
+from mighty.sandbox._packages import interpreter_with_packages
 from mighty.sandbox._snapshot import (
     SnapshotCorrupt,
     SnapshotError,
@@ -657,7 +659,9 @@ class Sandbox:
     (``DirGrant``, ``MemoryDir``; none by default). ``network``: must be ``None`` (no network).
     ``pool``: fresh instances kept ready, made and warmed on a background thread (0 to make
     each on demand, at most 64; each costs about half a megabyte). ``progress`` receives status
-    lines while the interpreter is built on first use.
+    lines while the interpreter is built on first use. ``packages``: pure-Python distributions
+    (installed names or wheel paths) built into a variant of the interpreter, once per set
+    (see ``mighty.sandbox._packages``; a ``PackageError`` for a native or missing one).
 
     Thread-safe: several threads (and ``run_async`` callers) may run code at once; the pool
     serves them all, and no instance ever serves two runs. Close it (or use ``with``) to free
@@ -675,6 +679,7 @@ class Sandbox:
         network: None = None,
         pool: int = 4,
         progress: Progress | None = None,
+        packages: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if network not in (None, False):
             raise BadInput("mighty.sandbox grants no network access; pass network=None")
@@ -686,7 +691,11 @@ class Sandbox:
         self.tools = tools_from(tools)
         self._loop = _LoopThread()
         self._config = _Config(
-            component=interpreter_component(progress),
+            component=(
+                interpreter_with_packages(packages, progress)
+                if packages
+                else interpreter_component(progress)
+            ),
             limits=self.limits,
             tools=self.tools,
             files=files,

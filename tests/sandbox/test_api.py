@@ -27,6 +27,7 @@ def test_public_names() -> None:
             "DirGrant",
             "Limits",
             "MemoryDir",
+            "PackageError",
             "RunError",
             "RunResult",
             "RunUsage",
