@@ -4,8 +4,9 @@ A session is set up with a small working state (a few imports, functions, a clas
 1,000 entries). Figures, p50 and p90 of ``--repeat`` samples (default 40):
 - baseline: ``Sandbox.run("result = 1 + 1")`` from a ready pool (the pool refills between runs);
 - ``fork()`` of a session with a run in between (the memory is frozen anew each time), and
-  ``fork()`` again with nothing run in between (the frozen memory is reused), each followed by
-  closing the fork; the first run in a fork;
+  ``fork()`` again with nothing run in between (the frozen memory is reused), each with a spare
+  instance ready (spaced out like the pooled baseline); closing a fork; forks back to back
+  (the spare thread cannot keep up, so most make their instance); the first run in a fork;
 - the freeze alone (pagemap + copying the changed pages into a sealed memfd);
 - ``snapshot()`` (freeze, read, zlib level 1) with its size, and ``restore(bytes)``;
 - a fresh ``session()``'s first run (instantiate, start-up, the run), for comparison.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 from _common import p, report
 
-from mighty.sandbox import Sandbox
+from mighty.sandbox import Sandbox, Session
 
 SETUP = """
 import json, re, fractions
@@ -90,12 +91,44 @@ def main() -> None:
         session = box.session()
         assert session.run(SETUP).ok
 
-        fork_changed = _time(
-            lambda: session.fork().close(), repeat, lambda: session.run("acc.add(1)")
-        )
+        made: list[Session] = []
+        spares = box._spares
+        assert spares is not None
+
+        def spare_ready() -> None:
+            # As the pool baseline: the background thread has made the next spare.
+            live = session._live
+            assert live is not None
+            deadline = time.monotonic() + 30
+            size = live.instance.capture_memory().size
+            while not spares.ready(size) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            time.sleep(0.01)
+
+        def after_run() -> None:
+            session.run("acc.add(1)")
+            spare_ready()
+
+        def closed() -> None:
+            while made:
+                made.pop().close()
+
+        fork_changed = _time(lambda: made.append(session.fork()), repeat, after_run)
         rows.append(_row("fork() after a run", fork_changed, vs_baseline=ratio(fork_changed)))
-        fork_same = _time(lambda: session.fork().close(), repeat)
+        closed()
+        fork_same = _time(lambda: made.append(session.fork()), repeat, spare_ready)
         rows.append(_row("fork() again, no run between", fork_same, vs_baseline=ratio(fork_same)))
+        closing = _time(lambda: made.pop().close(), len(made))
+        rows.append(_row("close a fork", closing))
+        back_to_back = _time(lambda: made.append(session.fork()), repeat)
+        closed()
+        rows.append(
+            _row(
+                "fork() back to back (no spare ready)",
+                back_to_back,
+                vs_baseline=ratio(back_to_back),
+            )
+        )
 
         forks = [session.fork() for _ in range(repeat)]
         first = []

@@ -704,11 +704,14 @@ class Sandbox:
         if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= _MAX_POOL:
             raise BadInput(f"pool must be an int in 0..{_MAX_POOL}, got {pool!r}")
         self._pool = _Pool(self._config, pool)
+        self._spares = _Spares(self._config) if pool > 0 else None
         # What a session's interpreter has cached of the tools: snapshots are stamped with it.
         spec = json.dumps([t.spec() for t in self.tools.values()])
         self._tools_digest = hashlib.sha256(spec.encode()).hexdigest()
         self._closed = False
         weakref.finalize(self, _Pool.close, self._pool)
+        if self._spares is not None:
+            weakref.finalize(self, _Spares.close, self._spares)
         weakref.finalize(self, _LoopThread.close, self._loop)
 
     @property
@@ -789,7 +792,10 @@ class Sandbox:
             state = state_from_pages(snap.memory_size, image, snap.ranges, snap.data)
         except ValueError as exc:
             raise SnapshotCorrupt(f"the snapshot's memory is not valid: {exc}") from None
-        return Session(self, _start=(state, snap.holdings))
+        session = Session(self, _start=(state, snap.holdings))
+        if self._spares is not None:
+            self._spares.want(state)
+        return session
 
     def _run(
         self,
@@ -831,6 +837,8 @@ class Sandbox:
         """Free the spare instances and the tools' event loop. Idempotent."""
         self._closed = True
         self._pool.close()
+        if self._spares is not None:
+            self._spares.close()
         self._loop.close()
 
     def __enter__(self) -> Sandbox:
@@ -852,6 +860,113 @@ see ``Session._begin``)."""
 _SESSION_WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
 
 _Start = tuple[MemoryState, frozenset[tuple[str, int]]]
+_Held = frozenset[tuple[str, int]]
+
+
+def _started(config: _Config, like: MemoryState | None) -> tuple[_Live, _Held]:
+    """A session instance after its start-up call, and the host resources its guest holds.
+    With ``like``, its memory has that state's size (holding the fresh image), ready for
+    ``restore_memory(like)``."""
+    blank = None if like is None else state_from_pages(like.size, like.image, (), b"")
+    live = _Live(config, memory=blank)
+    try:
+        result = live.execute(_SESSION_WARM, _SESSION_WARM_INPUTS, None, None)
+        if not result.ok:
+            raise RuntimeError(f"the interpreter failed to start: {result.error}")
+        return live, live.instance.holdings()
+    except BaseException:
+        live.close()
+        raise
+
+
+class _Spares:
+    """Session instances started ahead of time for forks and restores, on a background thread.
+
+    A fork or restore needs an instance whose memory has the state's size and which has made
+    the session start-up call (``_started``): about 3 ms, most of a fork. So, for the last
+    ``_SPARE_SIZES`` memory sizes asked for, one such instance waits here; a fork takes it and
+    only maps the state's pages. Made only for sandboxes with a ``pool``; each costs about
+    half a megabyte. They run nothing but the constant start-up call.
+    """
+
+    def __init__(self, config: _Config) -> None:
+        self._config = config
+        self._cond = threading.Condition()
+        self._ready: dict[int, tuple[_Live, _Held]] = {}
+        self._wanted: dict[int, MemoryState] = {}  # size -> a blank state of it, newest last
+        self._failed: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def take(self, size: int) -> tuple[_Live, _Held] | None:
+        with self._cond:
+            return self._ready.pop(size, None)
+
+    def ready(self, size: int) -> bool:
+        """Whether a spare of this memory size waits now."""
+        with self._cond:
+            return size in self._ready
+
+    def want(self, like: MemoryState) -> None:
+        """Keep a spare of ``like``'s memory size from now on (made in the background)."""
+        evicted: list[tuple[_Live, _Held]] = []
+        with self._cond:
+            if self._closed or like.size in self._failed:
+                return
+            self._wanted.pop(like.size, None)
+            # Only the size and image matter: keep a blank state, not the (large) one given.
+            self._wanted[like.size] = state_from_pages(like.size, like.image, (), b"")
+            while len(self._wanted) > _SPARE_SIZES:
+                oldest = next(iter(self._wanted))
+                del self._wanted[oldest]
+                spare = self._ready.pop(oldest, None)
+                if spare is not None:
+                    evicted.append(spare)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._fill, name="mighty-sandbox-spares", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        for live, _held in evicted:
+            live.close()
+
+    def _fill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not (missing := self._missing()):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                like = missing[0]
+            try:
+                spare = _started(self._config, like)
+            except Exception:  # noqa: BLE001 - a fork then starts its own and reports it
+                with self._cond:
+                    self._failed.add(like.size)
+                    self._wanted.pop(like.size, None)
+                continue
+            with self._cond:
+                if not self._closed and like.size in self._wanted and like.size not in self._ready:
+                    self._ready[like.size] = spare
+                    continue
+            spare[0].close()
+
+    def _missing(self) -> list[MemoryState]:
+        return [like for size, like in self._wanted.items() if size not in self._ready]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            left = list(self._ready.values())
+            self._ready.clear()
+            self._wanted.clear()
+            self._cond.notify_all()
+        for live, _held in left:
+            live.close()
+
+
+_SPARE_SIZES = 4
 
 
 class Session:
@@ -872,6 +987,7 @@ class Session:
         """The host resources the guest held after its start-up."""
         self._frozen: MemoryState | None = None
         """The memory as of the last snapshot or fork, while no run has changed it."""
+        self._frozen_exact = False
         if _start is not None:
             self._live = self._begin(_start)
 
@@ -881,33 +997,31 @@ class Session:
         The memory of a snapshot is only valid in an instance whose guest holds the same host
         resources under the same handles, and whose globals (stack pointers) are at rest: so a
         restored instance is made with a memory of the snapshot's size holding the fresh image,
-        makes the same start-up call as every session instance, is checked to hold what the
-        snapshot's instance held, and only then gets the snapshot's pages, in place.
+        makes the same start-up call as every session instance (``_started``; a spare made
+        ahead of time when there is one), is checked to hold what the snapshot's instance held,
+        and only then gets the snapshot's pages, in place.
         """
-        config = self._sandbox._config
+        sandbox = self._sandbox
         if start is None:
-            live = _Live(config)
-        else:
-            state, held = start
-            live = _Live(config, memory=state_from_pages(state.size, state.image, (), b""))
+            live, self._held = _started(sandbox._config, None)
+            return live
+        state, held = start
+        spare = sandbox._spares.take(state.size) if sandbox._spares is not None else None
+        live, self._held = spare or _started(sandbox._config, state)
         try:
-            result = live.execute(_SESSION_WARM, _SESSION_WARM_INPUTS, None, None)
-            if not result.ok:
-                raise RuntimeError(f"the interpreter failed to start: {result.error}")
-            self._held = live.instance.holdings()
-            if start is not None:
-                if self._held != held:
-                    raise SnapshotMismatch(
-                        "the snapshot's interpreter held other host resources than a new one "
-                        f"holds ({sorted(held)} vs {sorted(self._held)})"
-                    )
-                try:
-                    live.instance.restore_memory(state)
-                except ValueError:
-                    raise SnapshotError(
-                        "the interpreter grew its memory while starting; cannot restore"
-                    ) from None
-                self._frozen = state
+            if self._held != held:
+                raise SnapshotMismatch(
+                    "the snapshot's interpreter held other host resources than a new one "
+                    f"holds ({sorted(held)} vs {sorted(self._held)})"
+                )
+            try:
+                live.instance.restore_memory(state)
+            except ValueError:
+                raise SnapshotError(
+                    "the interpreter grew its memory while starting; cannot restore"
+                ) from None
+            self._frozen = state
+            self._frozen_exact = False
         except BaseException:
             live.close()
             raise
@@ -923,7 +1037,7 @@ class Session:
         new interpreter would not have (a file it opened and did not close).
         """
         with self._lock:
-            state = self._freeze()
+            state = self._freeze(exact=True)
             return encode_snapshot(
                 component=self._sandbox._config.component.sha256,
                 tools=self._sandbox._tools_digest,
@@ -942,9 +1056,12 @@ class Session:
         with self._lock:
             state = self._freeze()
             start = (state, self._held)
-        return Session(self._sandbox, _start=start)
+        child = Session(self._sandbox, _start=start)
+        if self._sandbox._spares is not None:
+            self._sandbox._spares.want(state)  # the next fork of this size finds one ready
+        return child
 
-    def _freeze(self) -> MemoryState:
+    def _freeze(self, *, exact: bool = False) -> MemoryState:
         if self._live is None:
             self._live = self._begin(None)
         live = self._live
@@ -955,8 +1072,10 @@ class Session:
                 "the session's code holds host resources a new interpreter would not have "
                 f"({', '.join(extra)}): close open files and streams before a snapshot or fork"
             )
-        if self._frozen is None:
-            self._frozen = live.instance.capture_memory()
+        if self._frozen is None or (exact and not self._frozen_exact):
+            # A snapshot holds exactly the changed pages; a fork maps merged ranges.
+            self._frozen = live.instance.capture_memory(exact=exact)
+            self._frozen_exact = exact
         return self._frozen
 
     def run(

@@ -13,11 +13,12 @@ from mighty.engine._memory import (
 )
 from mighty.engine._native import immortal
 from mighty.engine._signals import SignalShield, shielded
-from mighty.engine._state import MemoryState, state_from_pages
+from mighty.engine._state import MAX_GAP, MemoryState, state_from_pages
 from mighty.engine._store import ComponentStore
 
 __all__ = [
     "EPOCH_TICK",
+    "MAX_GAP",
     "SETTINGS",
     "CompiledCache",
     "Component",

@@ -39,7 +39,7 @@ from wasmtime import _ffi as ffi
 
 from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
-from mighty.engine._state import MemoryState, freeze
+from mighty.engine._state import MAX_GAP, MemoryState, freeze
 
 __all__ = [
     "MemoryAccount",
@@ -390,15 +390,16 @@ def learn_hot_pages(account: MemoryAccount, *, max_ranges: int = 4096) -> int:
     return found
 
 
-def capture_memory(account: MemoryAccount) -> MemoryState:
+def capture_memory(account: MemoryAccount, *, gap: int = MAX_GAP) -> MemoryState:
     """Freeze the one linear memory charged to ``account`` (a store's): its image, and a sealed
-    copy of the pages that differ from it. The store must not be running a call."""
+    copy of the pages that differ from it (ranges at most ``gap`` bytes apart copied as one;
+    0 for exactly the changed pages). The store must not be running a call."""
     with _MEMORIES_LOCK:
         memories = [m for m in _MEMORIES.values() if m.account is account]
     if len(memories) != 1:
         raise ValueError(f"expected one linear memory in the store, found {len(memories)}")
     memory = memories[0]
-    return freeze(memory.base, memory.size, memory.image, _changed_ranges(memory))
+    return freeze(memory.base, memory.size, memory.image, _changed_ranges(memory), gap=gap)
 
 
 def restore_memory(account: MemoryAccount, state: MemoryState) -> None:

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 
 from mighty.engine._image import MemoryImage
 
-__all__ = ["MemoryState", "state_from_pages"]
+__all__ = ["MAX_GAP", "MemoryState", "state_from_pages"]
 
 _HOST_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WASM_PAGE = 65536
-_MAX_GAP = 2 * _HOST_PAGE
-"""Copy clean pages between two changed ranges when the gap is at most this (fewer mappings)."""
+MAX_GAP = 8 * _HOST_PAGE
+"""By default, copy clean pages between two changed ranges when the gap is at most this: a
+state then maps in fewer ``mmap`` calls (each ~4 us; ~65 instead of ~180 for a small
+session), for ~2x the bytes copied once."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,11 +74,17 @@ def check_ranges(size: int, ranges: Sequence[tuple[int, int]]) -> None:
 
 
 def freeze(
-    address: int, size: int, image: MemoryImage | None, ranges: Sequence[tuple[int, int]]
+    address: int,
+    size: int,
+    image: MemoryImage | None,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    gap: int = MAX_GAP,
 ) -> MemoryState:
     """Copy ``ranges`` of the live memory at ``address`` into a sealed memfd (the caller makes
-    sure the memory does not change meanwhile: no call is running in its store)."""
-    merged = _merge(ranges)
+    sure the memory does not change meanwhile: no call is running in its store). Ranges at
+    most ``gap`` bytes apart are copied as one, gap included (fewer mappings, more bytes)."""
+    merged = _merge(ranges, gap)
     check_ranges(size, merged)
     fd = _memfd(sum(length for _offset, length in merged))
     placed: list[tuple[int, int, int]] = []
@@ -131,10 +139,10 @@ def _state(
     return state
 
 
-def _merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+def _merge(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for offset, length in sorted(ranges):
-        if out and offset - (out[-1][0] + out[-1][1]) <= _MAX_GAP:
+        if out and offset - (out[-1][0] + out[-1][1]) <= gap:
             start = out[-1][0]
             out[-1] = (start, max(out[-1][0] + out[-1][1], offset + length) - start)
         else:

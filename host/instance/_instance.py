@@ -23,6 +23,7 @@ from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import (
+    MAX_GAP,
     Component,
     MemoryState,
     SignalShield,
@@ -294,12 +295,13 @@ class Instance:
             raise ValueError("instance is closed")
         return learn_hot_pages(self._meter.account)
 
-    def capture_memory(self) -> MemoryState:
+    def capture_memory(self, *, exact: bool = False) -> MemoryState:
         """Freeze this instance's linear memory (between calls): its component's image plus a
-        sealed copy of the pages that differ. Instances made with ``memory=`` start from it."""
+        sealed copy of the pages that differ (``exact``: only those, else close ranges merged
+        so that the state maps in fewer calls). Instances made with ``memory=`` start from it."""
         if self._closed:
             raise ValueError("instance is closed")
-        return capture_memory(self._meter.account)
+        return capture_memory(self._meter.account, gap=0 if exact else MAX_GAP)
 
     def restore_memory(self, state: MemoryState) -> None:
         """Make this instance's linear memory hold ``state`` (between calls; same component,

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -300,3 +301,22 @@ def test_rechecksummed_header_changes_are_refused_or_harmless(
     with session:
         result = session.run("1 + 1")
         assert result.ok or result.error is not None
+
+
+def test_forks_from_spare_instances(interpreter: Component) -> None:
+    """With a pool, a fork finds an instance started ahead of time (one per memory size): it
+    behaves exactly as one made on the spot."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = []").ok
+        first = parent.fork()  # no spare yet: makes its own, and asks for one of this size
+        spares = box._spares
+        assert spares is not None
+        size = parent._freeze().size
+        deadline = time.monotonic() + 60
+        while not spares.ready(size) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert spares.ready(size)
+        with first, parent.fork() as second, parent.fork() as third:
+            for session, tag in ((first, 1), (second, 2), (third, 3)):
+                assert session.run(f"log.append({tag})\nlog").value == [tag]
+            assert parent.run("log").value == []
