@@ -320,3 +320,37 @@ def test_forks_from_spare_instances(interpreter: Component) -> None:
             for session, tag in ((first, 1), (second, 2), (third, 3)):
                 assert session.run(f"log.append({tag})\nlog").value == [tag]
             assert parent.run("log").value == []
+
+
+@pytest.mark.slow
+def test_the_interpreter_keeps_no_state_outside_its_memory(interpreter: Component) -> None:
+    """What makes a memory snapshot the whole state (docs/sandbox.md): at run time no code
+    writes a global but the two shadow-stack pointers and the preview1 adapter's state
+    globals, and none changes a table. Checked on the component's text, module by module
+    (``__init`` runs at build time only)."""
+    tool = Path(sys.executable).parent / "wasm-tools"
+    module = ""
+    written: set[tuple[str, str]] = set()
+    tables: set[str] = set()
+    with subprocess.Popen(
+        [str(tool), "print", interpreter.origin], stdout=subprocess.PIPE, text=True
+    ) as printer:
+        assert printer.stdout is not None
+        for line in printer.stdout:
+            if line.startswith("  (core module "):
+                module = line.split()[2]
+            elif module == "$__init" or line.lstrip().startswith("(data"):
+                continue
+            elif "global.set " in line:
+                written.add((module, line.split("global.set ", 1)[1].split()[0]))
+            elif any(f"table.{op}" in line for op in ("set", "grow", "fill", "copy", "init")):
+                tables.add(module)
+    assert printer.returncode == 0
+    names = {name for _module, name in written}
+    assert "$__stack_pointer" in names  # the scan did see the code
+    assert names <= {
+        "$__stack_pointer",
+        "$internal_state_ptr",
+        "$allocation_state",
+    }, written
+    assert not tables
