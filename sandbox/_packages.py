@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 from mighty._cachedir import cache_root
-from mighty._errors import BadInput
+from mighty._errors import BadInput, BuildError
 from mighty.build import build_component
 from mighty.engine import Component
 from mighty.sandbox._interpreter import INTERPRETER_SOURCE, INTERPRETER_WIT
@@ -93,14 +93,21 @@ def interpreter_with_packages(
         source = source_dir / "interpreter.py"
         source.write_text(INTERPRETER_SOURCE.read_text(encoding="utf-8") + _imports(tops))
         output = root / "interpreter.wasm"
-        built = build_component(
-            source,
-            output=output,
-            wit=INTERPRETER_WIT,
-            world="interpreter",
-            python_path=[staged],
-            progress=report,
-        )
+        try:
+            built = build_component(
+                source,
+                output=output,
+                wit=INTERPRETER_WIT,
+                world="interpreter",
+                python_path=[staged],
+                progress=report,
+            )
+        except BuildError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PackageError(
+                f"the packages failed to import while the interpreter variant was built: "
+                f"{first} (dependencies are not resolved for you: list them in packages too)"
+            ) from exc
         with _lock:
             component = _loaded.get(built.component_sha256)
             if component is not None:

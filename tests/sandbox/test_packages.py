@@ -170,3 +170,14 @@ def test_bad_package_arguments_are_refused(interpreter: Component) -> None:
         Sandbox(packages="iniconfig", pool=0)
     with pytest.raises(PackageError, match="distribution name"):
         Sandbox(packages=["iniconfig; rm -rf /"], pool=0)
+
+
+@pytest.mark.slow
+def test_a_missing_dependency_is_a_package_error(tmp_path: Path, interpreter: Component) -> None:
+    """Dependencies are not resolved: the build's import error comes back as a PackageError
+    (a failed build is not cached, so this runs componentize-py each time)."""
+    needy = make_wheel(
+        tmp_path, {"needy/__init__.py": "import mighty_absent_dependency\n"}, name="needy"
+    )
+    with pytest.raises(PackageError, match=r"mighty_absent_dependency.*list them in packages"):
+        Sandbox(packages=[needy], pool=0)
