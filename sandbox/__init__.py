@@ -28,6 +28,13 @@ from mighty.sandbox._api import (
     Session,
 )
 from mighty.sandbox._interpreter import interpreter_component
+from mighty.sandbox._packages import PackageError
+from mighty.sandbox._snapshot import (
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotMismatch,
+    SnapshotTooLarge,
+)
 from mighty.sandbox._tools import Tool
 from mighty.wasi import DirGrant, MemoryDir
 
@@ -39,11 +46,16 @@ __all__ = [
     "Limits",
     "MemoryDir",
     "OutputListener",
+    "PackageError",
     "RunError",
     "RunResult",
     "RunUsage",
     "Sandbox",
     "Session",
+    "SnapshotCorrupt",
+    "SnapshotError",
+    "SnapshotMismatch",
+    "SnapshotTooLarge",
     "Tool",
     "interpreter_component",
 ]

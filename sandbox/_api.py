@@ -41,6 +41,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import threading
 import weakref
 from collections import deque
@@ -61,10 +62,18 @@ from mighty._errors import (
     OutOfMemory,
 )
 from mighty.budget import Budget, CancelScope, Usage
-from mighty.engine import Component
+from mighty.engine import Component, MemoryState, state_from_pages
 from mighty.gate import CallHook, Gate
 from mighty.instance import Instance
 from mighty.sandbox._interpreter import Progress, interpreter_component
+from mighty.sandbox._packages import interpreter_with_packages
+from mighty.sandbox._snapshot import (
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotMismatch,
+    decode_snapshot,
+    encode_snapshot,
+)
 from mighty.sandbox._tools import (
     MAX_CONCURRENT_CALLS,
     MAX_CONCURRENT_CALLS_LIMIT,
@@ -435,6 +444,8 @@ class _Live:
         config: _Config,
         recorder: Recorder | None = None,
         hooks: Sequence[CallHook] = (),
+        *,
+        memory: MemoryState | None = None,
     ) -> None:
         limits = config.limits
         self.limits = limits
@@ -464,6 +475,7 @@ class _Live:
             hooks=hooks,
             # A code-mode instance works at once: copy the pages a run writes in one go.
             prefault=True,
+            memory=memory,
         )
         self.instance.context.state["sandbox.tools"] = self.host
 
@@ -841,7 +853,9 @@ class Sandbox:
     (``DirGrant``, ``MemoryDir``; none by default). ``network``: must be ``None`` (no network).
     ``pool``: fresh instances kept ready, made and warmed on a background thread (0 to make
     each on demand, at most 64; each costs about half a megabyte). ``progress`` receives status
-    lines while the interpreter is built on first use.
+    lines while the interpreter is built on first use. ``packages``: pure-Python distributions
+    (installed names or wheel paths) built into a variant of the interpreter, once per set
+    (see ``mighty.sandbox._packages``; a ``PackageError`` for a native or missing one).
 
     Thread-safe: several threads (and ``run_async`` callers) may run code at once; the pool
     serves them all, and no instance ever serves two runs. Close it (or use ``with``) to free
@@ -859,6 +873,7 @@ class Sandbox:
         network: None = None,
         pool: int = 4,
         progress: Progress | None = None,
+        packages: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if network not in (None, False):
             raise BadInput("mighty.sandbox grants no network access; pass network=None")
@@ -870,7 +885,11 @@ class Sandbox:
         self.tools = tools_from(tools)
         self._loop = _LoopThread()
         self._config = _Config(
-            component=interpreter_component(progress),
+            component=(
+                interpreter_with_packages(packages, progress)
+                if packages
+                else interpreter_component(progress)
+            ),
             limits=self.limits,
             tools=self.tools,
             files=files,
@@ -879,8 +898,14 @@ class Sandbox:
         if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= _MAX_POOL:
             raise BadInput(f"pool must be an int in 0..{_MAX_POOL}, got {pool!r}")
         self._pool = _Pool(self._config, pool)
+        self._spares = _Spares(self._config) if pool > 0 else None
+        # What a session's interpreter has cached of the tools: snapshots are stamped with it.
+        spec = json.dumps([t.spec() for t in self.tools.values()])
+        self._tools_digest = hashlib.sha256(spec.encode()).hexdigest()
         self._closed = False
         weakref.finalize(self, _Pool.close, self._pool)
+        if self._spares is not None:
+            weakref.finalize(self, _Spares.close, self._spares)
         weakref.finalize(self, _LoopThread.close, self._loop)
 
     @property
@@ -965,6 +990,38 @@ class Sandbox:
         """A REPL-style session: one interpreter whose globals persist across runs."""
         return Session(self)
 
+    def restore(self, snapshot: bytes | bytearray | memoryview) -> Session:
+        """A session that continues from ``snapshot`` (from :meth:`Session.snapshot`, in this
+        process or another): the same globals, functions, classes and imported modules.
+
+        The snapshot must come from the same interpreter build and a sandbox with the same
+        tools, and its memory must fit this sandbox's ``Limits.memory``; otherwise, or when it
+        is truncated or corrupted, :class:`SnapshotError` (``SnapshotMismatch``,
+        ``SnapshotCorrupt``, ``SnapshotTooLarge``) says why.
+        """
+        if self._closed:
+            raise ValueError("sandbox is closed")
+        component = self._config.component
+        snap = decode_snapshot(
+            snapshot,
+            component=component.sha256,
+            tools=self._tools_digest,
+            memory_limit=self.limits.memory,
+        )
+        image = component.images[0] if len(component.images) == 1 else None
+        if snap.image_length != (image.length if image is not None else 0):
+            raise SnapshotMismatch(
+                "the snapshot's memory image does not match this interpreter's (another build)"
+            )
+        try:
+            state = state_from_pages(snap.memory_size, image, snap.ranges, snap.data)
+        except ValueError as exc:
+            raise SnapshotCorrupt(f"the snapshot's memory is not valid: {exc}") from None
+        session = Session(self, _start=(state, snap.holdings))
+        if self._spares is not None:
+            self._spares.want(state)
+        return session
+
     def _run(
         self,
         code: str,
@@ -1014,6 +1071,8 @@ class Sandbox:
         """Free the spare instances and the tools' event loop. Idempotent."""
         self._closed = True
         self._pool.close()
+        if self._spares is not None:
+            self._spares.close()
         self._loop.close()
 
     def __enter__(self) -> Sandbox:
@@ -1023,18 +1082,235 @@ class Sandbox:
         self.close()
 
 
+_SESSION_WARM = (
+    "import os, sys\nsys.stdout.write(' ')\nsys.stdout.flush()\n"
+    "sys.stderr.write(' ')\nsys.stderr.flush()\n"
+    "try:\n    os.stat('/')\nexcept OSError:\n    pass\nresult = None"
+)
+"""A session's first call: the interpreter's start-up, one write to each output stream and one
+path lookup (which opens the granted directories), so that the guest takes those handles now,
+in this order, in every session instance (a snapshot's memory refers to them by handle number;
+see ``Session._begin``)."""
+_SESSION_WARM_INPUTS = _encode_inputs(None, keep=False, max_value=1 << 10)
+
+_Start = tuple[MemoryState, frozenset[tuple[str, int]]]
+_Held = frozenset[tuple[str, int]]
+
+
+def _started(config: _Config, like: MemoryState | None) -> tuple[_Live, _Held]:
+    """A session instance after its start-up call, and the host resources its guest holds.
+    With ``like``, its memory has that state's size (holding the fresh image), ready for
+    ``restore_memory(like)``."""
+    blank = None if like is None else state_from_pages(like.size, like.image, (), b"")
+    live = _Live(config, memory=blank)
+    try:
+        result = live.execute(_SESSION_WARM, _SESSION_WARM_INPUTS, None, None)
+        if not result.ok:
+            raise RuntimeError(f"the interpreter failed to start: {result.error}")
+        return live, live.instance.holdings()
+    except BaseException:
+        live.close()
+        raise
+
+
+class _Spares:
+    """Session instances started ahead of time for forks and restores, on a background thread.
+
+    A fork or restore needs an instance whose memory has the state's size and which has made
+    the session start-up call (``_started``): about 3 ms, most of a fork. So, for the last
+    ``_SPARE_SIZES`` memory sizes asked for, one such instance waits here; a fork takes it and
+    only maps the state's pages. Made only for sandboxes with a ``pool``; each costs about
+    half a megabyte. They run nothing but the constant start-up call.
+    """
+
+    def __init__(self, config: _Config) -> None:
+        self._config = config
+        self._cond = threading.Condition()
+        self._ready: dict[int, tuple[_Live, _Held]] = {}
+        self._wanted: dict[int, MemoryState] = {}  # size -> a blank state of it, newest last
+        self._failed: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def take(self, size: int) -> tuple[_Live, _Held] | None:
+        with self._cond:
+            return self._ready.pop(size, None)
+
+    def ready(self, size: int) -> bool:
+        """Whether a spare of this memory size waits now."""
+        with self._cond:
+            return size in self._ready
+
+    def want(self, like: MemoryState) -> None:
+        """Keep a spare of ``like``'s memory size from now on (made in the background)."""
+        evicted: list[tuple[_Live, _Held]] = []
+        with self._cond:
+            if self._closed or like.size in self._failed:
+                return
+            self._wanted.pop(like.size, None)
+            # Only the size and image matter: keep a blank state, not the (large) one given.
+            self._wanted[like.size] = state_from_pages(like.size, like.image, (), b"")
+            while len(self._wanted) > _SPARE_SIZES:
+                oldest = next(iter(self._wanted))
+                del self._wanted[oldest]
+                spare = self._ready.pop(oldest, None)
+                if spare is not None:
+                    evicted.append(spare)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._fill, name="mighty-sandbox-spares", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        for live, _held in evicted:
+            live.close()
+
+    def _fill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not (missing := self._missing()):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                like = missing[0]
+            try:
+                spare = _started(self._config, like)
+            except Exception:  # noqa: BLE001 - a fork then starts its own and reports it
+                with self._cond:
+                    self._failed.add(like.size)
+                    self._wanted.pop(like.size, None)
+                continue
+            with self._cond:
+                if not self._closed and like.size in self._wanted and like.size not in self._ready:
+                    self._ready[like.size] = spare
+                    continue
+            spare[0].close()
+
+    def _missing(self) -> list[MemoryState]:
+        return [like for size, like in self._wanted.items() if size not in self._ready]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            left = list(self._ready.values())
+            self._ready.clear()
+            self._wanted.clear()
+            self._cond.notify_all()
+        for live, _held in left:
+            live.close()
+
+
+_SPARE_SIZES = 4
+
+
 class Session:
     """One interpreter whose globals persist from run to run (explicitly not isolated).
 
     A run that ends the interpreter (any kind but ``exception`` and ``tool_error``) loses the
     state: the next run starts in a fresh interpreter, and ``restarts`` counts how often.
+    ``snapshot()`` saves the state as bytes (``Sandbox.restore`` continues from them, in any
+    process with the same interpreter build) and ``fork()`` makes an independent copy.
     """
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, *, _start: _Start | None = None) -> None:
         self._sandbox = sandbox
         self._live: _Live | None = None
         self._lock = threading.Lock()
         self.restarts = 0
+        self._held: frozenset[tuple[str, int]] = frozenset()
+        """The host resources the guest held after its start-up."""
+        self._frozen: MemoryState | None = None
+        """The memory as of the last snapshot or fork, while no run has changed it."""
+        self._frozen_exact = False
+        if _start is not None:
+            self._live = self._begin(_start)
+
+    def _begin(self, start: _Start | None) -> _Live:
+        """A started interpreter: fresh, or holding ``start``'s memory.
+
+        The memory of a snapshot is only valid in an instance whose guest holds the same host
+        resources under the same handles, and whose globals (stack pointers) are at rest: so a
+        restored instance is made with a memory of the snapshot's size holding the fresh image,
+        makes the same start-up call as every session instance (``_started``; a spare made
+        ahead of time when there is one), is checked to hold what the snapshot's instance held,
+        and only then gets the snapshot's pages, in place.
+        """
+        sandbox = self._sandbox
+        if start is None:
+            live, self._held = _started(sandbox._config, None)
+            return live
+        state, held = start
+        spare = sandbox._spares.take(state.size) if sandbox._spares is not None else None
+        live, self._held = spare or _started(sandbox._config, state)
+        try:
+            if self._held != held:
+                raise SnapshotMismatch(
+                    "the snapshot's interpreter held other host resources than a new one "
+                    f"holds ({sorted(held)} vs {sorted(self._held)})"
+                )
+            try:
+                live.instance.restore_memory(state)
+            except ValueError:
+                raise SnapshotError(
+                    "the interpreter grew its memory while starting; cannot restore"
+                ) from None
+            self._frozen = state
+            self._frozen_exact = False
+        except BaseException:
+            live.close()
+            raise
+        return live
+
+    def snapshot(self) -> bytes:
+        """The interpreter's whole state as bytes, for :meth:`Sandbox.restore`.
+
+        Taken between runs: the pages of the linear memory that differ from the interpreter's
+        image (compressed), stamped with the interpreter build, the tools, and a format
+        version, with a checksum. At most the session's memory in size (bounded by
+        ``Limits.memory``). Raises :class:`SnapshotError` while the code holds host resources a
+        new interpreter would not have (a file it opened and did not close).
+        """
+        with self._lock:
+            state = self._freeze(exact=True)
+            return encode_snapshot(
+                component=self._sandbox._config.component.sha256,
+                tools=self._sandbox._tools_digest,
+                memory_size=state.size,
+                image_length=state.image.length if state.image is not None else 0,
+                holdings=self._held,
+                pages=state.pages(),
+            )
+
+    def fork(self) -> Session:
+        """A new session starting from this one's state; the two then go their own ways.
+
+        The memory is frozen once (a sealed copy of the changed pages) and mapped
+        copy-on-write into the new instance: pages neither session writes stay shared.
+        """
+        with self._lock:
+            state = self._freeze()
+            start = (state, self._held)
+        child = Session(self._sandbox, _start=start)
+        if self._sandbox._spares is not None:
+            self._sandbox._spares.want(state)  # the next fork of this size finds one ready
+        return child
+
+    def _freeze(self, *, exact: bool = False) -> MemoryState:
+        if self._live is None:
+            self._live = self._begin(None)
+        live = self._live
+        held = live.instance.holdings()
+        if held != self._held:
+            extra = sorted({name for name, _rep in held ^ self._held})
+            raise SnapshotError(
+                "the session's code holds host resources a new interpreter would not have "
+                f"({', '.join(extra)}): close open files and streams before a snapshot or fork"
+            )
+        if self._frozen is None or (exact and not self._frozen_exact):
+            # A snapshot holds exactly the changed pages; a fork maps merged ranges.
+            self._frozen = live.instance.capture_memory(exact=exact)
+            self._frozen_exact = exact
+        return self._frozen
 
     def run(
         self,
@@ -1050,8 +1326,9 @@ class Session:
         payload = _encode_inputs(inputs, keep=True, max_value=self._sandbox.limits.output)
         with self._lock:
             if self._live is None:
-                self._live = _Live(self._sandbox._config)
+                self._live = self._begin(None)
             live = self._live
+            self._frozen = None
             result = live.execute(code, payload, cancel, None)
             if live.dead:
                 live.close()
@@ -1081,6 +1358,7 @@ class Session:
     def reset(self) -> None:
         """Forget every global the session's runs defined."""
         with self._lock:
+            self._frozen = None
             if self._live is not None:
                 try:
                     self._live.instance.call("reset")

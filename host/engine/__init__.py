@@ -5,29 +5,37 @@ from mighty.engine._component import Component, check_component_bytes
 from mighty.engine._engine import EPOCH_TICK, SETTINGS, EngineSettings, get_engine, wasmtime_version
 from mighty.engine._memory import (
     MemoryAccount,
+    capture_memory,
     instantiating_into,
     learn_hot_pages,
     live_memories,
+    restore_memory,
 )
 from mighty.engine._native import immortal
 from mighty.engine._signals import SignalShield, shielded
+from mighty.engine._state import MAX_GAP, MemoryState, state_from_pages
 from mighty.engine._store import ComponentStore
 
 __all__ = [
     "EPOCH_TICK",
+    "MAX_GAP",
     "SETTINGS",
     "CompiledCache",
     "Component",
     "ComponentStore",
     "EngineSettings",
     "MemoryAccount",
+    "MemoryState",
     "SignalShield",
+    "capture_memory",
     "check_component_bytes",
     "get_engine",
     "immortal",
     "instantiating_into",
     "learn_hot_pages",
     "live_memories",
+    "restore_memory",
     "shielded",
+    "state_from_pages",
     "wasmtime_version",
 ]

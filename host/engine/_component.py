@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from mighty.engine._engine import get_engine
 from mighty.engine._image import MemoryImage, split_images
 from mighty.engine._memory import MemoryAccount, instantiating_into
 from mighty.engine._signals import shielded
+from mighty.engine._state import MemoryState
 from mighty.engine._store import keep_component
 
 __all__ = ["Component", "check_component_bytes"]
@@ -84,12 +85,16 @@ class Component:
     instantiated inside :meth:`instantiating`, as :class:`mighty.Instance` does."""
 
     def instantiating(
-        self, account: MemoryAccount, *, prefault: bool = False
+        self,
+        account: MemoryAccount,
+        *,
+        prefault: bool = False,
+        states: Sequence[MemoryState] = (),
     ) -> instantiating_into:
         """The block inside which to instantiate ``wasm``: memories charged to ``account``
         and started from this component's images (their known hot pages copied up front
-        with ``prefault``)."""
-        return instantiating_into(account, self.images, prefault=prefault)
+        with ``prefault``), or from ``states`` frozen from earlier instances."""
+        return instantiating_into(account, self.images, prefault=prefault, states=states)
 
     @classmethod
     @shielded

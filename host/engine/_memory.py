@@ -27,8 +27,10 @@ import ctypes
 import errno
 import itertools
 import os
+import re
 import struct
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,13 +39,16 @@ from wasmtime import _ffi as ffi
 
 from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
+from mighty.engine._state import MAX_GAP, MemoryState, freeze
 
 __all__ = [
     "MemoryAccount",
+    "capture_memory",
     "install_memory_creator",
     "instantiating_into",
     "learn_hot_pages",
     "live_memories",
+    "restore_memory",
 ]
 
 _WASM32_MAX = 1 << 32
@@ -62,10 +67,14 @@ _libc.mprotect.restype = ctypes.c_int
 _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.memcmp.restype = ctypes.c_int
+_libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 _PROT_NONE = 0
+_PROT_READ = 0x1
+_MAP_SHARED = 0x01
 _PROT_READ_WRITE = 0x1 | 0x2
 _MAP_PRIVATE = 0x02
 _MAP_ANONYMOUS = 0x20
@@ -123,6 +132,9 @@ class _Memory:
     maximum: int
     account: MemoryAccount
     image: MemoryImage | None = None
+    state: MemoryState | None = None
+    """The frozen state the memory was made from: its pages differ from the image even
+    where the guest has not written them since."""
 
 
 _MEMORIES: dict[int, _Memory] = {}
@@ -140,29 +152,40 @@ class instantiating_into:  # noqa: N801 - used as a context manager, reads like 
     ``images`` are the component's memory images (:mod:`mighty.engine._image`), in the order its
     defined memories are created: the memories get them copy-on-write instead of zeroed pages.
     A component whose segments were moved into images must be instantiated with them.
+    ``states`` (frozen states of earlier memories of the same component, see
+    :mod:`mighty.engine._state`), in the same order, make the memories start from those contents
+    and sizes instead of the images'.
     """
 
     def __init__(
-        self, account: MemoryAccount, images: Sequence[MemoryImage] = (), *, prefault: bool = False
+        self,
+        account: MemoryAccount,
+        images: Sequence[MemoryImage] = (),
+        *,
+        prefault: bool = False,
+        states: Sequence[MemoryState] = (),
     ) -> None:
         self._account = account
         self._images = images
         self._prefault = prefault
-        self._saved: tuple[Any, Any, Any] = (None, None, False)
+        self._states = states
+        self._saved: tuple[Any, Any, Any, Any] = (None, None, False, None)
 
     def __enter__(self) -> MemoryAccount:
         self._saved = (
             getattr(_LOCAL, "account", None),
             getattr(_LOCAL, "images", None),
             getattr(_LOCAL, "prefault", False),
+            getattr(_LOCAL, "states", None),
         )
         _LOCAL.account = self._account
         _LOCAL.images = list(self._images)
         _LOCAL.prefault = self._prefault
+        _LOCAL.states = list(self._states)
         return self._account
 
     def __exit__(self, *exc: object) -> None:
-        _LOCAL.account, _LOCAL.images, _LOCAL.prefault = self._saved
+        _LOCAL.account, _LOCAL.images, _LOCAL.prefault, _LOCAL.states = self._saved
 
 
 def _error(message: str) -> int:
@@ -218,6 +241,8 @@ def _new_memory(
         account: MemoryAccount = getattr(_LOCAL, "account", None) or _UNBOUNDED
         images: list[MemoryImage] | None = getattr(_LOCAL, "images", None)
         image = images.pop(0) if images else None
+        states: list[MemoryState] | None = getattr(_LOCAL, "states", None)
+        state = states.pop(0) if states else None
         if image is not None and (
             image.minimum != minimum or (image.maximum is not None and image.maximum != maximum)
         ):
@@ -226,9 +251,14 @@ def _new_memory(
             return _error(
                 f"mighty: memory image of {image.minimum} bytes offered to a memory of {minimum}"
             )
+        if state is not None and (
+            state.image is not image or not minimum <= state.size <= min(maximum, _WASM32_MAX)
+        ):
+            return _error("mighty: a memory state of another memory was offered to this one")
+        size = minimum if state is None else state.size
         # A static reservation lets the memory grow in place: wasmtime never has to move it.
         reservation = reserved or min(maximum, _WASM32_MAX)
-        reservation = max(reservation, minimum)
+        reservation = max(reservation, size)
         mapped = reservation + guard
         base = _libc.mmap(
             None, mapped, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
@@ -237,10 +267,12 @@ def _new_memory(
             return _error(
                 f"mighty: cannot reserve linear memory: {os.strerror(ctypes.get_errno())}"
             )
-        if not account._charge(minimum):
+        if not account._charge(size):
             _libc.munmap(base, mapped)
             return _error("mighty: memory limit exceeded")
-        if image is not None:
+        if state is not None:
+            mapped_ok = _map_state(base, state)
+        elif image is not None:
             mapped_ok = _map_image(base, minimum, image)
             if mapped_ok and image.hot and getattr(_LOCAL, "prefault", False):
                 _prefault(base, image)
@@ -248,19 +280,20 @@ def _new_memory(
             mapped_ok = _map_zeroed(base, minimum)
         if not mapped_ok:
             err = ctypes.get_errno() or errno.ENOMEM
-            account._release(minimum)
+            account._release(size)
             _libc.munmap(base, mapped)
             return _error(f"mighty: cannot map linear memory: {os.strerror(err)}")
         key = next(_NEXT_ID)
         with _MEMORIES_LOCK:
             _MEMORIES[key] = _Memory(
                 base=base,
-                size=minimum,
+                size=size,
                 reserved=reservation,
                 mapped=mapped,
                 maximum=min(maximum, reservation),
                 account=account,
                 image=image,
+                state=state,
             )
         result = out[0]
         result.env = key
@@ -282,6 +315,22 @@ def _map_image(base: int, minimum: int, image: MemoryImage) -> bool:
         return False
     rest = minimum - image.length
     return rest <= 0 or _libc.mprotect(base + image.length, rest, _PROT_READ_WRITE) == 0
+
+
+def _map_state(base: int, state: MemoryState) -> bool:
+    """The state's image and changed pages copy-on-write, zero pages elsewhere up to its size:
+    as for an image, nothing is copied until the guest writes."""
+    if state.image is not None:
+        if not _map_image(base, state.size, state.image):
+            return False
+    elif state.size and _libc.mprotect(base, state.size, _PROT_READ_WRITE) != 0:
+        return False
+    flags = _MAP_PRIVATE | _MAP_FIXED
+    for offset, length, at in state.ranges:
+        where = base + offset
+        if _libc.mmap(where, length, _PROT_READ_WRITE, flags, state.fd, at) != where:
+            return False
+    return True
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
@@ -339,6 +388,119 @@ def learn_hot_pages(account: MemoryAccount, *, max_ranges: int = 4096) -> int:
             ranges.append((start * _HOST_PAGE, (pages - start) * _HOST_PAGE))
         image.hot[:] = ranges[:max_ranges]  # one step: a concurrent reader sees none or all
     return found
+
+
+def capture_memory(account: MemoryAccount, *, gap: int = MAX_GAP) -> MemoryState:
+    """Freeze the one linear memory charged to ``account`` (a store's): its image, and a sealed
+    copy of the pages that differ from it (ranges at most ``gap`` bytes apart copied as one;
+    0 for exactly the changed pages). The store must not be running a call."""
+    with _MEMORIES_LOCK:
+        memories = [m for m in _MEMORIES.values() if m.account is account]
+    if len(memories) != 1:
+        raise ValueError(f"expected one linear memory in the store, found {len(memories)}")
+    memory = memories[0]
+    return freeze(memory.base, memory.size, memory.image, _changed_ranges(memory), gap=gap)
+
+
+def restore_memory(account: MemoryAccount, state: MemoryState) -> None:
+    """Make the one linear memory charged to ``account`` hold ``state`` (copy-on-write), in
+    place. Its size must already be the state's: wasmtime's view of the size cannot change
+    from here. The store must not be running a call."""
+    with _MEMORIES_LOCK:
+        memories = [m for m in _MEMORIES.values() if m.account is account]
+    if len(memories) != 1:
+        raise ValueError(f"expected one linear memory in the store, found {len(memories)}")
+    memory = memories[0]
+    if memory.size != state.size or memory.image is not state.image:
+        raise ValueError(
+            f"a memory state of {state.size} bytes cannot replace a memory of {memory.size}"
+        )
+    image_length = state.image.length if state.image is not None else 0
+    rest = state.size - image_length
+    flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
+    # Fresh zero pages past the image, then the image and the changed pages over them.
+    if rest > 0 and (
+        _libc.mmap(memory.base + image_length, rest, _PROT_READ_WRITE, flags, -1, 0)
+        != memory.base + image_length
+    ):
+        raise OSError(ctypes.get_errno(), "mighty: cannot remap linear memory")
+    if not _map_state(memory.base, state):
+        raise OSError(ctypes.get_errno(), "mighty: cannot remap linear memory")
+    memory.state = state
+
+
+def _changed_ranges(memory: _Memory) -> list[tuple[int, int]]:
+    """Page ranges that may differ from the image (or from zeros past it): the private pages of
+    the image's mapping, every present page past it, and the ranges of the state the memory
+    started from. All of it when the page map cannot be read."""
+    pages = memory.size // _HOST_PAGE
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(memory.base // _HOST_PAGE * 8)
+            raw = pagemap.read(pages * 8)
+    except OSError:
+        raw = b""
+    if len(raw) != pages * 8:
+        return [(0, memory.size)] if memory.size else []
+    image_pages = memory.image.length // _HOST_PAGE if memory.image is not None else 0
+    # Bit 63 (present) and bit 61 (file page or shared) are in each entry's top byte.
+    top = raw[7::8]
+    changed = bytearray(
+        top[:image_pages].translate(_PRIVATE) + top[image_pages:].translate(_PRESENT)
+    )
+    if memory.state is not None:
+        for offset, length, _at in memory.state.ranges:
+            changed[offset // _HOST_PAGE : (offset + length) // _HOST_PAGE] = b"\x01" * (
+                length // _HOST_PAGE
+            )
+    # A private page may still hold what the image does (pages copied up front by
+    # ``prefault``, or written back unchanged): compare, and keep only pages that differ.
+    reference = _image_address(memory.image) if memory.image is not None else 0
+    for match in re.finditer(rb"\x01+", changed):
+        for index in range(match.start(), match.end()):
+            offset = index * _HOST_PAGE
+            if index < image_pages:
+                same = reference and not _libc.memcmp(
+                    memory.base + offset, reference + offset, _HOST_PAGE
+                )
+            else:
+                same = not _libc.memcmp(memory.base + offset, _ZERO_PAGE_ADDRESS, _HOST_PAGE)
+            if same:
+                changed[index] = 0
+    return [
+        (match.start() * _HOST_PAGE, (match.end() - match.start()) * _HOST_PAGE)
+        for match in re.finditer(rb"\x01+", changed)
+    ]
+
+
+_ZERO_PAGE = ctypes.create_string_buffer(_HOST_PAGE)
+_ZERO_PAGE_ADDRESS = ctypes.addressof(_ZERO_PAGE)
+_IMAGE_VIEWS: dict[int, int] = {}
+_IMAGE_VIEWS_LOCK = threading.Lock()
+
+
+def _image_address(image: MemoryImage) -> int:
+    """A read-only mapping of ``image`` (kept for the process: images live as long as their
+    component, and there are few), to compare pages with; 0 if it cannot be mapped."""
+    with _IMAGE_VIEWS_LOCK:
+        address = _IMAGE_VIEWS.get(id(image))
+        if address is None:
+            mapped = _libc.mmap(None, image.length, _PROT_READ, _MAP_SHARED, image.fd, 0)
+            address = 0 if mapped is None or mapped == _MAP_FAILED else int(mapped)
+            if address:
+                _IMAGE_VIEWS[id(image)] = address
+                weakref.finalize(image, _unmap_view, id(image), address, image.length)
+        return address
+
+
+def _unmap_view(key: int, address: int, length: int) -> None:
+    with _IMAGE_VIEWS_LOCK:
+        _IMAGE_VIEWS.pop(key, None)
+    _libc.munmap(address, length)
+
+
+_PRIVATE = bytes(1 if b & 0x80 and not b & 0x20 else 0 for b in range(256))
+_PRESENT = bytes(1 if b & 0x80 else 0 for b in range(256))
 
 
 def _map_zeroed(base: int, minimum: int) -> bool:

@@ -187,12 +187,14 @@ class GuestContext:
         self.call_store: Any = store
         """The store context of the import being served (set by the gate for each call)."""
         self._tables: dict[int, dict[int, Any]] = {}
+        self._known_kinds: dict[int, ResourceKind] = {}
         self._next_rep = itertools.count(1)
 
     # -- resources ---------------------------------------------------------------------------
 
     def new(self, kind: ResourceKind, obj: Any) -> Handle:
         """Store ``obj`` as a new resource of ``kind``; return it from a host function."""
+        self._known_kinds[kind.type_id] = kind
         rep = next(self._next_rep)
         self._tables.setdefault(kind.type_id, {})[rep] = obj
         return Handle(kind, rep)
@@ -207,6 +209,17 @@ class GuestContext:
     def live(self, kind: ResourceKind) -> int:
         """How many resources of ``kind`` the guest holds (for leak tests)."""
         return len(self._tables.get(kind.type_id, {}))
+
+    def holdings(self) -> frozenset[tuple[str, int]]:
+        """Every resource the guest holds, as ``(interface/name, rep)`` (reps count from 1 in
+        the order resources were made, so two instances that made the same resources in the
+        same order hold the same pairs)."""
+        names = {key: f"{kind.interface}/{kind.name}" for key, kind in self._known_kinds.items()}
+        return frozenset(
+            (names.get(type_id, str(type_id)), rep)
+            for type_id, table in self._tables.items()
+            for rep in table
+        )
 
     def _drop(self, type_id: int, rep: int) -> Any:
         return self._tables.get(type_id, {}).pop(rep, None)

@@ -22,7 +22,17 @@ from wasmtime.component._enter import maybe_raise_last_exn
 from mighty._errors import ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
-from mighty.engine import Component, SignalShield, get_engine, learn_hot_pages, shielded
+from mighty.engine import (
+    MAX_GAP,
+    Component,
+    MemoryState,
+    SignalShield,
+    capture_memory,
+    get_engine,
+    learn_hot_pages,
+    restore_memory,
+    shielded,
+)
 from mighty.gate import CallHook, Gate, GuestContext
 from mighty.trace import InstanceRecording, Recorder
 from mighty.wasi import CaptureOutput, Policy, WasiProvider, outputs
@@ -70,6 +80,7 @@ class Instance:
         record: Recorder | None = None,
         state: Mapping[str, Any] | None = None,
         prefault: bool = False,
+        memory: MemoryState | None = None,
     ) -> None:
         """Instantiate ``component`` under ``budget`` (instantiation runs guest code too).
 
@@ -81,6 +92,8 @@ class Instance:
         (:meth:`learn_hot_pages`) are copied from the memory image at once, so the first call
         does not take a copy-on-write fault for each: for instances that are about to work
         (a code-mode run), not for ones that will sit idle (they would hold those copies).
+        ``memory`` (from :meth:`capture_memory` of an instance of the same component) makes the
+        linear memory start as that one was, copy-on-write; everything else starts fresh.
         """
         self.component = component
         self.budget = budget or Budget()
@@ -111,7 +124,8 @@ class Instance:
         self._closed = False
 
         def instantiate() -> wc.Instance:
-            with component.instantiating(self._meter.account, prefault=prefault):
+            states = () if memory is None else (memory,)
+            with component.instantiating(self._meter.account, prefault=prefault, states=states):
                 return linker.instantiate(self._meter.store, component.wasm)
 
         try:
@@ -287,6 +301,25 @@ class Instance:
         if self._closed:
             raise ValueError("instance is closed")
         return learn_hot_pages(self._meter.account)
+
+    def capture_memory(self, *, exact: bool = False) -> MemoryState:
+        """Freeze this instance's linear memory (between calls): its component's image plus a
+        sealed copy of the pages that differ (``exact``: only those, else close ranges merged
+        so that the state maps in fewer calls). Instances made with ``memory=`` start from it."""
+        if self._closed:
+            raise ValueError("instance is closed")
+        return capture_memory(self._meter.account, gap=0 if exact else MAX_GAP)
+
+    def restore_memory(self, state: MemoryState) -> None:
+        """Make this instance's linear memory hold ``state`` (between calls; same component,
+        and the memory already of the state's size). Nothing but the memory changes."""
+        if self._closed:
+            raise ValueError("instance is closed")
+        restore_memory(self._meter.account, state)
+
+    def holdings(self) -> frozenset[tuple[str, int]]:
+        """The host resources the guest holds right now, as ``(kind, rep)`` pairs."""
+        return self._ctx.holdings()
 
     def _stderr_note(self) -> str:
         stderr = self.stderr

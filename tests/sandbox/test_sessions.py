@@ -1,0 +1,356 @@
+"""Sessions that outlive their instance: snapshot, restore (here and in a new process), fork."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mighty.engine import Component
+from mighty.sandbox import (
+    Limits,
+    MemoryDir,
+    Sandbox,
+    Session,
+    SnapshotCorrupt,
+    SnapshotError,
+    SnapshotMismatch,
+    SnapshotTooLarge,
+)
+
+SETUP = textwrap.dedent(
+    """
+    import json, fractions
+    import collections as coll
+    x = 41
+    items = [1, 2, 3]
+    def f(a):
+        return a + x
+    def counter():
+        n = 0
+        def step():
+            nonlocal n
+            n += 1
+            return n
+        return step
+    tick = counter()
+    tick()
+    class Point:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+        def norm1(self):
+            return abs(self.a) + abs(self.b)
+    p = Point(3, -4)
+    gen = (i * i for i in range(10))
+    next(gen)
+    print("set up")
+    f(1)
+    """
+)
+
+CHECK = textwrap.dedent(
+    """
+    print("still here")
+    import sys
+    print("err", file=sys.stderr)
+    [f(1), tick(), p.norm1(), next(gen), json.dumps(coll.OrderedDict(a=items)),
+     str(fractions.Fraction(1, 3) * 3), type(p).__name__]
+    """
+)
+EXPECTED = [42, 2, 7, 1, '{"a": [1, 2, 3]}', "1", "Point"]
+
+
+def search(query: str) -> list[str]:
+    """Search."""
+    return [query.upper()]
+
+
+@pytest.fixture(scope="module")
+def box(interpreter: Component) -> Iterator[Sandbox]:
+    with Sandbox(tools=[search], pool=0) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def quick(interpreter: Component) -> Iterator[Sandbox]:
+    """The same tools, and a short deadline: for restores of forged snapshots."""
+    with Sandbox(tools=[search], pool=0, limits=Limits(timeout=1.0)) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def snapshot(box: Sandbox) -> bytes:
+    with box.session() as session:
+        result = session.run(SETUP)
+        assert result.ok and result.value == 42 and result.stdout == "set up\n", result
+        return session.snapshot()
+
+
+def checked(session: Session) -> None:
+    result = session.run(CHECK)
+    assert result.ok, result
+    assert result.value == EXPECTED
+    assert result.stdout == "still here\n"
+    assert result.stderr == "err\n"
+
+
+def test_restore_in_a_fresh_sandbox_keeps_everything(snapshot: bytes) -> None:
+    with Sandbox(tools=[search], pool=0) as other, other.restore(snapshot) as session:
+        checked(session)
+        # Tools still work, and the session goes on as any session does.
+        assert session.run("search('q') + [x]").value == ["Q", 41]
+        assert session.run("y = 5").ok
+        assert session.run("x + y").value == 46
+
+
+def test_restore_twice_gives_independent_sessions(box: Sandbox, snapshot: bytes) -> None:
+    with box.restore(snapshot) as one, box.restore(snapshot) as two:
+        assert one.run("items.append(4); x = 0").ok
+        assert two.run("[items, x]").value == [[1, 2, 3], 41]
+        assert one.run("[items, x]").value == [[1, 2, 3, 4], 0]
+
+
+def test_restore_in_a_new_process(snapshot: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "session.snap"
+    path.write_bytes(snapshot)
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from mighty.sandbox import Sandbox
+
+        def search(query: str) -> list[str]:
+            \"\"\"Search.\"\"\"
+            return [query.upper()]
+
+        data = open(sys.argv[1], "rb").read()
+        with Sandbox(tools=[search], pool=0) as box, box.restore(data) as session:
+            result = session.run({CHECK!r})
+            print(json.dumps([result.ok, result.value, result.stdout, result.stderr]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    ok, value, stdout, stderr = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ok and value == EXPECTED and stdout == "still here\n" and stderr == "err\n"
+
+
+def test_forks_diverge_independently(box: Sandbox) -> None:
+    with box.session() as parent:
+        assert parent.run(
+            "data = {'n': 0}\ndef bump(k):\n    data['n'] += k\n    return data['n']"
+        ).ok
+        assert parent.run("bump(1)").value == 1
+        with parent.fork() as left, parent.fork() as right:
+            assert left.run("bump(10)").value == 11
+            assert right.run("bump(100)").value == 101
+            assert parent.run("bump(1000)").value == 1001
+            assert left.run("bump(0)").value == 11
+            assert right.run("bump(0)").value == 101
+            with left.fork() as grandchild:
+                assert grandchild.run("bump(5)").value == 16
+                assert left.run("bump(0)").value == 11
+        assert parent.run("bump(0)").value == 1001
+
+
+def test_fork_and_snapshot_of_an_unused_session(box: Sandbox) -> None:
+    with box.session() as fresh, fresh.fork() as child:
+        assert child.run("'x' in globals()").value is False
+        with box.restore(fresh.snapshot()) as restored:
+            assert restored.run("1 + 1").value == 2
+
+
+def test_snapshot_after_more_runs_and_after_reset(box: Sandbox) -> None:
+    with box.session() as session:
+        session.run("a = 1")
+        first = session.snapshot()
+        assert session.snapshot() == first  # nothing ran in between: the same state
+        session.run("a = 2")
+        second = session.snapshot()
+        session.reset()
+        third = session.snapshot()
+        with box.restore(first) as one, box.restore(second) as two, box.restore(third) as three:
+            assert one.run("a").value == 1
+            assert two.run("a").value == 2
+            assert three.run("'a' in globals()").value is False
+
+
+def test_a_restart_loses_the_restored_state(box: Sandbox, snapshot: bytes) -> None:
+    with box.restore(snapshot) as session:
+        stopped = session.run("import os\nos._exit(3)")
+        assert not stopped.ok and session.restarts == 1
+        assert session.run("'x' in globals()").value is False
+
+
+def test_open_files_refuse_a_snapshot(interpreter: Component) -> None:
+    files = [MemoryDir("/data", files={"a.txt": b"hello"})]
+    with Sandbox(pool=0, files=files) as box, box.session() as session:
+        assert session.run("open('/data/a.txt').read()").value == "hello"
+        assert session.run("handle = open('/data/a.txt')").ok
+        with pytest.raises(SnapshotError, match="close open files"):
+            session.snapshot()
+        with pytest.raises(SnapshotError, match="close open files"):
+            session.fork()
+        assert session.run("handle.close()").ok
+        with box.restore(session.snapshot()) as restored:
+            assert restored.run("open('/data/a.txt').read()").value == "hello"
+
+
+def _rechecksum(body: bytes) -> bytes:
+    return body + hashlib.sha256(body).digest()
+
+
+def test_a_snapshot_from_another_build_is_refused(box: Sandbox, snapshot: bytes) -> None:
+    body = bytearray(snapshot[:-32])
+    body[12:44] = bytes(32)  # the interpreter's component SHA-256
+    with pytest.raises(SnapshotMismatch, match="interpreter build"):
+        box.restore(_rechecksum(bytes(body)))
+
+
+def test_another_format_version_is_refused(box: Sandbox, snapshot: bytes) -> None:
+    body = bytearray(snapshot[:-32])
+    body[8:10] = struct.pack("<H", 99)
+    with pytest.raises(SnapshotMismatch, match="version 99"):
+        box.restore(_rechecksum(bytes(body)))
+
+
+def test_other_tools_are_refused(snapshot: bytes, interpreter: Component) -> None:
+    def lookup(key: str) -> str:
+        return key
+
+    with Sandbox(tools=[lookup], pool=0) as other, pytest.raises(SnapshotMismatch, match="tools"):
+        other.restore(snapshot)
+
+
+def test_oversize_snapshots_are_refused(snapshot: bytes, interpreter: Component) -> None:
+    with Sandbox(tools=[search], pool=0, limits=Limits(memory=32 << 20)) as small:
+        with pytest.raises(SnapshotTooLarge, match="accepts at most"):
+            small.restore(snapshot + bytes(40 << 20))
+        body = bytearray(snapshot[:-32])
+        body[76:84] = struct.pack("<Q", 64 << 20)  # a memory over the 32 MiB limit
+        with pytest.raises(SnapshotTooLarge, match="over this sandbox's"):
+            small.restore(_rechecksum(bytes(body)))
+
+
+@pytest.mark.parametrize("cut", [0, 7, 8, 100, -33, -1])
+def test_truncated_snapshots_are_refused(box: Sandbox, snapshot: bytes, cut: int) -> None:
+    with pytest.raises(SnapshotCorrupt):
+        box.restore(snapshot[:cut])
+
+
+def test_not_bytes_is_refused(box: Sandbox) -> None:
+    with pytest.raises(SnapshotCorrupt, match="bytes"):
+        box.restore("MTYSNAP")  # type: ignore[arg-type]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_corrupted_snapshots_are_refused(
+    box: Sandbox, snapshot: bytes, data: st.DataObject
+) -> None:
+    """Any change to a snapshot's bytes is refused with a SnapshotCorrupt, nothing else."""
+    raw = bytearray(snapshot)
+    position = data.draw(st.integers(0, len(raw) - 1), label="position")
+    change = data.draw(st.sampled_from(["flip", "drop", "insert"]), label="change")
+    if change == "flip":
+        raw[position] ^= data.draw(st.integers(1, 255), label="mask")
+    elif change == "drop":
+        del raw[position : position + data.draw(st.integers(1, 64), label="length")]
+    else:
+        raw[position:position] = data.draw(st.binary(min_size=1, max_size=64), label="bytes")
+    with pytest.raises(SnapshotCorrupt):
+        box.restore(bytes(raw))
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_rechecksummed_header_changes_are_refused_or_harmless(
+    quick: Sandbox, snapshot: bytes, data: st.DataObject
+) -> None:
+    """A header altered *with* a valid checksum (a forged snapshot) is refused with a
+    SnapshotError, or restores into a session that still answers: never a host failure."""
+    body = bytearray(snapshot[:-32])
+    header_end = min(len(body), 200)
+    position = data.draw(st.integers(0, header_end - 1), label="position")
+    body[position] ^= data.draw(st.integers(1, 255), label="mask")
+    try:
+        session = quick.restore(_rechecksum(bytes(body)))
+    except SnapshotError:
+        return
+    with session:
+        result = session.run("1 + 1")
+        assert result.ok or result.error is not None
+
+
+def test_forks_from_spare_instances(interpreter: Component) -> None:
+    """With a pool, a fork finds an instance started ahead of time (one per memory size): it
+    behaves exactly as one made on the spot."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = []").ok
+        first = parent.fork()  # no spare yet: makes its own, and asks for one of this size
+        spares = box._spares
+        assert spares is not None
+        size = parent._freeze().size
+        deadline = time.monotonic() + 60
+        while not spares.ready(size) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert spares.ready(size)
+        with first, parent.fork() as second, parent.fork() as third:
+            for session, tag in ((first, 1), (second, 2), (third, 3)):
+                assert session.run(f"log.append({tag})\nlog").value == [tag]
+            assert parent.run("log").value == []
+
+
+@pytest.mark.slow
+def test_the_interpreter_keeps_no_state_outside_its_memory(interpreter: Component) -> None:
+    """What makes a memory snapshot the whole state (docs/sandbox.md): at run time no code
+    writes a global but the two shadow-stack pointers and the preview1 adapter's state
+    globals, and none changes a table. Checked on the component's text, module by module
+    (``__init`` runs at build time only)."""
+    tool = Path(sys.executable).parent / "wasm-tools"
+    module = ""
+    written: set[tuple[str, str]] = set()
+    tables: set[str] = set()
+    with subprocess.Popen(
+        [str(tool), "print", interpreter.origin], stdout=subprocess.PIPE, text=True
+    ) as printer:
+        assert printer.stdout is not None
+        for line in printer.stdout:
+            if line.startswith("  (core module "):
+                module = line.split()[2]
+            elif module == "$__init" or line.lstrip().startswith("(data"):
+                continue
+            elif "global.set " in line:
+                written.add((module, line.split("global.set ", 1)[1].split()[0]))
+            elif any(f"table.{op}" in line for op in ("set", "grow", "fill", "copy", "init")):
+                tables.add(module)
+    assert printer.returncode == 0
+    names = {name for _module, name in written}
+    assert "$__stack_pointer" in names  # the scan did see the code
+    assert names <= {
+        "$__stack_pointer",
+        "$internal_state_ptr",
+        "$allocation_state",
+    }, written
+    assert not tables
