@@ -612,6 +612,10 @@ class AgentProcess:
         if isinstance(exc, BudgetExceeded):
             self.runtime.emit("budget.exhausted", self.address, {"reason": exc.kind})
         self.runtime.emit("agent.crashed", self.address, {"reason": reason})
+        breaker = self.runtime._breakers.get(self.address)
+        if breaker is not None:
+            # Once per crash, and before the asker hears of it: the asker's next call sees it.
+            breaker.record_failure()
         if envelope is not None:
             _settle(envelope, error=AgentCrashed(f"{self.address} crashed: {reason}"))
         with self._state:
@@ -1086,9 +1090,14 @@ class Runtime:
             result = wait(future, timeout) if wait is not None else future.result(timeout)
         except FutureTimeout:
             raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s") from None
-        except (HandlerFailed, AgentCrashed):
+        except HandlerFailed:
             if breaker is not None:
                 breaker.record_failure()
+            raise
+        except AgentCrashed:
+            # Counted once, where the crash happened (AgentProcess._crashed), before this
+            # reply was settled; counting it here as well opened the circuit at half its
+            # threshold.
             raise
         if breaker is not None:
             breaker.record_success()

@@ -140,8 +140,7 @@ def _agent_starter(
     breaker: CircuitBreaker | None,
 ) -> Callable[[], ChildHandle]:
     def exited(process: AgentProcess, crashed: bool, reason: str) -> None:
-        if breaker is not None and crashed:
-            breaker.record_failure()
+        # The breaker counted the crash already (AgentProcess._crashed, once per crash).
         holder[0].child_exited(child.name, crashed=crashed, reason=reason, handle=process)
 
     def start() -> ChildHandle:

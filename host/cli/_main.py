@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -147,7 +148,35 @@ class Terminated(BaseException):
     """SIGTERM arrived: raised by the handler ``mty`` installs, to end like Ctrl-C does."""
 
 
-def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """True when ``frame`` runs inside a ``__del__`` (a few frames up at most)."""
+    for _ in range(16):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt / Terminated, except inside a finalizer.
+
+    Python prints and drops what a ``__del__`` raises (a wasmtime object freed by the garbage
+    collector at the moment the signal lands): the signal would be lost and a traceback shown.
+    There it is delivered again from a short timer, once the finalizer has returned.
+    """
+    if _in_finalizer(frame):
+        timer = threading.Timer(0.01, _redeliver, (signum,))
+        timer.daemon = True
+        timer.start()
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated
 
 
@@ -273,7 +302,9 @@ def main() -> None:
     # command reports one line and exits 143. Commands that stop more gracefully (mty run)
     # install their own handler.
     with suppress(ValueError):  # not the main thread (click invoked from a test's thread)
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, _on_interrupt)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_interrupt)
 
 
 @main.command()
