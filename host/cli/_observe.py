@@ -28,19 +28,8 @@ __all__ = ["inspect_agents_command", "top_command"]
 _SOCKET_HELP = "Control socket (default: $RUNTIME_CONTROL_SOCK)."
 
 
-def _need_rich() -> None:
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        raise BadInput(
-            "mty inspect and mty top draw with rich: pip install 'mighty-host[otel]'"
-        ) from None
-
-
 def _socket(socket_path: Path | None) -> str:
     from mighty.control import ENV_VAR
-
-    _need_rich()
 
     path = socket_path or os.environ.get(ENV_VAR)
     if not path:
