@@ -137,6 +137,8 @@ def _state(process: AgentProcess) -> str:
         return "stopped"
     if process.current is not None:
         return "running"
+    if process.hibernated:
+        return "hibernated"  # asleep in the snapshot store; its next message wakes it
     if process.mailbox.paused:
         return "paused"
     if process._scheduled:
@@ -219,6 +221,8 @@ def agent_snapshot(
         "crashes": stats.crashes,
         "restarts": stats.restarts,
         "unhandled": stats.unhandled,
+        "hibernations": stats.hibernations,
+        "wakes": stats.wakes,
         "recent": recent,
         "bodies": bodies,
     }

@@ -98,6 +98,11 @@ def test_an_idle_agent_hibernates_and_wakes_with_its_state(rt: Runtime, clock: C
     process = rt.process(address)
     assert process.hibernated and process.instance is None
     assert rt.hibernation_stats()["hibernated"] == 1
+    # Inspect answers for the sleeper without waking it (it is not a mailbox message).
+    snapshot = rt.inspect(address)
+    assert (snapshot["state"], snapshot["hibernations"], snapshot["wakes"]) == ("hibernated", 1, 0)
+    assert snapshot["budget"]["memory_used"] == 0
+    assert process.hibernated
     # The next message wakes it: a fresh instance restored from the store, then the message.
     assert rt.ask(address, "incr", {"by": 1})["count"] == 8
     assert not process.hibernated and process.instance is not None
@@ -155,6 +160,8 @@ def test_a_steady_stream_with_a_racing_timer_loses_nothing(rt: Runtime, clock: C
     address = rt.spawn("counter")
     assert rt.hibernation is not None
     hibernation = rt.hibernation
+    # Asleep at the start, so the stream begins with a wake however the timer thread races.
+    assert rt.hibernate(address)
     clock.now = 1e9  # every idle agent is past its deadline
     stop = threading.Event()
 
