@@ -195,6 +195,25 @@ def _fail_signal(signum: int, as_json: bool) -> NoReturn:
     _fail(message, as_json=as_json, kind="cancelled", code=_signal_exit(signum))
 
 
+def _control_socket(socket_path: Path | None) -> str:
+    """The control socket a command talks to: --socket, else $RUNTIME_CONTROL_SOCK."""
+    from mighty.control import ENV_VAR
+
+    path = socket_path or os.environ.get(ENV_VAR)
+    if not path:
+        raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
+    return str(path)
+
+
+def _control_refused(what: str, kind: str, message: str, as_json: bool) -> NoReturn:
+    """A control request the runtime refused: one line (or one JSON object), exit 1."""
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": {"kind": kind, "message": message}}))
+    else:
+        click.echo(f"mty: {what} refused: {escape_control(message)}", err=True)
+    sys.exit(EXIT_GUEST)
+
+
 @contextmanager
 def _errors(as_json: bool) -> Iterator[None]:
     """Render mighty's errors as one line (or one JSON object) and the right exit status."""

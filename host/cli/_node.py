@@ -19,7 +19,7 @@ import click
 
 from mighty._errors import BadInput
 from mighty.agents import level_number
-from mighty.cli._main import _errors
+from mighty.cli._main import _control_refused, _control_socket, _errors
 from mighty.cli._progress import Waits
 from mighty.cli._run import _OutputWriter, _Signals, _start_messages, _summary
 
@@ -167,24 +167,14 @@ def _control_server(runtime: Any, node: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def migrate_command(address: str, node: str, socket_path: Path | None, as_json: bool) -> None:
     """Move the agent at ADDRESS, live, to NODE (state, mailbox; senders keep the address)."""
-    import os
-
-    from mighty.control import ENV_VAR, ControlError, request
+    from mighty.control import ControlError, request
 
     with _errors(as_json):
-        path = socket_path or os.environ.get(ENV_VAR)
-        if not path:
-            raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
+        path = _control_socket(socket_path)
         try:
             result = request(path, "migrate", {"address": address, "node": node}, timeout=60)
         except ControlError as exc:
-            if as_json:
-                click.echo(
-                    json.dumps({"ok": False, "error": {"kind": exc.kind, "message": str(exc)}})
-                )
-            else:
-                click.echo(f"mty: migration refused: {exc}", err=True)
-            sys.exit(1)
+            _control_refused("migration", exc.kind, str(exc), as_json)
         if as_json:
             click.echo(json.dumps({"ok": True, "result": result}))
         else:

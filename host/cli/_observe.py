@@ -21,20 +21,11 @@ from typing import Any
 import click
 
 from mighty._errors import BadInput
-from mighty.cli._main import _errors, _fail, escape_control
+from mighty.cli._main import _control_socket, _errors, _fail, escape_control
 
 __all__ = ["inspect_agents_command", "top_command"]
 
 _SOCKET_HELP = "Control socket (default: $RUNTIME_CONTROL_SOCK)."
-
-
-def _socket(socket_path: Path | None) -> str:
-    from mighty.control import ENV_VAR
-
-    path = socket_path or os.environ.get(ENV_VAR)
-    if not path:
-        raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
-    return str(path)
 
 
 def _ask(path: str, op: str, args: dict[str, Any], as_json: bool) -> Any:
@@ -64,7 +55,7 @@ def inspect_agents_command(agent: str | None, socket_path: Path | None, as_json:
     the introspect capability).
     """
     with _errors(as_json):
-        path = _socket(socket_path)
+        path = _control_socket(socket_path)
         result = _ask(path, "inspect", {"agent": agent} if agent else {}, as_json)
         if as_json:
             click.echo(json.dumps(result))
@@ -209,7 +200,7 @@ def top_command(
     from mighty.control import SORT_KEYS, sort_rows
 
     with _errors(as_json):
-        path = _socket(socket_path)
+        path = _control_socket(socket_path)
         if sort_key not in SORT_KEYS:
             raise BadInput(f"--sort {sort_key!r}: choose one of {', '.join(SORT_KEYS)}")
         if as_json and not once:

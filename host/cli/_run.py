@@ -32,7 +32,7 @@ import click
 
 from mighty._errors import BadInput
 from mighty.agents import AgentOutput, level_number
-from mighty.cli._main import _errors, _write_text
+from mighty.cli._main import _control_refused, _control_socket, _errors, _write_text
 from mighty.cli._progress import Waits
 
 if TYPE_CHECKING:
@@ -479,12 +479,10 @@ def reload_command(
     quiet: bool,
 ) -> None:
     """Hot-swap AGENT_TYPE in a running `mty run` to the component --from NEW.wasm."""
-    from mighty.control import ENV_VAR, ControlError, request
+    from mighty.control import ControlError, request
 
     with _errors(as_json):
-        path = socket_path or os.environ.get(ENV_VAR)
-        if not path:
-            raise BadInput(f"no control socket: pass --socket or set {ENV_VAR}")
+        path = _control_socket(socket_path)
         if not source.is_file():
             raise BadInput(f"{source}: no such file")
         if verify is not None:
@@ -509,13 +507,7 @@ def reload_command(
                     timeout=drain_timeout + 120,
                 )
         except ControlError as exc:
-            if as_json:
-                click.echo(
-                    json.dumps({"ok": False, "error": {"kind": exc.kind, "message": str(exc)}})
-                )
-            else:
-                click.echo(f"mty: reload refused: {exc}", err=True)
-            sys.exit(1)
+            _control_refused("reload", exc.kind, str(exc), as_json)
         if as_json:
             click.echo(json.dumps({"ok": True, "result": result}))
         else:
