@@ -164,7 +164,7 @@ def _redeliver(signum: int) -> None:
 
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt / Terminated, except inside a finalizer.
+    """SIGTERM raises Terminated (as Ctrl-C raises KeyboardInterrupt), except in a finalizer.
 
     Python prints and drops what a ``__del__`` raises (a wasmtime object freed by the garbage
     collector at the moment the signal lands): the signal would be lost and a traceback shown.
@@ -175,8 +175,6 @@ def _on_interrupt(signum: int, frame: FrameType | None) -> None:
         timer.daemon = True
         timer.start()
         return
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
     raise Terminated
 
 
@@ -322,8 +320,6 @@ def main() -> None:
     # install their own handler.
     with suppress(ValueError):  # not the main thread (click invoked from a test's thread)
         signal.signal(signal.SIGTERM, _on_interrupt)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, _on_interrupt)
 
 
 @main.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,12 @@ def test_swap_waiting_past_the_drain_deadline_rolls_back(counters: dict[str, Pat
     with runtime_with(counters) as rt:
         slow = rt.ask_future("c0", "work", {"n": 2_000_000})
         queued = [rt.ask_future("c0", "incr", {"by": 1}) for _ in range(5)]
+        # The swap must meet the handler running, not still queued (a loaded machine may not
+        # have started it yet, and a paused queue drains at once).
+        deadline = time.monotonic() + 60
+        while rt.inspect("c0")["state"] != "running":
+            assert time.monotonic() < deadline, "the slow handler never started"
+            time.sleep(0.001)
         with pytest.raises(ReloadFailed, match="drain deadline"):
             rt.reload("counter", counters["v2"], drain_timeout=0.1)
         assert decode(slow.result(120)) == {"done": True}
