@@ -6,9 +6,11 @@ panics (aborting the process) on some inputs, and a subprocess is the only way t
 a progress tick and its output as text to explain failures with.
 
 The cache is content-addressed (``builds/<sha256 of every input>.wasm``) with no index and no
-locks: an entry is written by an atomic rename, so concurrent builders of the same inputs each
-leave a complete, identical file and the last rename wins. Failed builds are not cached; the
-failure is cheap to reproduce and the user is about to edit the file anyway.
+locks on reading: an entry is written by an atomic rename, so a reader sees a whole file or none.
+Builders of the same digest take an advisory lock (``builds/.<digest>.lock``, ``flock``) so
+that one builds and the others then read its entry, instead of all building at once. Failed
+builds are not cached; the failure is cheap to reproduce and the user is about to edit the file
+anyway.
 
 Reproducibility: componentize-py runs on a *staged copy* of the handler's import graph
 (``_inputs.build_inputs``), never on the user's folders: every staged file and directory has
@@ -27,6 +29,7 @@ stamps in the snapshot heap differ from run to run. docs/determinism.md has the 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import os
@@ -35,7 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +100,30 @@ class ComponentizeError(BuildError):
         self.details = details
 
 
+def _cache_hit(cached_path: Path, output: Path, digest: str, started: float) -> BuildResult | None:
+    if not _is_component_file(cached_path):
+        return None
+    atomic_copy(cached_path, output)
+    return BuildResult(
+        path=output,
+        digest=digest,
+        component_sha256=_sha256_file(output),
+        cached=True,
+        seconds=time.monotonic() - started,
+    )
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An advisory lock across processes (released by the kernel if the holder dies)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def build_component(
     source: Path,
     *,
@@ -140,55 +168,56 @@ def build_component(
     )
     builds = cache_root() / "builds"
     cached_path = builds / f"{digest}.wasm"
-    if _is_component_file(cached_path):
-        atomic_copy(cached_path, output)
-        return BuildResult(
-            path=output,
-            digest=digest,
-            component_sha256=_sha256_file(output),
-            cached=True,
-            seconds=time.monotonic() - started,
-        )
-
-    executable = _find_tool()
-    report(f"building {source.name} with {_TOOL} {version} ...")
+    hit = _cache_hit(cached_path, output, digest, started)
+    if hit is not None:
+        return hit
     builds.mkdir(parents=True, exist_ok=True)
-    # The tool writes straight to its -o path, so point it at a private name in the cache
-    # directory and publish with one rename once the result is known to be whole.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{digest}.", suffix=".wasm.tmp", dir=builds)
-    os.close(fd)
-    tmp_path = Path(tmp_name)
-    stage = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}.", suffix=".stage", dir=builds)).resolve()
-    try:
-        staged = _stage(build_inputs(source.stem, roots), len(roots), stage)
-        command = [
-            executable,
-            "-d",
-            str(wit.resolve()),
-            "-w",
-            world,
-            "componentize",
-            source.stem,
-            *(arg for root in staged for arg in ("-p", str(root))),
-            "-o",
-            str(tmp_path.resolve()),
-        ]
-        _run(
-            command,
-            roots=roots,
-            source=source,
-            timeout=timeout,
-            report=report,
-            started=started,
-            cwd=stage,
-        )
-        if not _is_component_file(tmp_path):
-            raise BuildError(f"{_TOOL} succeeded but {tmp_path} is not a WebAssembly component")
-        _fsync(tmp_path)
-        os.replace(tmp_path, cached_path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-        shutil.rmtree(stage, ignore_errors=True)
+    # One builder per digest at a time (pytest-xdist workers, parallel `mty build`s): the others
+    # wait here, then find the cache entry the first one published.
+    with _exclusive(builds / f".{digest}.lock"):
+        hit = _cache_hit(cached_path, output, digest, started)
+        if hit is not None:
+            return hit
+        executable = _find_tool()
+        report(f"building {source.name} with {_TOOL} {version} ...")
+        # The tool writes straight to its -o path, so point it at a private name in the cache
+        # directory and publish with one rename once the result is known to be whole.
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{digest}.", suffix=".wasm.tmp", dir=builds)
+        os.close(fd)
+        tmp_path = Path(tmp_name)
+        stage = Path(
+            tempfile.mkdtemp(prefix=f".{digest[:16]}.", suffix=".stage", dir=builds)
+        ).resolve()
+        try:
+            staged = _stage(build_inputs(source.stem, roots), len(roots), stage)
+            command = [
+                executable,
+                "-d",
+                str(wit.resolve()),
+                "-w",
+                world,
+                "componentize",
+                source.stem,
+                *(arg for root in staged for arg in ("-p", str(root))),
+                "-o",
+                str(tmp_path.resolve()),
+            ]
+            _run(
+                command,
+                roots=roots,
+                source=source,
+                timeout=timeout,
+                report=report,
+                started=started,
+                cwd=stage,
+            )
+            if not _is_component_file(tmp_path):
+                raise BuildError(f"{_TOOL} succeeded but {tmp_path} is not a WebAssembly component")
+            _fsync(tmp_path)
+            os.replace(tmp_path, cached_path)
+        finally:
+            tmp_path.unlink(missing_ok=True)
+            shutil.rmtree(stage, ignore_errors=True)
 
     atomic_copy(cached_path, output)
     seconds = time.monotonic() - started

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,34 @@ def test_one_changed_byte_rebuilds(hello: tuple[BuildResult, list[str]], tmp_pat
     assert not changed.cached
     assert changed.digest != first.digest
     assert changed.component_sha256 != first.component_sha256
+
+
+@pytest.mark.slow
+def test_concurrent_builds_of_one_source_run_the_tool_once(tmp_path: Path) -> None:
+    """Two builders of the same new inputs: one runs componentize-py, the other waits for the
+    lock and is served its cache entry (xdist workers share guest builds this way)."""
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE.parent, project, ignore=shutil.ignore_patterns("__pycache__"))
+    source = project / "handler.py"
+    source.write_bytes(source.read_bytes().replace(b"Hello, ", b"Hej, "))  # a digest of its own
+    results: list[BuildResult] = []
+    errors: list[BaseException] = []
+
+    def build(index: int) -> None:
+        try:
+            results.append(build_component(source, output=tmp_path / f"out{index}.wasm"))
+        except BaseException as exc:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert sorted(r.cached for r in results) == [False, True]
+    assert len({r.component_sha256 for r in results}) == 1
+    assert (tmp_path / "out0.wasm").read_bytes() == (tmp_path / "out1.wasm").read_bytes()
 
 
 @pytest.mark.slow
