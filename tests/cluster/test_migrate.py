@@ -33,7 +33,10 @@ def test_migrate_under_a_stream_of_sends(counter: Component, nats_server: NatsSe
         def stream(runtime: Runtime, to: str, key: str) -> None:
             while not stop.is_set():
                 try:
-                    runtime.send(to, "incr", {"by": 1}, timeout=5)
+                    # Three unpaced senders fill the mailbox, and a full mailbox blocks its
+                    # senders (backpressure): on a loaded machine one send waited 4.6 s for
+                    # room. The timeout is not what this test is about; loss and doubles are.
+                    runtime.send(to, "incr", {"by": 1}, timeout=30)
                 except AgentError as exc:  # nothing may fail: the address keeps working
                     raise AssertionError(f"{key}: {exc}") from exc
                 acked[key] += 1
