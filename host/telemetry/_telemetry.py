@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -156,19 +156,33 @@ def _quiet(on: bool) -> None:
                     logging.getLogger(name).setLevel(level)
 
 
+_R = TypeVar("_R")
+
+
+def _counted(failures: _Failures, what: str, export: Callable[[], _R], ok: _R, failed: _R) -> _R:
+    """Run one export: a raise or a refusal is counted (and reported once), never propagated."""
+    try:
+        result = export()
+    except Exception as exc:  # noqa: BLE001 -- an exporter must never take the runtime down
+        failures.failed(what, f"{type(exc).__name__}: {exc}")
+        return failed
+    if result is not ok:
+        failures.failed(what, "the receiver did not accept them")
+    return result
+
+
 class _CountedSpans(SpanExporter):
     def __init__(self, inner: SpanExporter, failures: _Failures) -> None:
         self._inner, self._failures = inner, failures
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._inner.export(spans)
-        except Exception as exc:  # noqa: BLE001 -- an exporter must never take the runtime down
-            self._failures.failed("spans", f"{type(exc).__name__}: {exc}")
-            return SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self._failures.failed("spans", "the receiver did not accept them")
-        return result
+        return _counted(
+            self._failures,
+            "spans",
+            lambda: self._inner.export(spans),
+            SpanExportResult.SUCCESS,
+            SpanExportResult.FAILURE,
+        )
 
     def shutdown(self) -> None:
         self._inner.shutdown()
@@ -182,14 +196,13 @@ class _CountedLogs(LogRecordExporter):
         self._inner, self._failures = inner, failures
 
     def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
-        try:
-            result = self._inner.export(batch)
-        except Exception as exc:  # noqa: BLE001 -- an exporter must never take the runtime down
-            self._failures.failed("log records", f"{type(exc).__name__}: {exc}")
-            return LogRecordExportResult.FAILURE
-        if result is not LogRecordExportResult.SUCCESS:
-            self._failures.failed("log records", "the receiver did not accept them")
-        return result
+        return _counted(
+            self._failures,
+            "log records",
+            lambda: self._inner.export(batch),
+            LogRecordExportResult.SUCCESS,
+            LogRecordExportResult.FAILURE,
+        )
 
     def shutdown(self) -> None:
         self._inner.shutdown()  # type: ignore[no-untyped-call] # untyped in the SDK
@@ -209,14 +222,13 @@ class _CountedMetrics(MetricExporter):
     def export(
         self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception as exc:  # noqa: BLE001 -- an exporter must never take the runtime down
-            self._failures.failed("metrics", f"{type(exc).__name__}: {exc}")
-            return MetricExportResult.FAILURE
-        if result is not MetricExportResult.SUCCESS:
-            self._failures.failed("metrics", "the receiver did not accept them")
-        return result
+        return _counted(
+            self._failures,
+            "metrics",
+            lambda: self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs),
+            MetricExportResult.SUCCESS,
+            MetricExportResult.FAILURE,
+        )
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis)
