@@ -483,6 +483,11 @@ class Node:
         """Move the agent at ``address`` (on this node), live, to ``node``; see _migrate."""
         return migrate(self, address, node, drain_timeout=drain_timeout)
 
+    def max_payload(self) -> int:
+        """The largest message the NATS server takes (its INFO ``max_payload``)."""
+        nc = self._nc
+        return int(nc.max_payload) if nc is not None and nc.max_payload else 1 << 20
+
     def expect_takeover(self, name: str, previous: str) -> None:
         """A migration moves ``name`` from ``previous`` to an agent here: let the claim take it."""
         with self._lock:
