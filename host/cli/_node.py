@@ -90,7 +90,7 @@ def node_command(
             node.start()
             where = ", ".join(config.servers)
             click.echo(f"mty: node {node.name} joined cluster {config.name} at {where}", err=True)
-            start_tree(runtime, supervisor_spec(spec.supervisor))
+            node.adopt(start_tree(runtime, supervisor_spec(spec.supervisor)))
             control = _control_server(runtime, node)
             plan = config.supervisor
             leader = (plan.node if plan is not None else None) or next(iter(config.peers))

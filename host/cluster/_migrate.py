@@ -19,8 +19,9 @@
    redirected; a frame from another node is forwarded and its reply tells the sender's node
    the new address, which it uses from then on), and the old instance is closed.
 
-Senders keep the address they had. Order is kept per sender. Supervised agents are refused (their
-supervisor holds the old process; moving them is not done yet).
+Senders keep the address they had. Order is kept per sender. A supervised agent moves with its
+child spec: it becomes a remote child of its supervisor (see _moved). A target without the
+agent's component pulls it from this node first (``type_for``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mighty._errors import HostError, MightyError
 from mighty.abi import Err
 from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, Envelope, NoProc
 from mighty.cluster._frames import Frame, decode, encode
+from mighty.cluster._moved import Reporter, moved_op, relocate, supervised_extra
 from mighty.engine import Component, ComponentStore
 from mighty.trace import migration_link
 
@@ -97,8 +99,9 @@ def migrate(
     """Move the local agent at ``address`` to node ``target`` (see the module docstring)."""
     runtime = node.runtime
     local, process = _check(node, address, target)
+    supervised = supervised_extra(node, process)
     # Instantiating on the target takes long for a big component: done before the pause.
-    prepared = _prepare(node, process, target)
+    prepared = _prepare(node, process, target, supervised)
     started = time.monotonic()
     process.mailbox.pause()
     locked = False
@@ -143,6 +146,8 @@ def migrate(
     # Committed: the agent lives on the target now; the old instance only waits to be closed.
     pause = time.monotonic() - started
     _link(runtime, local, node.name, node.qualify(local), new_address, snapshot)
+    if supervised is not None:
+        relocate(node, process, supervised, new_address)
     process._run.release()  # still paused: no worker takes a message from it
     moved = _move_queue(node, process, new_address)
     moved += _switch(node, process, local, new_address)
@@ -190,12 +195,10 @@ def _check(node: Node, address: str, target: str) -> tuple[str, Any]:
         process = runtime.process(local)
     except NoProc:
         raise MigrationFailed(f"no agent at {address!r} on node {node.name}") from None
-    if process.on_exit is not None:
-        raise MigrationFailed(f"{local} is supervised; moving supervised agents is not supported")
     return local, process
 
 
-def _prepare(node: Node, process: Any, target: str) -> str:
+def _prepare(node: Node, process: Any, target: str, supervised: dict[str, str] | None) -> str:
     """A fresh, paused instance of the agent's component on ``target``: its address.
 
     A target without the component pulls it from this node first (see ``_shipped``).
@@ -205,7 +208,12 @@ def _prepare(node: Node, process: Any, target: str) -> str:
         "migrate",
         node=node.name,
         type=process.type.name,
-        extra={"sha": component.sha256, "size": component.size, "init": process.init},
+        extra={
+            "sha": component.sha256,
+            "size": component.size,
+            "init": process.init,
+            **({} if supervised is None else {"sup": supervised}),
+        },
     )
     try:
         return node.request(target, prepare, _PREPARE_TIMEOUT).to
@@ -273,14 +281,18 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
     op = frame.extra.get("op")
     if op == "component":
         return serve_component(node, frame)
+    if op in ("exited", "restart", "halt"):
+        return moved_op(node, frame, op)
     if op is not None:
         raise BadSpawn(f"migrate: unknown op {str(op)[:32]!r}")
     if not frame.to:
         init = frame.extra.get("init", b"")
         if not isinstance(init, bytes):
             raise BadSpawn("migrate: init is not bytes")
-        agent_type = _type_for(node, frame)
-        process = runtime.spawn_process(frame.type, init, agent_type=agent_type)
+        agent_type = type_for(node, frame)
+        process = runtime.spawn_process(
+            frame.type, init, agent_type=agent_type, on_exit=_reporter(node, frame)
+        )
         process.mailbox.pause()  # nobody knows the address yet; nothing runs before restore
         return Frame("ok", node=node.name, to=node.qualify(process.address))
     process = runtime.process(node.localize(frame.to))
@@ -343,7 +355,7 @@ async def forward_frame(
 # -- shipping a component -------------------------------------------------------------------
 
 
-def _type_for(node: Node, frame: Frame) -> AgentType:
+def type_for(node: Node, frame: Frame) -> AgentType:
     """The agent type a migrating agent runs as here: this node's type of that name (or, when
     it has none, the default settings: no grants), with the agent's own component."""
     runtime = node.runtime
@@ -491,3 +503,17 @@ def _link(runtime: Any, local: str, node: str, source: str, target: str, state: 
         )
     except MightyError as exc:  # a full disk: the migration itself is done
         _log.warning("migration: recording the link of %s failed: %s", local, exc.message)
+
+
+def _reporter(node: Node, frame: Frame) -> Reporter | None:
+    """A supervised agent moving in reports its crashes to its supervisor's node."""
+    sup = frame.extra.get("sup")
+    if sup is None:
+        return None
+    if not isinstance(sup, dict) or not all(
+        isinstance(sup.get(k), str) for k in ("home", "sup", "child")
+    ):
+        raise BadSpawn("migrate: sup takes {home, sup, child: str}")
+    if sup["home"] != frame.node:
+        raise BadSpawn("migrate: a supervised agent comes from its supervisor's node")
+    return Reporter(node, sup["home"], sup["sup"], sup["child"])

@@ -76,6 +76,7 @@ from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
 from mighty.cluster._frames import Frame, FrameError, decode, encode
 from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
+from mighty.cluster._moved import on_membership
 
 __all__ = ["ClusterError", "Node", "NodeStats"]
 
@@ -184,6 +185,9 @@ class Node:
         self._moved: dict[str, str] = {}
         """Addresses whose agent migrated: old (local or node:type:pid) -> node:type:pid."""
         self._takeover: dict[str, str] = {}
+        self._trees: list[Supervisor] = []
+        self.relocated: dict[tuple[str, str], Any] = {}
+        """Supervised agents that migrated away, by (supervisor, child): see _moved."""
         self._moving: dict[str, threading.Event] = {}
         self._listeners: list[Callable[[str, bool], None]] = []
         self._inflight = 0
@@ -198,6 +202,7 @@ class Node:
             "stop": self._in_stop,
             "migrate": lambda frame: accept_migration(self, frame),
         }
+        self.on_membership(lambda node, alive: on_membership(self, node, alive))
 
     # -- life -------------------------------------------------------------------------------
 
@@ -482,6 +487,18 @@ class Node:
     def migrate(self, address: str, node: str, *, drain_timeout: float = 5.0) -> MigrationReport:
         """Move the agent at ``address`` (on this node), live, to ``node``; see _migrate."""
         return migrate(self, address, node, drain_timeout=drain_timeout)
+
+    def adopt(self, supervisor: Supervisor) -> Supervisor:
+        """Let this node's migrations find ``supervisor``'s children (they move with their
+        child spec: see _moved); `mty node` adopts its ``[supervisor]`` tree."""
+        with self._lock:
+            self._trees.append(supervisor)
+        return supervisor
+
+    def supervision_trees(self) -> list[Supervisor]:
+        """The supervisors adopted, and the one-child ones of this node's cluster children."""
+        with self._lock:
+            return [*self._trees, *self._supervisors.values()]
 
     def max_payload(self) -> int:
         """The largest message the NATS server takes (its INFO ``max_payload``)."""
