@@ -186,6 +186,8 @@ class Node:
         """Addresses whose agent migrated: old (local or node:type:pid) -> node:type:pid."""
         self._takeover: dict[str, str] = {}
         self._trees: list[Supervisor] = []
+        self._owners: dict[str, str] = {}
+        """Every name's latest owner seen, kept after its entry is deleted (see last_owner)."""
         self.relocated: dict[tuple[str, str], Any] = {}
         """Supervised agents that migrated away, by (supervisor, child): see _moved."""
         self._moving: dict[str, threading.Event] = {}
@@ -487,6 +489,12 @@ class Node:
     def migrate(self, address: str, node: str, *, drain_timeout: float = 5.0) -> MigrationReport:
         """Move the agent at ``address`` (on this node), live, to ``node``; see _migrate."""
         return migrate(self, address, node, drain_timeout=drain_timeout)
+
+    def last_owner(self, name: str) -> str | None:
+        """Where ``name`` was last seen registered (even if its entry is gone since): a
+        migrated child's cluster supervisor knows where it lived when its node went away."""
+        with self._lock:
+            return self._names.get(name) or self._owners.get(name)
 
     def adopt(self, supervisor: Supervisor) -> Supervisor:
         """Let this node's migrations find ``supervisor``'s children (they move with their
@@ -881,6 +889,7 @@ class Node:
             supervisor = self._supervisors.pop(local, None)
         if supervisor is not None:
             supervisor.stop()
+            supervisor.retire()  # for good: a child that migrated is stopped where it is
         with suppress(NoProc):
             self.runtime.stop(local)
         return Frame("ok", node=self.name)
@@ -1027,6 +1036,7 @@ class Node:
                     value = _address_value(entry.value)
                     if value is not None:
                         self._names[entry.key] = value
+                        self._owners[entry.key] = value
 
     # -- liveness ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from mighty.agents import (
     start_tree,
 )
 from mighty.budget import Budget
-from mighty.cluster import MigrationFailed, NatsServer, Node
+from mighty.cluster import ClusterChild, ClusterSupervisor, MigrationFailed, NatsServer, Node
 from tests.cluster.conftest import config
 
 pytestmark = pytest.mark.slow
@@ -90,6 +90,44 @@ def test_a_supervised_agent_moves_with_its_child_spec(
         assert local is not None and a.process(local).on_exit is not None  # supervised again
         assert _count(a, "other") == 1
         assert root.state == "running"
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+def test_a_cluster_supervisors_child_migrates_and_its_nodes_die(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b", "t")]
+    (a, node_a), (b, node_b), (t, node_t) = made
+    try:
+        assert all(n.wait_for(["a", "b", "t"], 10) for _, n in made)
+        # The cluster supervisor runs on t; its child runs on a, under a's one-child supervisor.
+        supervisor = ClusterSupervisor(node_t, [ClusterChild("ctr", "counter", node="a")]).start()
+        assert (node_t.whereis("ctr") or "").startswith("a:")
+        t.ask("ctr", "incr", {"by": 4})
+        moved = node_a.migrate("ctr", "b").new_address
+        _until(lambda: node_t.whereis("ctr") == moved, "the name did not follow")
+        # A crash on b: a's supervisor restarts it on b.
+        with pytest.raises(AgentError):
+            t.ask("ctr", "work", {"n": 50_000_000}, timeout=60)
+        _until(lambda: _count(t, "ctr") == 0, "ctr not restarted on b")
+        t.ask("ctr", "incr", {"by": 3})
+        # Node a (where it was first) dies: the child lives on b, so nothing restarts it.
+        a.shutdown(drain=False, timeout=2)
+        node_a.close()
+        _until(lambda: "a" not in node_t.live_nodes(), "a not seen dead")
+        time.sleep(0.5)
+        assert node_t.whereis("ctr") == moved
+        assert _count(t, "ctr") == 3
+        # Node b dies: the cluster supervisor restarts the child on the node left (t).
+        b.shutdown(drain=False, timeout=2)
+        node_b.close()
+        _until(lambda: (node_t.whereis("ctr") or "").startswith("t:"), "ctr not placed on t")
+        _until(lambda: _count(t, "ctr") == 0, "ctr not answering on t")
+        assert supervisor.state == "running"
+        supervisor.stop()
     finally:
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
