@@ -6,7 +6,7 @@
    message being handled, up to the drain deadline;
 2. snapshot its state (the hot-swap ``snapshot`` export);
 3. ship it: node b, which prepared a fresh instance of the same component before the pause
-   (same sha256; shipping a missing component is not done: b must have the type), restores
+   (same sha256: a node without it pulls it from a first, see ``type_for``), restores
    the snapshot into it and answers with the new address. Up to here any failure (a drain past its
    deadline, an unknown node, a refused restore, no answer) resumes the agent where it was,
    with its state and mailbox untouched: the old instance was only read;
@@ -416,7 +416,10 @@ def _pull(node: Node, source: str, sha: str, size: Any) -> Path | bytes:
     chunk = max(1024, min(_CHUNK, config.max_frame - 4096, node.max_payload() - 4096))
     data = bytearray()
     started = time.monotonic()
+    deadline = started + _PREPARE_TIMEOUT
     while len(data) < size:
+        if time.monotonic() > deadline:
+            raise BadSpawn(f"shipping {sha[:12]} from {source} took over {_PREPARE_TIMEOUT:g} s")
         want = min(chunk, size - len(data))
         ask = Frame(
             "migrate",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +85,52 @@ def test_a_component_the_target_lacks_is_shipped(
         for runtime, node in ((b, node_b), (a, node_a)):
             runtime.shutdown(drain=False, timeout=2)
             node.close()
+
+
+def test_shipped_bytes_that_do_not_hash_to_the_announced_sha_are_refused(
+    echo: Component, nats_server: NatsServer, empty_store: ComponentStore
+) -> None:
+    """A peer announcing one component and sending other bytes: refused, nothing kept or run."""
+    import asyncio
+
+    import nats
+
+    from mighty.cluster import decode, encode
+
+    sha = "ab" * 32
+    b = Runtime(workers=1)
+    b.register(AgentType("echo", echo))
+    node_b = Node(b, config(nats_server.url), name="b").start()
+
+    async def liar() -> list[str]:
+        nc = await nats.connect(nats_server.url)
+        served: list[int] = []
+
+        async def serve(msg: Any) -> None:  # "node a": answers every chunk with zeros
+            frame = decode(msg.data)
+            served.append(frame.extra["n"])
+            await msg.respond(encode(Frame("ok", node="a", body=b"\0" * frame.extra["n"])))
+
+        await nc.subscribe("mighty.node.a", cb=serve)
+        answers = []
+        for size in (3000, -1):
+            prepare = Frame(
+                "migrate", node="a", type="echo", extra={"sha": sha, "size": size, "init": b""}
+            )
+            reply = await nc.request("mighty.node.b", encode(prepare), timeout=30)
+            answers.append(decode(reply.data).msg)
+        await nc.close()
+        assert sum(served) == 3000
+        return answers
+
+    try:
+        mismatch, bad_size = asyncio.run(liar())
+        assert f"hashes to {hashlib.sha256(bytes(3000)).hexdigest()[:12]}, not {sha[:12]}" in (
+            mismatch
+        )
+        assert "size is not a positive int" in bad_size
+        assert b.agents() == []
+        assert not empty_store.path_for(sha).exists()
+    finally:
+        b.shutdown(drain=False, timeout=2)
+        node_b.close()
