@@ -759,8 +759,14 @@ class Runtime:
         name: str | None = None,
         on_exit: Callable[[AgentProcess, bool, str], None] | None = None,
         parent: str | None = None,
+        agent_type: AgentType | None = None,
     ) -> AgentProcess:
-        agent_type = self.agent_type(type_name)
+        """Start an agent of ``type_name``; ``agent_type`` (of that name) overrides the
+        registered type for this one agent (a live migration brings its own component)."""
+        if agent_type is None:
+            agent_type = self.agent_type(type_name)
+        elif agent_type.name != type_name:
+            raise BadSpawn(f"spawn: agent type {agent_type.name!r} is not {type_name!r}")
         stored = None
         if self.hibernation is not None and agent_type.durable and name is not None:
             # A durable agent an earlier runtime on this state_dir left: it comes back asleep.

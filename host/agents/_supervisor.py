@@ -352,6 +352,27 @@ class Supervisor:
         self._submit(op, wait=False)
         return op.failure if op.done else None
 
+    def relocate(
+        self, name: str, handle: ChildHandle, start: Callable[[], ChildHandle]
+    ) -> Callable[[], ChildHandle]:
+        """Child ``name`` moved while running (a live migration): ``handle`` is its running
+        incarnation now, and ``start`` starts it from now on. Returns the ``start`` it had.
+
+        BadInput unless the child is running (a child being started, stopped or restarted
+        is not moved)."""
+        with self._lock:
+            child = self._by_name.get(name)
+            if child is None:
+                raise BadInput(f"supervisor {self._name!r} has no child {name!r}")
+            if child.status != "running" or self._state != "running":
+                raise BadInput(
+                    f"supervisor {self._name!r}: child {name!r} is {child.status}, not running"
+                )
+            previous = child.spec.start
+            child.spec = ChildSpec(child.spec.name, start, child.spec.restart)
+            child.handle = child.last = handle
+        return previous
+
     def which_children(self) -> list[ChildInfo]:
         """(name, handle or None, restart type, restarts) of each child, in start order."""
         with self._lock:

@@ -542,11 +542,12 @@ def call(
 
 
 @main.command()
-@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--agent",
     "agent",
-    help="Replay only this agent: an address (kv:3), a registered name, or an instance number.",
+    help="Replay only this agent: an address (kv:3), a registered name, or an instance number;"
+    " with several traces (or a directory), a migrated agent's first address (a:kv:3).",
 )
 @click.option(
     "--component",
@@ -581,7 +582,7 @@ def call(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def replay(
-    trace: Path,
+    traces: tuple[Path, ...],
     agent: str | None,
     changed: Path | None,
     component_dirs: tuple[Path, ...],
@@ -591,6 +592,9 @@ def replay(
     as_json: bool,
 ) -> None:
     """Run TRACE again, answering every import from it, and check it does the same thing.
+
+    Several TRACES (or a directory of them: the trace of each node of a cluster) and
+    --agent a:type:pid replay that agent's history across its migrations, node by node.
 
     The budget recorded in TRACE is capped by the replay limits (defaults in
     mighty.trace.DEFAULT_REPLAY_LIMITS; raise them with --max-fuel/--max-memory/--timeout).
@@ -610,6 +614,12 @@ def replay(
         if timeout is not None:
             changes["timeout"] = timeout
         limits = _replace(DEFAULT_REPLAY_LIMITS, **changes)
+        if len(traces) > 1 or traces[0].is_dir():
+            from mighty.cli._across import replay_across_command
+
+            replay_across_command(traces, agent, limits, component_dirs, changed, as_json)
+            return
+        trace = traces[0]
         try:
             instance = int(agent) if agent is not None and agent.isdigit() else None
             report = replay_trace(

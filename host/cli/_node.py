@@ -42,6 +42,13 @@ _PEERS_WAIT = 30.0
     help="Least severe agent line shown.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No agent output and no progress on stderr.")
+@click.option(
+    "--record",
+    "record",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Record every agent of this node to this trace (its header names the node).",
+)
 def node_command(
     manifest: Path,
     name: str | None,
@@ -49,6 +56,7 @@ def node_command(
     as_json: bool,
     log_level: str,
     quiet: bool,
+    record: Path | None,
 ) -> None:
     """Join the cluster of MANIFEST's [cluster] block and serve its agents until Ctrl-C."""
     from mighty.agents import Runtime, agent_types, load_manifest, start_tree, supervisor_spec
@@ -65,8 +73,11 @@ def node_command(
         config = parse_cluster(data).resolve(base)
         with Waits(not quiet) as show:
             types = agent_types(spec, base, show)
+        recorder = _recorder(record, name or config.node)
         runtime = Runtime(
-            workers=spec.workers, on_output=None if quiet else _OutputWriter(threshold)
+            workers=spec.workers,
+            on_output=None if quiet else _OutputWriter(threshold),
+            recorder=recorder,
         )
         node = Node(runtime, config, name=name)
         supervisor: Any = None
@@ -79,7 +90,7 @@ def node_command(
             node.start()
             where = ", ".join(config.servers)
             click.echo(f"mty: node {node.name} joined cluster {config.name} at {where}", err=True)
-            start_tree(runtime, supervisor_spec(spec.supervisor))
+            node.adopt(start_tree(runtime, supervisor_spec(spec.supervisor)))
             control = _control_server(runtime, node)
             plan = config.supervisor
             leader = (plan.node if plan is not None else None) or next(iter(config.peers))
@@ -89,12 +100,7 @@ def node_command(
             while not signals.requested:
                 time.sleep(_SLICE)
         finally:
-            if supervisor is not None:
-                supervisor.stop()
-            if control is not None:
-                control.stop()
-            runtime.shutdown(drain=False, timeout=10.0)
-            node.close()
+            _leave(supervisor, control, runtime, node, recorder)
         summary = _summary(runtime, threshold)
         summary["node"] = {
             "name": node.name,
@@ -114,6 +120,27 @@ def node_command(
         else:
             click.echo(f"node {node.name}: {len(summary['agents'])} agent(s), {summary['node']}")
         sys.exit(1 if failed else 0)
+
+
+def _leave(supervisor: Any, control: Any, runtime: Any, node: Any, recorder: Any) -> None:
+    """Stop supervising, close the control socket, shut down, leave, close the trace."""
+    if supervisor is not None:
+        supervisor.stop()
+    if control is not None:
+        control.stop()
+    runtime.shutdown(drain=False, timeout=10.0)
+    node.close()
+    if recorder is not None:
+        recorder.close()
+
+
+def _recorder(record: Path | None, node: str | None) -> Any:
+    """The node's recorder (its trace's header names the node: mighty.trace.replay_across)."""
+    if record is None:
+        return None
+    from mighty.trace import Recorder
+
+    return Recorder(record, node=node)
 
 
 def _supervise(node: Any, plan: Any) -> Any:
@@ -172,7 +199,8 @@ def migrate_command(address: str, node: str, socket_path: Path | None, as_json: 
     with _errors(as_json):
         path = _control_socket(socket_path)
         try:
-            result = request(path, "migrate", {"address": address, "node": node}, timeout=60)
+            # Preparing the target may ship and compile a component (the agent keeps running).
+            result = request(path, "migrate", {"address": address, "node": node}, timeout=600)
         except ControlError as exc:
             _control_refused("migration", exc.kind, str(exc), as_json)
         if as_json:

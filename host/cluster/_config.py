@@ -5,12 +5,13 @@ servers = ["nats://127.0.0.1:4222"]   # one or more NATS servers (the client fai
 node = "a"                            # this node's name (also: `mty node --name`)
 heartbeat = 0.5                       # seconds between heartbeats
 dead_after = 2.0                      # silent this long: the node is dead
+max_component = 67108864              # largest component a migration ships here (0: none)
 tls = { ca = "ca.pem", cert = "a.pem", key = "a.key" }   # optional; relative to the manifest
 creds = "a.creds"                     # optional NATS credentials file
 
 [cluster.peers]                       # the static topology: only these nodes may take part
 a = {}
-b = {}
+b = { components = false }            # take no shipped component from b
 
 [cluster.supervisor]                  # optional: children placed on nodes, run by `node`
 node = "a"
@@ -63,6 +64,8 @@ class TlsModel(_Model):
 class PeerModel(_Model):
     spawn: bool = True
     """The cluster supervisor may place children on this node."""
+    components: bool = True
+    """This node takes components shipped from this peer (a migrating agent's, by sha256)."""
 
 
 class ClusterChildModel(_Model):
@@ -98,6 +101,8 @@ class ClusterConfig(_Model):
     max_frame: int = Field(1 << 20, ge=1024, le=64 << 20)
     max_inflight: int = Field(1024, ge=1, le=1 << 20)
     """Incoming messages that may wait for a full mailbox at once; more answer mailbox-full."""
+    max_component: int = Field(64 << 20, ge=0, le=1 << 30)
+    """The largest component a migration may ship to this node (bytes; 0: none is taken)."""
     durable: list[str] = []
     """Agent types whose sends by name are at-least-once over JetStream (see _durable)."""
     tls: TlsModel | None = None

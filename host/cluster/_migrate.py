@@ -6,7 +6,7 @@
    message being handled, up to the drain deadline;
 2. snapshot its state (the hot-swap ``snapshot`` export);
 3. ship it: node b, which prepared a fresh instance of the same component before the pause
-   (same sha256; shipping a missing component is not done: b must have the type), restores
+   (same sha256: a node without it pulls it from a first, see ``type_for``), restores
    the snapshot into it and answers with the new address. Up to here any failure (a drain past its
    deadline, an unknown node, a refused restore, no answer) resumes the agent where it was,
    with its state and mailbox untouched: the old instance was only read;
@@ -19,24 +19,31 @@
    redirected; a frame from another node is forwarded and its reply tells the sender's node
    the new address, which it uses from then on), and the old instance is closed.
 
-Senders keep the address they had. Order is kept per sender. Supervised agents are refused (their
-supervisor holds the old process; moving them is not done yet).
+Senders keep the address they had. Order is kept per sender. A supervised agent moves with its
+child spec: it becomes a remote child of its supervisor (see _moved). A target without the
+agent's component pulls it from this node first (``type_for``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import re
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mighty._errors import HostError, MightyError
 from mighty.abi import Err
-from mighty.agents import AgentError, AskTimeout, BadSpawn, Envelope, NoProc
+from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, Envelope, NoProc
 from mighty.cluster._frames import Frame, decode, encode
+from mighty.cluster._moved import Reporter, moved_op, relocate, supervised_extra
+from mighty.engine import Component, ComponentStore
+from mighty.trace import migration_link
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -46,9 +53,18 @@ if TYPE_CHECKING:
 __all__ = ["MigrationFailed", "MigrationReport", "accept_migration", "forward_frame", "migrate"]
 
 _log = logging.getLogger(__name__)
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_SHIPPING = threading.Lock()
+_LOADED: dict[str, Component] = {}
+"""Components shipped to (or found for) this process, by sha256 (the latest few)."""
+_LOADED_MAX = 8
 _ROUNDS = 3
 _GRACE = 0.005
 _FORWARDED_ASK_TIMEOUT = 60.0
+_PREPARE_TIMEOUT = 300.0
+"""Preparing may ship and compile a component; the agent keeps running meanwhile."""
+_CHUNK = 256 << 10
+_CHUNK_TIMEOUT = 30.0
 
 
 class MigrationFailed(HostError):
@@ -83,8 +99,9 @@ def migrate(
     """Move the local agent at ``address`` to node ``target`` (see the module docstring)."""
     runtime = node.runtime
     local, process = _check(node, address, target)
+    supervised = supervised_extra(node, process)
     # Instantiating on the target takes long for a big component: done before the pause.
-    prepared = _prepare(node, process, target)
+    prepared = _prepare(node, process, target, supervised)
     started = time.monotonic()
     process.mailbox.pause()
     locked = False
@@ -128,6 +145,9 @@ def migrate(
         raise
     # Committed: the agent lives on the target now; the old instance only waits to be closed.
     pause = time.monotonic() - started
+    _link(runtime, local, node.name, node.qualify(local), new_address, snapshot)
+    if supervised is not None:
+        relocate(node, process, supervised, new_address)
     process._run.release()  # still paused: no worker takes a message from it
     moved = _move_queue(node, process, new_address)
     moved += _switch(node, process, local, new_address)
@@ -175,21 +195,28 @@ def _check(node: Node, address: str, target: str) -> tuple[str, Any]:
         process = runtime.process(local)
     except NoProc:
         raise MigrationFailed(f"no agent at {address!r} on node {node.name}") from None
-    if process.on_exit is not None:
-        raise MigrationFailed(f"{local} is supervised; moving supervised agents is not supported")
     return local, process
 
 
-def _prepare(node: Node, process: Any, target: str) -> str:
-    """A fresh, paused instance of the agent's component on ``target``: its address."""
+def _prepare(node: Node, process: Any, target: str, supervised: dict[str, str] | None) -> str:
+    """A fresh, paused instance of the agent's component on ``target``: its address.
+
+    A target without the component pulls it from this node first (see ``_shipped``).
+    """
+    component = process.type.component
     prepare = Frame(
         "migrate",
         node=node.name,
         type=process.type.name,
-        extra={"sha": process.type.component.sha256, "init": process.init},
+        extra={
+            "sha": component.sha256,
+            "size": component.size,
+            "init": process.init,
+            **({} if supervised is None else {"sup": supervised}),
+        },
     )
     try:
-        return node.request(target, prepare, 60.0).to
+        return node.request(target, prepare, _PREPARE_TIMEOUT).to
     except AgentError as exc:
         raise MigrationFailed(f"{target} did not take {process.address}: {exc.message}") from None
 
@@ -251,18 +278,21 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
     the source pauses). With ``to``: restore that prepared agent from the snapshot, take the name.
     """
     runtime = node.runtime
+    op = frame.extra.get("op")
+    if op == "component":
+        return serve_component(node, frame)
+    if op in ("exited", "restart", "halt"):
+        return moved_op(node, frame, op)
+    if op is not None:
+        raise BadSpawn(f"migrate: unknown op {str(op)[:32]!r}")
     if not frame.to:
-        agent_type = runtime.agent_type(frame.type)
-        sha, init = frame.extra.get("sha"), frame.extra.get("init", b"")
-        if sha != agent_type.component.sha256:
-            raise BadSpawn(
-                f"node {node.name} runs another component for {frame.type!r} "
-                f"({agent_type.component.sha256[:12]}, not {str(sha)[:12]}); "
-                "shipping components is not supported"
-            )
+        init = frame.extra.get("init", b"")
         if not isinstance(init, bytes):
             raise BadSpawn("migrate: init is not bytes")
-        process = runtime.spawn_process(frame.type, init)
+        agent_type = type_for(node, frame)
+        process = runtime.spawn_process(
+            frame.type, init, agent_type=agent_type, on_exit=_reporter(node, frame)
+        )
         process.mailbox.pause()  # nobody knows the address yet; nothing runs before restore
         return Frame("ok", node=node.name, to=node.qualify(process.address))
     process = runtime.process(node.localize(frame.to))
@@ -277,14 +307,17 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
                 raise BadSpawn(f"restore failed: {exc.message}") from None
             if isinstance(outcome, Err):
                 raise BadSpawn(f"restore refused: {outcome.value}")
+        previous = frame.extra.get("from")
         if frame.name:
-            previous = frame.extra.get("from")
             if isinstance(previous, str):
                 node.expect_takeover(frame.name, previous)
             runtime.register_name(frame.name, process.address)
     except BaseException:
         runtime.stop(process.address)
         raise
+    if isinstance(previous, str):
+        here = node.qualify(process.address)
+        _link(runtime, process.address, node.name, previous, here, frame.body)
     process.mailbox.resume()
     process._wake()
     return Frame("ok", node=node.name, to=node.qualify(process.address))
@@ -317,3 +350,173 @@ async def forward_frame(
         error = AskTimeout(f"no reply from {new_address} (forwarded): {exc}")
         reply = Frame("err", node=node.name, code=error.code, type="AskTimeout", msg=error.message)
     await node._respond(msg, replace(reply, extra={**reply.extra, "moved": new_address}))
+
+
+# -- shipping a component -------------------------------------------------------------------
+
+
+def type_for(node: Node, frame: Frame) -> AgentType:
+    """The agent type a migrating agent runs as here: this node's type of that name (or, when
+    it has none, the default settings: no grants), with the agent's own component."""
+    runtime = node.runtime
+    sha = frame.extra.get("sha")
+    if not isinstance(sha, str) or not _SHA.match(sha):
+        raise BadSpawn("migrate: sha is not a sha256 hex digest")
+    try:
+        known: AgentType | None = runtime.agent_type(frame.type)
+    except BadSpawn:
+        known = None
+    if known is not None and known.component.sha256 == sha:
+        return known
+    component = _shipped(node, frame, sha)
+    if known is not None:
+        return replace(known, component=component)
+    try:
+        return AgentType(frame.type, component)
+    except ValueError as exc:
+        raise BadSpawn(f"migrate: {exc}") from None
+
+
+def _shipped(node: Node, frame: Frame, sha: str) -> Component:
+    """The component ``sha``: from this node's component store, else pulled from the node that
+    asks for the migration, in chunks (each a request within NATS's max_payload), bounded by
+    ``max_component``, its sha256 checked before it is compiled and kept."""
+    with _SHIPPING:
+        cached = _LOADED.get(sha)
+    if cached is not None:
+        return cached
+    found: Path | bytes | None = ComponentStore().find(sha)
+    if found is None:
+        found = _pull(node, frame.node, sha, frame.extra.get("size"))
+    try:
+        component = Component.load(found)
+    except MightyError as exc:
+        raise BadSpawn(f"the component {sha[:12]} does not load here: {exc.message}") from None
+    if component.sha256 != sha:  # the store's file changed under us
+        raise BadSpawn(f"the component for {sha[:12]} hashes to {component.sha256[:12]}")
+    with _SHIPPING:
+        if len(_LOADED) >= _LOADED_MAX:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[sha] = component
+    return component
+
+
+def _pull(node: Node, source: str, sha: str, size: Any) -> Path | bytes:
+    config = node.config
+    peer = config.peers.get(source)
+    if peer is None or not peer.components:
+        raise BadSpawn(f"node {node.name} takes no component from node {source}")
+    if type(size) is not int or size <= 0:
+        raise BadSpawn("migrate: the component's size is not a positive int")
+    if size > config.max_component:
+        raise BadSpawn(
+            f"the component of {size} bytes exceeds node {node.name}'s "
+            f"max_component ({config.max_component} bytes)"
+        )
+    chunk = max(1024, min(_CHUNK, config.max_frame - 4096, node.max_payload() - 4096))
+    data = bytearray()
+    started = time.monotonic()
+    deadline = started + _PREPARE_TIMEOUT
+    while len(data) < size:
+        if time.monotonic() > deadline:
+            raise BadSpawn(f"shipping {sha[:12]} from {source} took over {_PREPARE_TIMEOUT:g} s")
+        want = min(chunk, size - len(data))
+        ask = Frame(
+            "migrate",
+            node=node.name,
+            extra={"op": "component", "sha": sha, "offset": len(data), "n": want},
+        )
+        try:
+            piece = node.request(source, ask, _CHUNK_TIMEOUT).body
+        except AgentError as exc:
+            raise BadSpawn(f"shipping {sha[:12]} from {source} failed: {exc.message}") from None
+        if not piece or len(piece) > want:
+            raise BadSpawn(f"node {source} sent a bad chunk of {sha[:12]} at {len(data)}")
+        data += piece
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha:
+        raise BadSpawn(
+            f"the component shipped from {source} hashes to {digest[:12]}, not {sha[:12]}"
+        )
+    _log.info(
+        "node %s: shipped %s (%d bytes) from %s in %.2f s",
+        node.name,
+        sha[:12],
+        size,
+        source,
+        time.monotonic() - started,
+    )
+    kept = ComponentStore().keep(sha, bytes(data))
+    return kept if kept is not None else bytes(data)
+
+
+def serve_component(node: Node, frame: Frame) -> Frame:
+    """The source's side: one chunk of a component one of this node's agents runs."""
+    sha, offset, n = frame.extra.get("sha"), frame.extra.get("offset"), frame.extra.get("n")
+    if not isinstance(sha, str) or type(offset) is not int or type(n) is not int:
+        raise BadSpawn("component: takes {sha: str, offset: int, n: int}")
+    if offset < 0 or not 0 < n <= _CHUNK:
+        raise BadSpawn(f"component: a chunk is 1..{_CHUNK} bytes at an offset >= 0")
+    component = _served(node, sha)
+    if component is None:
+        raise BadSpawn(f"node {node.name} runs no component {sha[:12]}")
+    path = _source_file(component)
+    if path is None:
+        raise BadSpawn(f"node {node.name} no longer has the bytes of {sha[:12]}")
+    with path.open("rb") as f:
+        f.seek(offset)
+        piece = f.read(n)
+    return Frame("ok", node=node.name, body=piece)
+
+
+def _served(node: Node, sha: str) -> Component | None:
+    """A component of this node's types or agents (only those are shipped), by sha256."""
+    runtime = node.runtime
+    for process in runtime.agents():
+        if process.type.component.sha256 == sha:
+            return process.type.component
+    for process in runtime.retired():
+        if process.type.component.sha256 == sha:
+            return process.type.component
+    return None
+
+
+def _source_file(component: Component) -> Path | None:
+    """A file holding exactly the component's bytes: the store's copy, else where it came from."""
+    candidates = [ComponentStore().path_for(component.sha256)]
+    if not component.origin.startswith("<"):
+        candidates.append(Path(component.origin))
+    for path in candidates:
+        try:
+            if path.stat().st_size == component.size:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def _link(runtime: Any, local: str, node: str, source: str, target: str, state: bytes) -> None:
+    """The link record joining the agent's traces on both nodes (mighty.trace.replay_across)."""
+    recorder = runtime.recorder
+    if recorder is None:
+        return
+    try:
+        recorder.append(
+            migration_link(local=local, node=node, source=source, target=target, state=state)
+        )
+    except MightyError as exc:  # a full disk: the migration itself is done
+        _log.warning("migration: recording the link of %s failed: %s", local, exc.message)
+
+
+def _reporter(node: Node, frame: Frame) -> Reporter | None:
+    """A supervised agent moving in reports its crashes to its supervisor's node."""
+    sup = frame.extra.get("sup")
+    if sup is None:
+        return None
+    if not isinstance(sup, dict) or not all(
+        isinstance(sup.get(k), str) for k in ("home", "sup", "child")
+    ):
+        raise BadSpawn("migrate: sup takes {home, sup, child: str}")
+    if sup["home"] != frame.node:
+        raise BadSpawn("migrate: a supervised agent comes from its supervisor's node")
+    return Reporter(node, sup["home"], sup["sup"], sup["child"])

@@ -76,6 +76,7 @@ from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
 from mighty.cluster._frames import Frame, FrameError, decode, encode
 from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
+from mighty.cluster._moved import on_membership
 
 __all__ = ["ClusterError", "Node", "NodeStats"]
 
@@ -184,6 +185,11 @@ class Node:
         self._moved: dict[str, str] = {}
         """Addresses whose agent migrated: old (local or node:type:pid) -> node:type:pid."""
         self._takeover: dict[str, str] = {}
+        self._trees: list[Supervisor] = []
+        self._owners: dict[str, str] = {}
+        """Every name's latest owner seen, kept after its entry is deleted (see last_owner)."""
+        self.relocated: dict[tuple[str, str], Any] = {}
+        """Supervised agents that migrated away, by (supervisor, child): see _moved."""
         self._moving: dict[str, threading.Event] = {}
         self._listeners: list[Callable[[str, bool], None]] = []
         self._inflight = 0
@@ -198,6 +204,7 @@ class Node:
             "stop": self._in_stop,
             "migrate": lambda frame: accept_migration(self, frame),
         }
+        self.on_membership(lambda node, alive: on_membership(self, node, alive))
 
     # -- life -------------------------------------------------------------------------------
 
@@ -482,6 +489,29 @@ class Node:
     def migrate(self, address: str, node: str, *, drain_timeout: float = 5.0) -> MigrationReport:
         """Move the agent at ``address`` (on this node), live, to ``node``; see _migrate."""
         return migrate(self, address, node, drain_timeout=drain_timeout)
+
+    def last_owner(self, name: str) -> str | None:
+        """Where ``name`` was last seen registered (even if its entry is gone since): a
+        migrated child's cluster supervisor knows where it lived when its node went away."""
+        with self._lock:
+            return self._names.get(name) or self._owners.get(name)
+
+    def adopt(self, supervisor: Supervisor) -> Supervisor:
+        """Let this node's migrations find ``supervisor``'s children (they move with their
+        child spec: see _moved); `mty node` adopts its ``[supervisor]`` tree."""
+        with self._lock:
+            self._trees.append(supervisor)
+        return supervisor
+
+    def supervision_trees(self) -> list[Supervisor]:
+        """The supervisors adopted, and the one-child ones of this node's cluster children."""
+        with self._lock:
+            return [*self._trees, *self._supervisors.values()]
+
+    def max_payload(self) -> int:
+        """The largest message the NATS server takes (its INFO ``max_payload``)."""
+        nc = self._nc
+        return int(nc.max_payload) if nc is not None and nc.max_payload else 1 << 20
 
     def expect_takeover(self, name: str, previous: str) -> None:
         """A migration moves ``name`` from ``previous`` to an agent here: let the claim take it."""
@@ -859,6 +889,7 @@ class Node:
             supervisor = self._supervisors.pop(local, None)
         if supervisor is not None:
             supervisor.stop()
+            supervisor.retire()  # for good: a child that migrated is stopped where it is
         with suppress(NoProc):
             self.runtime.stop(local)
         return Frame("ok", node=self.name)
@@ -1005,6 +1036,7 @@ class Node:
                     value = _address_value(entry.value)
                     if value is not None:
                         self._names[entry.key] = value
+                        self._owners[entry.key] = value
 
     # -- liveness ---------------------------------------------------------------------------
 

@@ -159,11 +159,16 @@ class ClusterSupervisor:
 
         return start
 
+    def _where(self, name: str, handle: RemoteChild) -> str:
+        return (self.node.last_owner(name) or handle.address).partition(":")[0]
+
     def _membership(self, node: str, alive: bool) -> None:
         if alive:
             return
         with self._lock:
-            lost = [name for name, h in self._handles.items() if h.where == node]
+            handles = list(self._handles.items())
+        # Where each child is now: a migrated child's cluster-wide name moved with it.
+        lost = [n for n, h in handles if self._where(n, h) == node]
         if not lost:
             return
         self.node.forget_names_of(node)

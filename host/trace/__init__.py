@@ -5,6 +5,7 @@ them back and tell a torn tail (``truncated``) from damage (``TraceCorrupt``). `
 and ``decode_value`` are the lossless value encoding the records use.
 """
 
+from mighty.trace._across import AcrossReport, Segment, migration_link, replay_across
 from mighty.trace._answer import (
     AnsweredImport,
     AnswerPolicy,
@@ -51,6 +52,7 @@ __all__ = [
     "FLUSH_MODES",
     "FORMAT_VERSION",
     "MAX_FRAME",
+    "AcrossReport",
     "AnswerPolicy",
     "AnsweredImport",
     "Debugger",
@@ -66,6 +68,7 @@ __all__ = [
     "ReplayLimitExceeded",
     "ReplayLimits",
     "ReplayReport",
+    "Segment",
     "Trace",
     "TraceAnswers",
     "TraceCorrupt",
@@ -79,8 +82,10 @@ __all__ = [
     "decode_value",
     "default_trace_path",
     "encode_value",
+    "migration_link",
     "read_instances",
     "read_trace",
+    "replay_across",
     "replay_trace",
     "summarize",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,10 +84,13 @@ def test_migrate_under_a_stream_of_sends(counter: Component, nats_server: NatsSe
 
 
 def test_a_failed_migration_leaves_the_agent_where_it_was(
-    counter: Component, nats_server: NatsServer
+    counter: Component,
+    nats_server: NatsServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
-    (a, node_a), (b, _) = made
+    (a, node_a), (b, node_b) = made
     try:
         local = a.spawn("counter")
         a.ask(local, "incr", {"by": 5})
@@ -94,10 +98,13 @@ def test_a_failed_migration_leaves_the_agent_where_it_was(
             node_a.migrate(local, "zz")
         with pytest.raises(MigrationFailed, match="not live"):
             node_a.migrate(local, "t")
-        # The target lacks the type: refused there, after the snapshot; nothing moved.
+        # The target lacks the type and may not take a component that big (nor find it in
+        # its component store): refused there; nothing moved.
         b._types.clear()
+        monkeypatch.setenv("MTY_CACHE_DIR", str(tmp_path / "empty-cache"))
+        node_b.config = node_b.config.model_copy(update={"max_component": 1024})
         a.send(local, "incr", {"by": 1})
-        with pytest.raises(MigrationFailed, match="did not take"):
+        with pytest.raises(MigrationFailed, match=r"did not take.*max_component"):
             node_a.migrate(local, "b")
         assert a.ask(local, "incr", {"by": 1})["count"] == 7
         assert not b.agents()

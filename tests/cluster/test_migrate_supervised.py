@@ -1,0 +1,134 @@
+"""A supervised agent migrates with its child spec: a remote child of its home supervisor,
+restarted on its new node after a crash there, and at home when that node dies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from mighty import Component
+from mighty.agents import (
+    AgentChild,
+    AgentError,
+    AgentType,
+    Runtime,
+    SupervisorSpec,
+    start_tree,
+)
+from mighty.budget import Budget
+from mighty.cluster import ClusterChild, ClusterSupervisor, MigrationFailed, NatsServer, Node
+from tests.cluster.conftest import config
+
+pytestmark = pytest.mark.slow
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _node(url: str, name: str, counter: Component) -> tuple[Runtime, Node]:
+    runtime = Runtime(workers=1)
+    # A message gets little fuel: a long "work" crashes the agent (out of fuel).
+    runtime.register(AgentType("counter", counter, budget=Budget(fuel=400_000_000)))
+    return runtime, Node(runtime, config(url), name=name).start()
+
+
+def _count(runtime: Runtime, to: str) -> int:
+    try:
+        return int(runtime.ask(to, "get", timeout=5)["count"])
+    except AgentError:
+        return -1
+
+
+def test_a_supervised_agent_moves_with_its_child_spec(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
+    (a, node_a), (b, node_b) = made
+    try:
+        assert node_a.wait_for(["b"], 10) and node_b.wait_for(["a"], 10)
+        spec = SupervisorSpec(
+            "root", [AgentChild("ctr", "counter"), AgentChild("other", "counter")], intensity=5
+        )
+        # Not adopted: the node cannot hand the child spec on, so it refuses to move it.
+        root = start_tree(a, spec)
+        with pytest.raises(MigrationFailed, match=r"Node\.adopt"):
+            node_a.migrate("ctr", "b")
+        node_a.adopt(root)
+        a.ask("ctr", "incr", {"by": 5})
+        a.ask("other", "incr", {"by": 1})
+        report = node_a.migrate("ctr", "b")
+        moved = report.new_address
+        assert moved.startswith("b:counter:")
+        assert _count(a, "ctr") == 5  # the state moved, the name follows
+        handle = {c.name: c.handle for c in root.which_children()}["ctr"]
+        assert getattr(handle, "address", None) == moved  # a remote child of root now
+        with pytest.raises(MigrationFailed, match="moving it on again is not supported"):
+            node_b.migrate(moved, "a")
+
+        # A crash on node b: root (on a) restarts it there: same address, init again.
+        with pytest.raises(AgentError):
+            a.ask("ctr", "work", {"n": 50_000_000}, timeout=60)
+        _until(lambda: _count(a, "ctr") == 0, "ctr not restarted on b")
+        assert node_a.whereis("ctr") == moved
+        assert b.process(node_b.localize(moved)).stats.restarts == 1
+        a.ask("ctr", "incr", {"by": 2})
+        assert _count(a, "other") == 1  # one_for_one: the sibling was left alone
+        assert root.state == "running"
+
+        # Node b dies: root restarts the child at home, on a.
+        b.shutdown(drain=False, timeout=2)
+        node_b.close()
+        _until(lambda: (node_a.whereis("ctr") or "").startswith("a:"), "ctr not back on a")
+        _until(lambda: _count(a, "ctr") == 0, "ctr not answering on a")
+        local = a.whereis("ctr")
+        assert local is not None and a.process(local).on_exit is not None  # supervised again
+        assert _count(a, "other") == 1
+        assert root.state == "running"
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+def test_a_cluster_supervisors_child_migrates_and_its_nodes_die(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b", "t")]
+    (a, node_a), (b, node_b), (t, node_t) = made
+    try:
+        assert all(n.wait_for(["a", "b", "t"], 10) for _, n in made)
+        # The cluster supervisor runs on t; its child runs on a, under a's one-child supervisor.
+        supervisor = ClusterSupervisor(node_t, [ClusterChild("ctr", "counter", node="a")]).start()
+        assert (node_t.whereis("ctr") or "").startswith("a:")
+        t.ask("ctr", "incr", {"by": 4})
+        moved = node_a.migrate("ctr", "b").new_address
+        _until(lambda: node_t.whereis("ctr") == moved, "the name did not follow")
+        # A crash on b: a's supervisor restarts it on b.
+        with pytest.raises(AgentError):
+            t.ask("ctr", "work", {"n": 50_000_000}, timeout=60)
+        _until(lambda: _count(t, "ctr") == 0, "ctr not restarted on b")
+        t.ask("ctr", "incr", {"by": 3})
+        # Node a (where it was first) dies: the child lives on b, so nothing restarts it.
+        a.shutdown(drain=False, timeout=2)
+        node_a.close()
+        _until(lambda: "a" not in node_t.live_nodes(), "a not seen dead")
+        time.sleep(0.5)
+        assert node_t.whereis("ctr") == moved
+        assert _count(t, "ctr") == 3
+        # Node b dies: the cluster supervisor restarts the child on the node left (t).
+        b.shutdown(drain=False, timeout=2)
+        node_b.close()
+        _until(lambda: (node_t.whereis("ctr") or "").startswith("t:"), "ctr not placed on t")
+        _until(lambda: _count(t, "ctr") == 0, "ctr not answering on t")
+        assert supervisor.state == "running"
+        supervisor.stop()
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
