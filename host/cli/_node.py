@@ -83,8 +83,8 @@ def node_command(
             control = _control_server(runtime, node)
             plan = config.supervisor
             leader = (plan.node if plan is not None else None) or next(iter(config.peers))
-            if node.name == leader:
-                supervisor = _supervise(node, plan)
+            supervisor = _supervise(node, plan, leader)
+            if node.name == leader and (supervisor is None or supervisor.held):
                 _start_messages(runtime, spec.start, signals, replies, failures, as_json)
             while not signals.requested:
                 time.sleep(_SLICE)
@@ -116,19 +116,24 @@ def node_command(
         sys.exit(1 if failed else 0)
 
 
-def _supervise(node: Any, plan: Any) -> Any:
-    """Start the cluster supervisor of ``plan`` once its pinned nodes are up (None: no plan)."""
-    from mighty.cluster import ClusterSupervisor
+def _supervise(node: Any, plan: Any, leader: str) -> Any:
+    """The lease of ``plan``'s cluster supervisor (None: no plan): the leader starts it once
+    its pinned nodes are up; every other node stands by to take it over if the leader dies."""
+    from mighty.cluster import SupervisorLease
 
     if plan is None or not plan.children:
         return None
-    pinned = sorted({c.node for c in plan.children if c.node is not None})
-    if not node.wait_for(pinned, _PEERS_WAIT):
-        missing = sorted(set(pinned) - set(node.live_nodes()))
-        raise BadInput(f"pinned nodes not up after {_PEERS_WAIT:g} s: {missing}")
-    supervisor = ClusterSupervisor.from_model(node, plan).start()
-    click.echo(f"mty: cluster supervisor started on {node.name}", err=True)
-    return supervisor
+    if node.name == leader:
+        pinned = sorted({c.node for c in plan.children if c.node is not None})
+        if not node.wait_for(pinned, _PEERS_WAIT):
+            missing = sorted(set(pinned) - set(node.live_nodes()))
+            raise BadInput(f"pinned nodes not up after {_PEERS_WAIT:g} s: {missing}")
+
+    def started(supervisor: Any, took_over: bool) -> None:
+        how = f"took over ({len(supervisor.adopted)} adopted)" if took_over else "started"
+        click.echo(f"mty: cluster supervisor {how} on {node.name}", err=True)
+
+    return SupervisorLease(node, plan, on_start=started).start()
 
 
 def _control_server(runtime: Any, node: Any) -> Any:

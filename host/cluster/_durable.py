@@ -97,15 +97,27 @@ class Durable:
 
             raise Refused(f"{name}: a message of {len(data)} bytes exceeds the frame limit")
         headers = {"Nats-Msg-Id": msg_id}
-        try:
-            node._call(
-                self._js.publish(self.subject(name), data, timeout=timeout, headers=headers),
-                timeout + 1,
-            )
-        except (nats.errors.Error, TimeoutError) as exc:
-            from mighty.agents import AskTimeout
+        # Retried under the same id until the deadline: a store whose acknowledgement was lost
+        # is dropped by JetStream as a duplicate, so a retry never stores a message twice.
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                node._call(
+                    self._js.publish(
+                        self.subject(name), data, timeout=max(0.05, left), headers=headers
+                    ),
+                    max(0.05, left) + 1,
+                )
+                return
+            except (nats.errors.Error, TimeoutError, MightyError) as exc:
+                if node._closed or deadline - time.monotonic() <= 0.05:
+                    from mighty.agents import AskTimeout
 
-            raise AskTimeout(f"JetStream did not store the message for {name}: {exc}") from None
+                    raise AskTimeout(
+                        f"JetStream did not store the message for {name}: {exc}"
+                    ) from None
+                time.sleep(0.05)
 
     def attach(self, name: str, address: str) -> None:
         """Start consuming ``name``'s durable messages for the local agent at ``address``."""
