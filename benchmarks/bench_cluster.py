@@ -1,9 +1,12 @@
 """Cluster: cross-node ask vs raw nats-py request/reply on the same server, vs in-process ask;
-and the pause of a live migration.
+sends/s to agents on 1, 2 and 3 nodes vs raw nats-py requests to 1, 2 and 3 responders; and the
+pause of a live migration.
 
-A real nats-server on loopback; the remote side runs in its own process in both cases (a `mty
-node` for the agents, a plain nats-py responder for the baseline), so each side has its own GIL.
-Sequential round trips: p50 latency and round trips/s; then 16 asks in flight at once.
+A real nats-server on loopback; the remote side runs in its own process in both cases (`mty
+node`s for the agents, plain nats-py responders for the baseline), so each side has its own GIL.
+Sequential round trips: p50 latency and round trips/s; then 16 asks in flight at once. A second
+baseline makes the same raw request from a plain thread through an asyncio loop in another
+thread (as a synchronous API over nats-py must): what that handoff alone costs.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import wait
 from pathlib import Path
+from typing import Any
 
 import nats
 from _common import assemble, median, p, report
@@ -32,7 +37,7 @@ async def main():
     nc = await nats.connect(sys.argv[1])
     async def echo(msg):
         await msg.respond(msg.data)
-    await nc.subscribe("raw.echo", cb=echo)
+    await nc.subscribe(sys.argv[2], cb=echo)
     await nc.flush()
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -44,30 +49,47 @@ MANIFEST = """
 component = "{echo}"
 
 [supervisor]
-children = [ {{ name = "echo1", type = "echo" }} ]
+children = [ {{ name = "echo_{node}", type = "echo" }} ]
 
 [cluster]
 servers = ["{url}"]
-node = "b"
+node = "{node}"
 
 [cluster.peers]
 a = {{}}
 b = {{}}
+c = {{}}
+d = {{}}
 """
+REMOTES = ("b", "c", "d")
+SENDERS = 4
 
 
-def _raw(url: str) -> tuple[list[float], float]:
+def _responder(url: str, subject: str) -> subprocess.Popen[str]:
     responder = subprocess.Popen(
-        [sys.executable, "-c", RESPONDER, url],
+        [sys.executable, "-c", RESPONDER, url, subject],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert responder.stdout is not None and responder.stdout.readline().strip() == "ready"
+    return responder
+
+
+def _stop(responder: subprocess.Popen[str]) -> None:
+    assert responder.stdin is not None
+    responder.stdin.close()
+    responder.wait(10)
+
+
+def _raw(url: str) -> tuple[list[float], float, list[float]]:
+    """Raw request/reply to a responder process: sequential latencies, the rate with 16 in
+    flight, and latencies of the same request made from a plain thread through a loop thread."""
+    responder = _responder(url, "raw.echo")
+    body = b"\xa1an\x01"
 
     async def go() -> tuple[list[float], float]:
         nc = await nats.connect(url)
-        body = b"\xa1an\x01"
         for _ in range(200):
             await nc.request("raw.echo", body, timeout=5)
         out = []
@@ -82,11 +104,56 @@ def _raw(url: str) -> tuple[list[float], float]:
         await nc.close()
         return out, rate
 
+    def threaded() -> list[float]:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        nc = asyncio.run_coroutine_threadsafe(nats.connect(url), loop).result(10)
+
+        def one() -> None:
+            request = nc.request("raw.echo", body, timeout=5)
+            asyncio.run_coroutine_threadsafe(request, loop).result(5)
+
+        for _ in range(200):
+            one()
+        out = _timed(one, N)
+        asyncio.run_coroutine_threadsafe(nc.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        return out
+
+    try:
+        out, rate = asyncio.run(go())
+        return out, rate, threaded()
+    finally:
+        _stop(responder)
+
+
+def _raw_sends(url: str, targets: int) -> float:
+    """Raw acknowledged sends/s (request/reply, SENDERS in flight) spread over ``targets``
+    responder processes."""
+    responders = [_responder(url, f"raw.send.{i}") for i in range(targets)]
+    body = b"\xa1an\x01"
+
+    async def go() -> float:
+        nc = await nats.connect(url)
+
+        async def sender(index: int) -> None:
+            for n in range(N // SENDERS):
+                await nc.request(f"raw.send.{(n + index) % targets}", body, timeout=5)
+
+        await asyncio.gather(*(sender(i) for i in range(SENDERS)))  # warm-up
+        started = time.perf_counter()
+        await asyncio.gather(*(sender(i) for i in range(SENDERS)))
+        rate = (N // SENDERS) * SENDERS / (time.perf_counter() - started)
+        await nc.close()
+        return rate
+
     try:
         return asyncio.run(go())
     finally:
-        responder.stdin.close()  # type: ignore[union-attr]
-        responder.wait(10)
+        for responder in responders:
+            _stop(responder)
 
 
 def _timed(fn: object, n: int) -> list[float]:
@@ -98,6 +165,21 @@ def _timed(fn: object, n: int) -> list[float]:
     return out
 
 
+def _remote(tmp: Path, echo_path: Path, url: str, node: str) -> subprocess.Popen[str]:
+    manifest = tmp / f"{node}.toml"
+    manifest.write_text(MANIFEST.format(echo=echo_path, url=url, node=node))
+    remote = subprocess.Popen(
+        [sys.executable, "-m", "mighty.cli", "node", str(manifest), "-q"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert remote.stderr is not None
+    while "joined cluster" not in remote.stderr.readline():
+        assert remote.poll() is None, f"node {node} ended"
+    return remote
+
+
 def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, N={N}")
     tmp = Path(tempfile.mkdtemp())
@@ -106,28 +188,22 @@ def main() -> None:
     echo = Component.load(echo_path)
     rows: list[dict[str, object]] = []
     with NatsServer() as server:
-        raw, raw_rate = _raw(server.url)
-        manifest = tmp / "mighty.toml"
-        manifest.write_text(MANIFEST.format(echo=echo_path, url=server.url))
-        remote = subprocess.Popen(
-            [sys.executable, "-m", "mighty.cli", "node", str(manifest), "-q"],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        assert remote.stderr is not None
-        while "joined cluster" not in remote.stderr.readline():
-            pass
+        raw, raw_rate, raw_threaded = _raw(server.url)
+        raw_sends = {k: _raw_sends(server.url, k) for k in (1, 2, 3)}
+        remotes = [_remote(tmp, echo_path, server.url, node) for node in REMOTES]
         runtime = Runtime(workers=2)
         runtime.register(AgentType("echo", echo))
-        config = parse_cluster({"servers": [server.url], "peers": {"a": {}, "b": {}}})
+        config = parse_cluster({"servers": [server.url], "peers": {n: {} for n in "abcd"}})
         node = Node(runtime, config, name="a").start()
         try:
-            deadline = time.monotonic() + 10
-            while node.whereis("echo1") is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            target = node.whereis("echo1")
-            assert target is not None
+            deadline = time.monotonic() + 30
+            targets: list[str] = []
+            for name in REMOTES:
+                while node.whereis(f"echo_{name}") is None:
+                    assert time.monotonic() < deadline, f"no echo_{name}"
+                    time.sleep(0.05)
+                targets.append(node.whereis(f"echo_{name}") or "")
+            target = targets[0]
             for _ in range(200):
                 runtime.ask(target, "x", 1)
             cross = _timed(lambda: runtime.ask(target, "x", 1), N)
@@ -150,13 +226,22 @@ def main() -> None:
             )
             rows.append(
                 {
+                    "name": "raw nats-py request from a thread",
+                    "p50_us": round(median(raw_threaded) * 1e6, 1),
+                    "p50_vs_raw": round(median(raw_threaded) / median(raw), 2),
+                }
+            )
+            rows.append(
+                {
                     "name": "cross-node ask (mighty)",
                     "p50_us": round(median(cross) * 1e6, 1),
                     "p99_us": round(p(cross, 0.99) * 1e6, 1),
                     "rt_per_s": round(1 / (sum(cross) / len(cross))),
                     "rt_per_s_16_in_flight": round(cross_rate),
                     "p50_vs_raw": round(median(cross) / median(raw), 2),
+                    "p50_vs_raw_from_a_thread": round(median(cross) / median(raw_threaded), 2),
                     "rate_16_vs_raw": round(raw_rate / cross_rate, 2),
+                    "target_p50_vs_raw": 1.5,
                 }
             )
             rows.append(
@@ -167,43 +252,61 @@ def main() -> None:
                     "cross_node_p50_vs_in_process": round(median(cross) / median(inproc), 2),
                 }
             )
-            rows.append(_sends(runtime, target, local))
+            rows.extend(_sends(runtime, targets, raw_sends))
+            rows.append(_in_process_sends(runtime, local))
             # Migration pause: an echo agent between two in-process nodes (a and c).
             rows.append(_migration(server.url, echo))
         finally:
             runtime.shutdown(drain=False, timeout=2)
             node.close()
-            remote.terminate()
-            remote.wait(20)
+            for remote in remotes:
+                remote.terminate()
+            for remote in remotes:
+                remote.wait(20)
     report(rows)
 
 
-def _sends(runtime: Runtime, target: str, local: str) -> dict[str, object]:
-    """Sends/s to one remote node (each acknowledged by the target's mailbox), 1 and 4 senders."""
-    import threading
+def _rate(runtime: Runtime, targets: list[str], threads: int) -> float:
+    """Sends/s from ``threads`` threads, each cycling over ``targets``."""
+    count = N // threads
 
-    def rate(to: str, threads: int) -> float:
-        count = N // threads
+    def run(index: int) -> None:
+        for n in range(count):
+            runtime.send(targets[(n + index) % len(targets)], "x", 1)
 
-        def run() -> None:
-            for _ in range(count):
-                runtime.send(to, "x", 1)
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return count * threads / (time.perf_counter() - started)
 
-        workers = [threading.Thread(target=run) for _ in range(threads)]
-        started = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        return count * threads / (time.perf_counter() - started)
 
-    remote1, remote4 = rate(target, 1), rate(target, 4)
-    in_process = rate(local, 1)
+def _sends(runtime: Runtime, targets: list[str], raw: dict[int, float]) -> list[dict[str, Any]]:
+    """Acknowledged sends/s to agents on 1, 2 and 3 other nodes (SENDERS threads), against raw
+    nats-py requests (SENDERS in flight) to 1, 2 and 3 responder processes."""
+    rows: list[dict[str, Any]] = []
+    one = _rate(runtime, targets[:1], 1)
+    for k in (1, 2, 3):
+        _rate(runtime, targets[:k], SENDERS)  # warm-up
+        rate = _rate(runtime, targets[:k], SENDERS)
+        rows.append(
+            {
+                "name": f"sends/s to agents on {k} node(s), {SENDERS} senders",
+                "sends_per_s": round(rate),
+                "raw_requests_per_s": round(raw[k]),
+                "raw_vs_mighty": round(raw[k] / rate, 2),
+                **({"one_sender_one_node": round(one)} if k == 1 else {}),
+            }
+        )
+    return rows
+
+
+def _in_process_sends(runtime: Runtime, local: str) -> dict[str, Any]:
     return {
-        "name": "sends/s to another node (acknowledged)",
-        "one_sender": round(remote1),
-        "four_senders": round(remote4),
-        "in_process_one_sender": round(in_process),
+        "name": "in-process sends/s (only enqueues)",
+        "sends_per_s": round(_rate(runtime, [local], 1)),
     }
 
 
