@@ -17,8 +17,10 @@ state exactly once. (Redeliveries may come after newer messages, so a sequence w
 not do.) A message the agent crashes on counts as handled (as locally: a crash loses the
 message being handled); the state before it is restored.
 
-Not covered: sends from the agent's own node (they are local, in memory), sends by address,
-and asks (request/reply has no persistence; an ask is at most once).
+Not covered: sends from the agent's own node (they are local, in memory), asks
+(request/reply has no persistence; an ask is at most once), and sends by address: an address
+names one incarnation on one node, while the consumer follows the name; after a restart
+elsewhere nobody would consume what was stored for the old address (docs/cluster.md).
 """
 
 from __future__ import annotations
