@@ -39,7 +39,7 @@ from nats.js.api import ConsumerConfig, StorageType, StreamConfig
 
 from mighty._errors import MightyError
 from mighty.abi import Err
-from mighty.agents import AgentError, AgentProcess, NoProc
+from mighty.agents import AgentCrashed, AgentError, AgentProcess, NoProc
 from mighty.cluster._frames import Frame, FrameError, decode, encode
 
 if TYPE_CHECKING:
@@ -275,7 +275,8 @@ class _Consumer(threading.Thread):
             try:
                 future.result(_HANDLE_TIMEOUT)
             except AgentError as exc:
-                crashed = crashed or "crashed" in exc.message or isinstance(exc, NoProc)
+                if isinstance(exc, AgentCrashed | NoProc) or "crashed" in exc.message:
+                    crashed = True
         process = self._process()
         if process is None:
             self._ack(acks)

@@ -71,16 +71,16 @@ def cluster(tmp_path: Path) -> Iterator[tuple[NatsServer, Path]]:
         yield server, manifest
 
 
-def _pending(url: str) -> int:
-    """Durable messages not yet acknowledged by the ledgers' consumers."""
+def pending(url: str, consumers: list[str]) -> int:
+    """Durable messages not yet acknowledged by these consumers."""
 
     async def go() -> int:
         nc = await nats.connect(url)
         try:
             js = nc.jetstream()
             total = 0
-            for name in LEDGERS:
-                info = await js.consumer_info("mighty_durable", f"dur_{name}")
+            for name in consumers:
+                info = await js.consumer_info("mighty_durable", name)
                 total += (info.num_pending or 0) + (info.num_ack_pending or 0)
             return total
         finally:
@@ -134,7 +134,7 @@ def test_twenty_thousand_deposits_on_three_nodes_one_killed(
         sent = time.monotonic()
         assert sum(acked.values()) == DEPOSITS
         deadline = time.monotonic() + 120
-        while _pending(server.url) > 0:
+        while pending(server.url, [f"dur_{name}" for name in LEDGERS]) > 0:
             assert time.monotonic() < deadline, "durable messages left unhandled"
             time.sleep(0.2)
         handled = time.monotonic()
