@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from mighty._errors import MightyError
 from mighty.cluster._config import ClusterSupervisorModel
-from mighty.cluster._node import Node
+from mighty.cluster._node import ClusterError, Node
 from mighty.cluster._supervisor import ClusterSupervisor
 
 __all__ = ["SupervisorLease"]
@@ -81,7 +81,10 @@ class SupervisorLease:
         returns), then keep refreshing or watching on a thread."""
         node = self.node
         js = node._call(self._jetstream(), 10)
-        self._kv = node._call(node._bucket(js, f"{node.prefix}_leases", None), 10)
+        try:
+            self._kv = node._call(node._bucket(js, f"{node.prefix}_leases", None), 10)
+        except nats.errors.Error as exc:
+            raise ClusterError(f"cannot open the supervisor's lease bucket: {exc}") from None
         self._step()
         self._thread.start()
         return self
