@@ -2,9 +2,10 @@
 
 Three real `mty node` processes (a runs the cluster supervisor; two ledgers pinned to each
 node) and this process as node ``t`` (spawn = false), whose 4 threads deposit at-least-once
-(``durable = ["ledger"]``). Node c is SIGKILLed a quarter of the way in: its ledgers restart on
-a or b from their stored state, the deposits it had not acknowledged to JetStream are
-redelivered, and every acknowledged deposit is counted exactly once (totals exact per ledger).
+(``durable = ["ledger"]``). A node is SIGKILLed a quarter of the way in (c; or a, which runs
+the cluster supervisor: b or c takes it over): its ledgers restart on the survivors from their
+stored state, the deposits they had not acknowledged to JetStream are redelivered, and every
+acknowledged deposit is counted exactly once (totals exact per ledger).
 """
 
 from __future__ import annotations
@@ -89,21 +90,22 @@ def pending(url: str, consumers: list[str]) -> int:
     return asyncio.run(go())
 
 
+@pytest.mark.parametrize("killed", ["c", "a"], ids=["a-node", "the-supervisors-node"])
 def test_twenty_thousand_deposits_on_three_nodes_one_killed(
-    cluster: tuple[NatsServer, Path],
+    cluster: tuple[NatsServer, Path], killed: str
 ) -> None:
     server, manifest = cluster
-    others = {name: Mty("node", str(manifest), "--name", name, "-q") for name in ("b", "c")}
-    a = Mty("node", str(manifest), "--name", "a", "-q")
+    nodes = {name: Mty("node", str(manifest), "--name", name, "-q") for name in ("b", "c")}
+    nodes["a"] = Mty("node", str(manifest), "--name", "a", "-q")
     runtime = Runtime(workers=1)
     data = {"servers": [server.url], "peers": {n: {} for n in NODES} | {"t": {"spawn": False}}}
     node = Node(runtime, parse_cluster(data | {"durable": ["ledger"]}), name="t")
     acked = dict.fromkeys(LEDGERS, 0)
     lock = threading.Lock()
     try:
-        for other in others.values():
-            other.wait_line("joined cluster")
-        a.wait_line("cluster supervisor started")
+        for name in ("b", "c"):
+            nodes[name].wait_line("joined cluster")
+        nodes["a"].wait_line("cluster supervisor started")
         node.start()
         placed = {name: (node.whereis(name) or "").partition(":")[0] for name in LEDGERS}
         assert placed == {name: NODES[i % 3] for i, name in enumerate(LEDGERS)}
@@ -128,7 +130,7 @@ def test_twenty_thousand_deposits_on_three_nodes_one_killed(
             thread.start()
         while sum(acked.values()) < DEPOSITS // 4:  # a quarter of the way in
             time.sleep(0.01)
-        others["c"].kill()
+        nodes[killed].kill()
         for thread in threads:
             thread.join(300)
         sent = time.monotonic()
@@ -139,15 +141,18 @@ def test_twenty_thousand_deposits_on_three_nodes_one_killed(
             time.sleep(0.2)
         handled = time.monotonic()
         moved = {name: (node.whereis(name) or "").partition(":")[0] for name in LEDGERS}
+        survivors = set(NODES) - {killed}
         for i, name in enumerate(LEDGERS):
-            expected = {"a", "b"} if NODES[i % 3] == "c" else {NODES[i % 3]}
+            expected = survivors if NODES[i % 3] == killed else {NODES[i % 3]}
             assert moved[name] in expected, moved
+        if killed == "a":  # one survivor took the supervisor over
+            took = [n for n in ("b", "c") if any("took over" in x for x in nodes[n].lines)]
+            assert len(took) == 1, took
         counts = {name: runtime.ask(name, "get", timeout=30)["count"] for name in LEDGERS}
         assert counts == acked
         print(f"sent in {sent - started:.1f} s, all handled {handled - started:.1f} s")
     finally:
         runtime.shutdown(drain=False, timeout=2)
         node.close()
-        a.finish()
-        for other in others.values():
-            other.finish()
+        for process in nodes.values():
+            process.finish()
