@@ -56,6 +56,7 @@ class SupervisorLease:
         *,
         name: str = "cluster",
         on_start: Callable[[ClusterSupervisor, bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
         self.plan = plan
@@ -63,6 +64,8 @@ class SupervisorLease:
         self.preferred = (plan.node or next(iter(node.config.peers))) == node.name
         self.on_start = on_start
         """``on_start(supervisor, took_over)`` once this node runs the supervisor."""
+        self.clock = clock
+        """Measures how long another holder's lease has not moved (a test may pass its own)."""
         self.supervisor: ClusterSupervisor | None = None
         self.takeovers = 0
         self._kv: Any = None
@@ -78,16 +81,25 @@ class SupervisorLease:
 
     def start(self) -> SupervisorLease:
         """Open the bucket, try once now (so the preferred node starts supervising before this
-        returns), then keep refreshing or watching on a thread."""
+        returns), then keep refreshing or watching on a thread (a step each heartbeat)."""
+        self.open()
+        self.step()
+        self._thread.start()
+        return self
+
+    def open(self) -> SupervisorLease:
+        """Open the lease bucket (``start`` does; without it, ``step`` is called by hand)."""
         node = self.node
         js = node._call(self._jetstream(), 10)
         try:
             self._kv = node._call(node._bucket(js, f"{node.prefix}_leases", None), 10)
         except nats.errors.Error as exc:
             raise ClusterError(f"cannot open the supervisor's lease bucket: {exc}") from None
-        self._step()
-        self._thread.start()
         return self
+
+    def step(self) -> None:
+        """One look at the lease: refresh it (holding), or take it when it is ours to take."""
+        self._step()
 
     async def _jetstream(self) -> Any:
         assert self.node._nc is not None
@@ -120,7 +132,7 @@ class SupervisorLease:
         interval = self.node.config.heartbeat
         while not self._stopped.wait(interval):
             try:
-                self._step()
+                self.step()
             except Exception:  # noqa: BLE001 -- the lease thread must go on
                 _log.exception("lease %s: step failed", self.key)
 
@@ -142,7 +154,7 @@ class SupervisorLease:
             if self.preferred:
                 self._take(revision, took_over=False, spec=spec)
             return
-        now = time.monotonic()
+        now = self.clock()
         if self._seen is None or self._seen[0] != revision:
             self._seen = (revision, now)
             return

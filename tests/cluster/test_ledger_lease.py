@@ -1,6 +1,7 @@
 """The cluster supervisor's lease, on in-process nodes: a holder that loses it lets go of its
-children (they run on), a standby takes a stale lease over and adopts them, and a supervisor
-stopped on purpose is not taken over."""
+children (they run on), a standby takes a stale lease over and adopts them, a supervisor
+stopped on purpose is not taken over, and (a state machine) one holder at most, whatever the
+order of steps, partitions, time and restarts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ import time
 
 import cbor2
 import nats
+import nats.js.errors
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from mighty.cluster import ClusterSupervisorModel, NatsServer, SupervisorLease
 from tests.cluster.conftest import Nodes
@@ -96,3 +106,120 @@ def test_a_supervisor_stopped_on_purpose_is_not_taken_over(nodes: Nodes) -> None
             again.stop()
     finally:
         standby.stop()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_lease_has_one_holder_whatever_the_order(nodes: Nodes, nats_server: NatsServer) -> None:
+    """A state machine over real leases on three live nodes (steps by hand, a clock of our own):
+    nodes step in any order, a partitioned holder's lease is stolen, time passes, nodes stop and
+    start again; the lease in NATS is held by at most one of them, the one it names."""
+    made = [nodes(name, peers=("a", "b", "c", "t")) for name in ("a", "b", "c")]
+    for _, node in made:
+        assert node.wait_for(["a", "b", "c"], 10)
+    empty = ClusterSupervisorModel(node="a")
+    clock = _Clock()
+    url = nats_server.url
+
+    def lease(index: int) -> SupervisorLease:
+        return SupervisorLease(made[index][1], empty, clock=clock).open()
+
+    def current() -> tuple[int, str, str] | None:
+        async def go() -> tuple[int, str, str] | None:
+            nc = await nats.connect(url)
+            try:
+                kv = await nc.jetstream().key_value("mighty_leases")
+                try:
+                    entry = await kv.get("sup-cluster")
+                except nats.js.errors.KeyNotFoundError:
+                    return None
+                data = cbor2.loads(entry.value or b"")
+                return int(entry.revision or 0), str(data["node"]), str(data["state"])
+            finally:
+                await nc.close()
+
+        return asyncio.run(go())
+
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            _reset(url)
+            self.leases = [lease(i) for i in range(3)]
+
+        @rule(index=st.integers(0, 2))
+        def step(self, index: int) -> None:
+            stepped = self.leases[index]
+            stepped.step()
+            if stepped.held:  # it refreshed or took the lease: NATS names it, at its revision
+                now = current()
+                assert now is not None and now[0] == stepped._revision, now
+                assert now[1:] == ("abc"[index], "held"), now
+
+        @rule()
+        def partition(self) -> None:
+            if current() is not None:
+                _steal(url)  # as a holder cut off: "t" sends no heartbeat
+
+        @rule()
+        def time_passes(self) -> None:
+            clock.now += 2 * made[0][1].config.dead_after
+
+        @rule(index=st.integers(0, 2))
+        def restart(self, index: int) -> None:
+            self.leases[index].stop()
+            self.leases[index] = lease(index)
+
+        @invariant()
+        def one_holder(self) -> None:
+            now = current()
+            holding = [
+                i
+                for i, held in enumerate(self.leases)
+                if held.held and now is not None and held._revision == now[0]
+            ]
+            assert len(holding) <= 1, holding
+            if holding:
+                assert now is not None and now[2] == "held"
+                assert now[1] == "abc"[holding[0]]
+
+        def teardown(self) -> None:
+            for held in self.leases:
+                held.stop()
+
+    Machine.TestCase.settings = settings(
+        max_examples=12, stateful_step_count=12, deadline=None, database=None
+    )
+    run_state_machine_as_test(Machine, settings=Machine.TestCase.settings)
+    # And it converges: with the clock moved on, stepping every node leaves exactly one holder.
+    final = [lease(i) for i in range(3)]
+    for _ in range(3):
+        for held in final:
+            held.step()
+        clock.now += 2 * made[0][1].config.dead_after
+    try:
+        assert sum(held.held for held in final) == 1
+    finally:
+        for held in final:
+            held.stop()
+
+
+def _reset(url: str) -> None:
+    """Delete the lease (a fresh cluster for each example)."""
+
+    async def go() -> None:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value("mighty_leases")
+            await kv.purge("sup-cluster")
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
