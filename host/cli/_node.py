@@ -3,8 +3,9 @@
 The manifest's ``[cluster]`` block says how to join (see mighty.cluster); its agents,
 ``[supervisor]`` tree and ``[[start]]`` messages are as for `mty run`. The node whose name is
 ``[cluster.supervisor] node`` (default: the first peer) also runs the cluster supervisor and
-sends the start messages. Exit status: 0 after SIGINT/SIGTERM with nothing left unhandled,
-1 otherwise, 2 on a bad manifest or when the cluster cannot be joined.
+sends the start messages; every other node stands by to take the supervisor over if that node
+dies (mighty.cluster.SupervisorLease). Exit status: 0 after SIGINT/SIGTERM with nothing left
+unhandled, 1 otherwise, 2 on a bad manifest or when the cluster cannot be joined.
 """
 
 from __future__ import annotations
