@@ -1,9 +1,12 @@
 """Cluster: cross-node ask vs raw nats-py request/reply on the same server, vs in-process ask;
-and the pause of a live migration.
+sends/s to agents on 1, 2 and 3 nodes vs raw nats-py requests to 1, 2 and 3 responders; and the
+pause of a live migration.
 
-A real nats-server on loopback; the remote side runs in its own process in both cases (a `mty
-node` for the agents, a plain nats-py responder for the baseline), so each side has its own GIL.
-Sequential round trips: p50 latency and round trips/s; then 16 asks in flight at once.
+A real nats-server on loopback; the remote side runs in its own process in both cases (`mty
+node`s for the agents, plain nats-py responders for the baseline), so each side has its own GIL.
+Sequential round trips: p50 latency and round trips/s; then 16 asks in flight at once. A second
+baseline makes the same raw request from a plain thread through an asyncio loop in another
+thread (as a synchronous API over nats-py must): what that handoff alone costs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import wait
 from pathlib import Path
@@ -24,7 +28,8 @@ from mighty import Component
 from mighty.agents import AgentType, Runtime
 from mighty.cluster import NatsServer, Node, parse_cluster
 
-N = int(os.environ.get("BENCH_N", "2000"))
+N = int(os.environ.get("BENCH_N", "1000"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 RESPONDER = """
 import asyncio, sys, nats
@@ -32,7 +37,7 @@ async def main():
     nc = await nats.connect(sys.argv[1])
     async def echo(msg):
         await msg.respond(msg.data)
-    await nc.subscribe("raw.echo", cb=echo)
+    await nc.subscribe(sys.argv[2], cb=echo)
     await nc.flush()
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -44,31 +49,46 @@ MANIFEST = """
 component = "{echo}"
 
 [supervisor]
-children = [ {{ name = "echo1", type = "echo" }} ]
+children = [ {{ name = "echo_{node}", type = "echo" }} ]
 
 [cluster]
 servers = ["{url}"]
-node = "b"
+node = "{node}"
 
 [cluster.peers]
 a = {{}}
 b = {{}}
+c = {{}}
+d = {{}}
 """
+REMOTES = ("b", "c", "d")
+SENDERS = 4
 
 
-def _raw(url: str) -> tuple[list[float], float]:
+def _responder(url: str, subject: str) -> subprocess.Popen[str]:
     responder = subprocess.Popen(
-        [sys.executable, "-c", RESPONDER, url],
+        [sys.executable, "-c", RESPONDER, url, subject],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert responder.stdout is not None and responder.stdout.readline().strip() == "ready"
+    return responder
+
+
+def _stop(responder: subprocess.Popen[str]) -> None:
+    assert responder.stdin is not None
+    responder.stdin.close()
+    responder.wait(10)
+
+
+def _raw_ask(url: str) -> tuple[list[float], float]:
+    """Raw request/reply to the responder: sequential latencies, and the rate 16 in flight."""
+    body = b"\xa1an\x01"
 
     async def go() -> tuple[list[float], float]:
         nc = await nats.connect(url)
-        body = b"\xa1an\x01"
-        for _ in range(200):
+        for _ in range(100):
             await nc.request("raw.echo", body, timeout=5)
         out = []
         for _ in range(N):
@@ -82,11 +102,48 @@ def _raw(url: str) -> tuple[list[float], float]:
         await nc.close()
         return out, rate
 
-    try:
-        return asyncio.run(go())
-    finally:
-        responder.stdin.close()  # type: ignore[union-attr]
-        responder.wait(10)
+    return asyncio.run(go())
+
+
+class _Threaded:
+    """The raw request made from a plain thread through an asyncio loop in another thread."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.nc = asyncio.run_coroutine_threadsafe(nats.connect(url), self.loop).result(10)
+
+    def one(self) -> None:
+        request = self.nc.request("raw.echo", b"\xa1an\x01", timeout=5)
+        asyncio.run_coroutine_threadsafe(request, self.loop).result(5)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def _raw_sends(url: str, targets: int) -> float:
+    """Raw acknowledged sends/s (request/reply, SENDERS in flight) spread over ``targets``
+    responders (raw.send.0 ...)."""
+    body = b"\xa1an\x01"
+
+    async def go() -> float:
+        nc = await nats.connect(url)
+
+        async def sender(index: int, count: int) -> None:
+            for n in range(count):
+                await nc.request(f"raw.send.{(n + index) % targets}", body, timeout=5)
+
+        await asyncio.gather(*(sender(i, 50) for i in range(SENDERS)))  # warm-up
+        started = time.perf_counter()
+        await asyncio.gather(*(sender(i, N // SENDERS) for i in range(SENDERS)))
+        rate = (N // SENDERS) * SENDERS / (time.perf_counter() - started)
+        await nc.close()
+        return rate
+
+    return asyncio.run(go())
 
 
 def _timed(fn: object, n: int) -> list[float]:
@@ -98,113 +155,172 @@ def _timed(fn: object, n: int) -> list[float]:
     return out
 
 
+def _remote(tmp: Path, echo_path: Path, url: str, node: str) -> subprocess.Popen[str]:
+    manifest = tmp / f"{node}.toml"
+    manifest.write_text(MANIFEST.format(echo=echo_path, url=url, node=node))
+    remote = subprocess.Popen(
+        [sys.executable, "-m", "mighty.cli", "node", str(manifest), "-q"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert remote.stderr is not None
+    while "joined cluster" not in remote.stderr.readline():
+        assert remote.poll() is None, f"node {node} ended"
+    return remote
+
+
 def main() -> None:
-    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, N={N}")
+    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, N={N}, rounds={ROUNDS}")
     tmp = Path(tempfile.mkdtemp())
     echo_path = tmp / "echo.wasm"
     echo_path.write_bytes(assemble("echo_agent"))
     echo = Component.load(echo_path)
     rows: list[dict[str, object]] = []
     with NatsServer() as server:
-        raw, raw_rate = _raw(server.url)
-        manifest = tmp / "mighty.toml"
-        manifest.write_text(MANIFEST.format(echo=echo_path, url=server.url))
-        remote = subprocess.Popen(
-            [sys.executable, "-m", "mighty.cli", "node", str(manifest), "-q"],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        assert remote.stderr is not None
-        while "joined cluster" not in remote.stderr.readline():
-            pass
+        url = server.url
+        responders = [_responder(url, "raw.echo")]
+        responders += [_responder(url, f"raw.send.{i}") for i in range(len(REMOTES))]
+        remotes = [_remote(tmp, echo_path, url, node) for node in REMOTES]
         runtime = Runtime(workers=2)
         runtime.register(AgentType("echo", echo))
-        config = parse_cluster({"servers": [server.url], "peers": {"a": {}, "b": {}}})
+        config = parse_cluster({"servers": [url], "peers": {n: {} for n in "abcd"}})
         node = Node(runtime, config, name="a").start()
+        threaded = _Threaded(url)
         try:
-            deadline = time.monotonic() + 10
-            while node.whereis("echo1") is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            target = node.whereis("echo1")
-            assert target is not None
-            for _ in range(200):
-                runtime.ask(target, "x", 1)
-            cross = _timed(lambda: runtime.ask(target, "x", 1), N)
-            started = time.perf_counter()
-            for _ in range(N // 16):
-                wait([runtime.ask_future(target, "x", 1) for _ in range(16)])
-            cross_rate = (N // 16) * 16 / (time.perf_counter() - started)
+            deadline = time.monotonic() + 30
+            targets: list[str] = []
+            for name in REMOTES:
+                while node.whereis(f"echo_{name}") is None:
+                    assert time.monotonic() < deadline, f"no echo_{name}"
+                    time.sleep(0.05)
+                targets.append(node.whereis(f"echo_{name}") or "")
             local = runtime.spawn("echo")
             for _ in range(200):
+                runtime.ask(targets[0], "x", 1)
                 runtime.ask(local, "x", 1)
-            inproc = _timed(lambda: runtime.ask(local, "x", 1), N)
-            rows.append(
-                {
-                    "name": "raw nats-py request/reply (baseline)",
-                    "p50_us": round(median(raw) * 1e6, 1),
-                    "p99_us": round(p(raw, 0.99) * 1e6, 1),
-                    "rt_per_s": round(1 / (sum(raw) / len(raw))),
-                    "rt_per_s_16_in_flight": round(raw_rate),
-                }
-            )
-            rows.append(
-                {
-                    "name": "cross-node ask (mighty)",
-                    "p50_us": round(median(cross) * 1e6, 1),
-                    "p99_us": round(p(cross, 0.99) * 1e6, 1),
-                    "rt_per_s": round(1 / (sum(cross) / len(cross))),
-                    "rt_per_s_16_in_flight": round(cross_rate),
-                    "p50_vs_raw": round(median(cross) / median(raw), 2),
-                    "rate_16_vs_raw": round(raw_rate / cross_rate, 2),
-                }
-            )
-            rows.append(
-                {
-                    "name": "in-process ask (same runtime)",
-                    "p50_us": round(median(inproc) * 1e6, 1),
-                    "rt_per_s": round(1 / (sum(inproc) / len(inproc))),
-                    "cross_node_p50_vs_in_process": round(median(cross) / median(inproc), 2),
-                }
-            )
-            rows.append(_sends(runtime, target, local))
-            # Migration pause: an echo agent between two in-process nodes (a and c).
-            rows.append(_migration(server.url, echo))
+                threaded.one()
+            # Rounds, each measuring the baseline and ours back to back: the other jobs on the
+            # machine come and go, and a ratio from one round compares like with like.
+            rounds: list[dict[str, float]] = []
+            for _ in range(ROUNDS):
+                rounds.append(_round(runtime, url, targets, local, threaded))
+            rows.extend(_rows(rounds))
+            rows.append(_migration(url, echo))
         finally:
+            threaded.close()
             runtime.shutdown(drain=False, timeout=2)
             node.close()
-            remote.terminate()
-            remote.wait(20)
+            for process in remotes:
+                process.terminate()
+            for process in remotes:
+                process.wait(20)
+            for responder in responders:
+                _stop(responder)
     report(rows)
 
 
-def _sends(runtime: Runtime, target: str, local: str) -> dict[str, object]:
-    """Sends/s to one remote node (each acknowledged by the target's mailbox), 1 and 4 senders."""
-    import threading
-
-    def rate(to: str, threads: int) -> float:
-        count = N // threads
-
-        def run() -> None:
-            for _ in range(count):
-                runtime.send(to, "x", 1)
-
-        workers = [threading.Thread(target=run) for _ in range(threads)]
-        started = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        return count * threads / (time.perf_counter() - started)
-
-    remote1, remote4 = rate(target, 1), rate(target, 4)
-    in_process = rate(local, 1)
-    return {
-        "name": "sends/s to another node (acknowledged)",
-        "one_sender": round(remote1),
-        "four_senders": round(remote4),
-        "in_process_one_sender": round(in_process),
+def _round(
+    runtime: Runtime, url: str, targets: list[str], local: str, threaded: _Threaded
+) -> dict[str, float]:
+    raw, raw_rate = _raw_ask(url)
+    from_thread = _timed(threaded.one, N)
+    cross = _timed(lambda: runtime.ask(targets[0], "x", 1), N)
+    started = time.perf_counter()
+    for _ in range(N // 16):
+        wait([runtime.ask_future(targets[0], "x", 1) for _ in range(16)])
+    cross_rate = (N // 16) * 16 / (time.perf_counter() - started)
+    inproc = _timed(lambda: runtime.ask(local, "x", 1), N)
+    out = {
+        "raw_p50": median(raw),
+        "raw_p99": p(raw, 0.99),
+        "raw_rate": raw_rate,
+        "thread_p50": median(from_thread),
+        "cross_p50": median(cross),
+        "cross_p99": p(cross, 0.99),
+        "cross_rate": cross_rate,
+        "inproc_p50": median(inproc),
+        "one_sender": _rate(runtime, targets[:1], 1),
     }
+    for k in (1, 2, 3):
+        out[f"raw_sends_{k}"] = _raw_sends(url, k)
+        out[f"sends_{k}"] = _rate(runtime, targets[:k], SENDERS)
+    out["in_process_sends"] = _rate(runtime, [local], 1)
+    return out
+
+
+def _rows(rounds: list[dict[str, float]]) -> list[dict[str, object]]:
+    """Medians over the rounds; each ratio is the median of the rounds' own ratios."""
+
+    def m(key: str) -> float:
+        return median([r[key] for r in rounds])
+
+    def ratio(a: str, b: str) -> float:
+        return round(median([r[a] / r[b] for r in rounds]), 2)
+
+    rows: list[dict[str, object]] = [
+        {
+            "name": "raw nats-py request/reply (baseline)",
+            "p50_us": round(m("raw_p50") * 1e6, 1),
+            "p99_us": round(m("raw_p99") * 1e6, 1),
+            "rt_per_s_16_in_flight": round(m("raw_rate")),
+        },
+        {
+            "name": "raw nats-py request from a thread",
+            "p50_us": round(m("thread_p50") * 1e6, 1),
+            "p50_vs_raw": ratio("thread_p50", "raw_p50"),
+        },
+        {
+            "name": "cross-node ask (mighty)",
+            "p50_us": round(m("cross_p50") * 1e6, 1),
+            "p99_us": round(m("cross_p99") * 1e6, 1),
+            "rt_per_s_16_in_flight": round(m("cross_rate")),
+            "p50_vs_raw": ratio("cross_p50", "raw_p50"),
+            "p50_vs_raw_from_a_thread": ratio("cross_p50", "thread_p50"),
+            "rate_16_raw_vs_mighty": ratio("raw_rate", "cross_rate"),
+            "target_p50_vs_raw": 1.5,
+        },
+        {
+            "name": "in-process ask (same runtime)",
+            "p50_us": round(m("inproc_p50") * 1e6, 1),
+            "cross_node_p50_vs_in_process": ratio("cross_p50", "inproc_p50"),
+        },
+    ]
+    for k in (1, 2, 3):
+        rows.append(
+            {
+                "name": f"sends/s to agents on {k} node(s), {SENDERS} senders",
+                "sends_per_s": round(m(f"sends_{k}")),
+                "raw_requests_per_s": round(m(f"raw_sends_{k}")),
+                "raw_vs_mighty": ratio(f"raw_sends_{k}", f"sends_{k}"),
+                "vs_one_node": ratio(f"sends_{k}", "sends_1"),
+                **({"one_sender_one_node": round(m("one_sender"))} if k == 1 else {}),
+            }
+        )
+    rows.append(
+        {
+            "name": "in-process sends/s (only enqueues)",
+            "sends_per_s": round(m("in_process_sends")),
+        }
+    )
+    return rows
+
+
+def _rate(runtime: Runtime, targets: list[str], threads: int) -> float:
+    """Sends/s from ``threads`` threads, each cycling over ``targets``."""
+    count = N // threads
+
+    def run(index: int) -> None:
+        for n in range(count):
+            runtime.send(targets[(n + index) % len(targets)], "x", 1)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return count * threads / (time.perf_counter() - started)
 
 
 def _migration(url: str, echo: Component) -> dict[str, object]:

@@ -3,8 +3,9 @@
 The manifest's ``[cluster]`` block says how to join (see mighty.cluster); its agents,
 ``[supervisor]`` tree and ``[[start]]`` messages are as for `mty run`. The node whose name is
 ``[cluster.supervisor] node`` (default: the first peer) also runs the cluster supervisor and
-sends the start messages. Exit status: 0 after SIGINT/SIGTERM with nothing left unhandled,
-1 otherwise, 2 on a bad manifest or when the cluster cannot be joined.
+sends the start messages; every other node stands by to take the supervisor over if that node
+dies (mighty.cluster.SupervisorLease). Exit status: 0 after SIGINT/SIGTERM with nothing left
+unhandled, 1 otherwise, 2 on a bad manifest or when the cluster cannot be joined.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def node_command(
             control = _control_server(runtime, node)
             plan = config.supervisor
             leader = (plan.node if plan is not None else None) or next(iter(config.peers))
-            if node.name == leader:
-                supervisor = _supervise(node, plan)
+            supervisor = _supervise(node, plan, leader)
+            if node.name == leader and (supervisor is None or supervisor.held):
                 _start_messages(runtime, spec.start, signals, replies, failures, as_json)
             while not signals.requested:
                 time.sleep(_SLICE)
@@ -143,19 +144,24 @@ def _recorder(record: Path | None, node: str | None) -> Any:
     return Recorder(record, node=node)
 
 
-def _supervise(node: Any, plan: Any) -> Any:
-    """Start the cluster supervisor of ``plan`` once its pinned nodes are up (None: no plan)."""
-    from mighty.cluster import ClusterSupervisor
+def _supervise(node: Any, plan: Any, leader: str) -> Any:
+    """The lease of ``plan``'s cluster supervisor (None: no plan): the leader starts it once
+    its pinned nodes are up; every other node stands by to take it over if the leader dies."""
+    from mighty.cluster import SupervisorLease
 
     if plan is None or not plan.children:
         return None
-    pinned = sorted({c.node for c in plan.children if c.node is not None})
-    if not node.wait_for(pinned, _PEERS_WAIT):
-        missing = sorted(set(pinned) - set(node.live_nodes()))
-        raise BadInput(f"pinned nodes not up after {_PEERS_WAIT:g} s: {missing}")
-    supervisor = ClusterSupervisor.from_model(node, plan).start()
-    click.echo(f"mty: cluster supervisor started on {node.name}", err=True)
-    return supervisor
+    if node.name == leader:
+        pinned = sorted({c.node for c in plan.children if c.node is not None})
+        if not node.wait_for(pinned, _PEERS_WAIT):
+            missing = sorted(set(pinned) - set(node.live_nodes()))
+            raise BadInput(f"pinned nodes not up after {_PEERS_WAIT:g} s: {missing}")
+
+    def started(supervisor: Any, took_over: bool) -> None:
+        how = f"took over ({len(supervisor.adopted)} adopted)" if took_over else "started"
+        click.echo(f"mty: cluster supervisor {how} on {node.name}", err=True)
+
+    return SupervisorLease(node, plan, on_start=started).start()
 
 
 def _control_server(runtime: Any, node: Any) -> Any:

@@ -13,6 +13,7 @@ from mighty.cluster._config import (
     parse_cluster,
 )
 from mighty.cluster._frames import MAX_FRAME, VERSION, Frame, FrameError, decode, encode
+from mighty.cluster._lease import SupervisorLease
 from mighty.cluster._migrate import MigrationFailed, MigrationReport
 from mighty.cluster._node import ClusterError, Node, NodeStats, error_of
 from mighty.cluster._server import NatsServer, free_port, nats_server_binary
@@ -35,6 +36,7 @@ __all__ = [
     "Node",
     "NodeStats",
     "RemoteChild",
+    "SupervisorLease",
     "TlsModel",
     "check_node_name",
     "decode",

@@ -6,19 +6,22 @@ type is published to the JetStream stream ``<cluster>_durable`` (subject
 duplicate within its window); ``send`` returns once JetStream has stored it, whether or not the
 agent's node is up.
 
-The node holding the name consumes its subject through a durable consumer, one message at a
-time: the message is handled, the agent's state is snapshotted (the hot-swap ``snapshot``
-export) and stored with the stream sequence in the KV bucket ``<cluster>_state``, and only then
-is the message acknowledged. A node that dies leaves its last messages unacknowledged; the agent
-restarts elsewhere (cluster supervisor), restores the stored state, and the consumer redelivers:
-a message whose id is among the ids stored with the state (the last 1024 handled; at most 16
-are ever unacknowledged) is acknowledged without handling. So each accepted message changes the
-state exactly once. (Redeliveries may come after newer messages, so a sequence watermark would
-not do.) A message the agent crashes on counts as handled (as locally: a crash loses the
-message being handled); the state before it is restored.
+The node holding the name consumes its subject through a durable consumer, in batches of up to
+16: the batch's messages are handled (in order), the agent's state is snapshotted (the hot-swap
+``snapshot`` export) and stored with the handled message ids in the KV bucket
+``<cluster>_state``, and only then are they acknowledged. A node that dies leaves its last
+messages unacknowledged; the agent restarts elsewhere (cluster supervisor), restores the stored
+state, and the consumer redelivers: a message whose id is among the ids stored with the state
+(the last 1024 handled; at most 16 are ever unacknowledged) is acknowledged without handling.
+So each accepted message changes the state exactly once. (Redeliveries may come after newer
+messages, so a sequence watermark would not do.) A message the agent crashes on counts as
+handled (as locally: a crash loses the message being handled); the state before it is restored
+(a crash in a batch restores the state before the batch and handles it again one by one).
 
-Not covered: sends from the agent's own node (they are local, in memory), sends by address,
-and asks (request/reply has no persistence; an ask is at most once).
+Not covered: sends from the agent's own node (they are local, in memory), asks
+(request/reply has no persistence; an ask is at most once), and sends by address: an address
+names one incarnation on one node, while the consumer follows the name; after a restart
+elsewhere nobody would consume what was stored for the old address (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from nats.js.api import ConsumerConfig, StorageType, StreamConfig
 
 from mighty._errors import MightyError
 from mighty.abi import Err
-from mighty.agents import AgentError, AgentProcess, NoProc
+from mighty.agents import AgentCrashed, AgentError, AgentProcess, NoProc
 from mighty.cluster._frames import Frame, FrameError, decode, encode
 
 if TYPE_CHECKING:
@@ -97,15 +100,27 @@ class Durable:
 
             raise Refused(f"{name}: a message of {len(data)} bytes exceeds the frame limit")
         headers = {"Nats-Msg-Id": msg_id}
-        try:
-            node._call(
-                self._js.publish(self.subject(name), data, timeout=timeout, headers=headers),
-                timeout + 1,
-            )
-        except (nats.errors.Error, TimeoutError) as exc:
-            from mighty.agents import AskTimeout
+        # Retried under the same id until the deadline: a store whose acknowledgement was lost
+        # is dropped by JetStream as a duplicate, so a retry never stores a message twice.
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                node._call(
+                    self._js.publish(
+                        self.subject(name), data, timeout=max(0.05, left), headers=headers
+                    ),
+                    max(0.05, left) + 1,
+                )
+                return
+            except (nats.errors.Error, TimeoutError, MightyError) as exc:
+                if node._closed or deadline - time.monotonic() <= 0.05:
+                    from mighty.agents import AskTimeout
 
-            raise AskTimeout(f"JetStream did not store the message for {name}: {exc}") from None
+                    raise AskTimeout(
+                        f"JetStream did not store the message for {name}: {exc}"
+                    ) from None
+                time.sleep(0.05)
 
     def attach(self, name: str, address: str) -> None:
         """Start consuming ``name``'s durable messages for the local agent at ``address``."""
@@ -189,11 +204,8 @@ class _Consumer(threading.Thread):
                 _log.warning("durable %s: fetch failed: %s", self.name_, exc)
                 time.sleep(0.2)
                 continue
-            for message in messages:
-                if self.stopped.is_set():
-                    return
-                if not self._one(message):
-                    return
+            if self.stopped.is_set() or not self._batch(messages):
+                return
 
     def _restore_stored(self, process: AgentProcess) -> None:
         try:
@@ -229,6 +241,110 @@ class _Consumer(threading.Thread):
             outcome = instance.call("restore", snapshot)
         if isinstance(outcome, Err):
             raise NoProc(f"{self.address} refused its stored state: {outcome.value}")
+
+    def _batch(self, messages: list[Any]) -> bool:
+        """Handle a fetched batch: every new message delivered at once (in order), then one
+        snapshot and one stored state for all, then the acknowledgements. A crash in the batch
+        restores the state before it and handles the batch again one by one (``_one``). False
+        when the agent is gone (what was not stored is left unacknowledged)."""
+        node, durable = self.node, self.durable
+        fresh: list[tuple[Any, str, Frame]] = []
+        acks: list[Any] = []
+        for message in messages:
+            try:
+                frame = decode(message.data, max_frame=node.config.max_frame)
+            except FrameError as exc:
+                node._drop(exc.reason, f"a durable message for {self.name_}: {exc.message}")
+                acks.append(message)
+                continue
+            msg_id = frame.id or f"seq-{message.metadata.sequence.stream}"
+            if msg_id in self._done or any(msg_id == done for _, done, _ in fresh):
+                durable.skipped += 1
+                acks.append(message)
+                continue
+            fresh.append((message, msg_id, frame))
+        if len(fresh) <= 1 or not self._keep_before():
+            self._ack(acks)
+            return all(self._one(message) for message, _, _ in fresh)
+        delivered = self._deliver(fresh)
+        if not delivered:
+            self._ack(acks)
+            return self._process() is not None
+        crashed = False
+        for _, _, future in delivered:
+            try:
+                future.result(_HANDLE_TIMEOUT)
+            except AgentError as exc:
+                if isinstance(exc, AgentCrashed | NoProc) or "crashed" in exc.message:
+                    crashed = True
+        process = self._process()
+        if process is None:
+            self._ack(acks)
+            return False
+        if crashed:
+            if self._snapshot is not None:
+                self._restore(process, self._snapshot)
+            self._ack(acks)
+            return all(self._one(message) for message, _, _ in delivered)
+        with process._run:
+            instance = process.instance
+            if instance is None:
+                return False
+            snapshot = bytes(instance.call("snapshot"))
+        for _, msg_id, _ in delivered:
+            self._remember(msg_id)
+        state = cbor2.dumps({"ids": list(self.done), "snapshot": snapshot})
+        node._call(durable._state.put(self.name_, state), 10)
+        self._snapshot = snapshot
+        durable.handled += len(delivered)
+        self._ack(acks + [message for message, _, _ in delivered])
+        return True
+
+    def _keep_before(self) -> bool:
+        """Make sure the state before the batch is kept (to restore after a crash in it)."""
+        if self._snapshot is not None:
+            return True
+        process = self._process()
+        if process is None:
+            return False
+        with process._run:
+            instance = process.instance
+            if instance is None:
+                return False
+            self._snapshot = bytes(instance.call("snapshot"))
+        return True
+
+    def _deliver(self, fresh: list[tuple[Any, str, Frame]]) -> list[tuple[Any, str, Any]]:
+        """Put the batch's messages in the mailbox in order; (message, id, reply future) of
+        each delivered (a full mailbox or a gone agent stops the rest: redelivered later)."""
+        delivered: list[tuple[Any, str, Any]] = []
+        for message, msg_id, frame in fresh:
+            try:
+                future, _ = self.node.runtime.deliver_ask(
+                    self.address,
+                    frame.name,
+                    frame.body,
+                    sender=frame.sender,
+                    timeout=_HANDLE_TIMEOUT,
+                )
+            except AgentError as exc:
+                if not isinstance(exc, NoProc):
+                    _log.warning(
+                        "durable %s: %s not delivered: %s", self.name_, msg_id, exc.message
+                    )
+                break
+            delivered.append((message, msg_id, future))
+        return delivered
+
+    def _ack(self, messages: list[Any]) -> None:
+        if not messages:
+            return
+
+        async def ack_all() -> None:
+            for message in messages:
+                await message.ack()
+
+        self.node._call(ack_all(), 10)
 
     def _one(self, message: Any) -> bool:
         """Handle one delivery; False when the agent is gone (left unacknowledged)."""

@@ -40,7 +40,17 @@ KINDS = frozenset({"send", "ask", "spawn", "stop", "migrate", "hb", "ok", "err"}
 _MAX_TEXT = 512
 _MAX_CHAIN = 64
 _MAX_TTL_MS = 24 * 3600 * 1000
-_TEXT_FIELDS = ("node", "to", "from", "name", "id", "code", "msg", "type")
+_TEXT_ATTRS = {
+    "node": "node",
+    "to": "to",
+    "from": "sender",
+    "name": "name",
+    "id": "id",
+    "code": "code",
+    "msg": "msg",
+    "type": "type",
+}
+"""Text fields: the CBOR key, and the Frame attribute it fills."""
 
 
 class FrameError(HostError):
@@ -121,44 +131,38 @@ def decode(data: bytes, *, max_frame: int = MAX_FRAME) -> Frame:
     kind = raw.get("k")
     if kind not in KINDS:
         raise FrameError(f"unknown frame kind {str(kind)[:32]!r}", reason="garbage")
-    text: dict[str, str] = {}
-    for key in _TEXT_FIELDS:
-        value = raw.get(key, "")
-        if not isinstance(value, str) or len(value) > _MAX_TEXT:
-            raise FrameError(
-                f"field {key!r} is not a string of at most {_MAX_TEXT}", reason="field"
-            )
-        text[key] = value
-    body = raw.get("body", b"")
-    if not isinstance(body, bytes):
-        raise FrameError("field 'body' is not bytes", reason="field")
-    ttl = raw.get("ttl", 0)
-    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 0 <= ttl <= _MAX_TTL_MS:
-        raise FrameError("field 'ttl' is not a deadline in milliseconds", reason="field")
-    chain = raw.get("chain", [])
-    if (
-        not isinstance(chain, list)
-        or len(chain) > _MAX_CHAIN
-        or not all(isinstance(c, str) and len(c) <= _MAX_TEXT for c in chain)
-    ):
-        raise FrameError("field 'chain' is not a short list of addresses", reason="field")
-    extra = raw.get("x", {})
-    if not isinstance(extra, dict):
-        raise FrameError("field 'x' is not a map", reason="field")
-    if kind == "ask" and ttl == 0:
+    # One pass over the map's own keys (most frames carry few of the optional fields).
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        if type(key) is not str:
+            continue  # not a field of ours (and maybe not hashable in a dict of str)
+        attr = _TEXT_ATTRS.get(key)
+        if attr is not None:
+            if type(value) is not str or len(value) > _MAX_TEXT:
+                raise FrameError(
+                    f"field {key!r} is not a string of at most {_MAX_TEXT}", reason="field"
+                )
+            fields[attr] = value
+        elif key == "body":
+            if not isinstance(value, bytes):
+                raise FrameError("field 'body' is not bytes", reason="field")
+            fields["body"] = value
+        elif key == "ttl":
+            if type(value) is not int or not 0 <= value <= _MAX_TTL_MS:
+                raise FrameError("field 'ttl' is not a deadline in milliseconds", reason="field")
+            fields["ttl"] = value
+        elif key == "chain":
+            if (
+                not isinstance(value, list)
+                or len(value) > _MAX_CHAIN
+                or not all(isinstance(c, str) and len(c) <= _MAX_TEXT for c in value)
+            ):
+                raise FrameError("field 'chain' is not a short list of addresses", reason="field")
+            fields["chain"] = tuple(value)
+        elif key == "x":
+            if not isinstance(value, dict):
+                raise FrameError("field 'x' is not a map", reason="field")
+            fields["extra"] = value
+    if kind == "ask" and not fields.get("ttl"):
         raise FrameError("an ask carries its deadline (ttl > 0)", reason="field")
-    return Frame(
-        kind,
-        node=text["node"],
-        to=text["to"],
-        sender=text["from"],
-        name=text["name"],
-        body=body,
-        ttl=ttl,
-        chain=tuple(chain),
-        id=text["id"],
-        code=text["code"],
-        msg=text["msg"],
-        type=text["type"],
-        extra=extra,
-    )
+    return Frame(kind, **fields)

@@ -140,6 +140,35 @@ def _set(future: Future[T], value: T | None = None, error: BaseException | None 
         pass
 
 
+def _eager(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` on ``loop``'s thread now, up to its first suspension; a task for the rest.
+
+    A reply's publish never suspends unless the client's buffer is full, so this saves the
+    loop iteration a task's first step waits for (Python 3.12's eager tasks, on 3.11).
+    """
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return
+    except Exception:  # noqa: BLE001 -- as a task's exception: logged, never raised here
+        _log.exception("cluster: a reply coroutine failed")
+        return
+    loop.create_task(_resume(coro, waiting))
+
+
+async def _resume(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+    """Drive ``coro`` on from a suspension at ``waiting`` (a future, or None for a bare yield)."""
+    while True:
+        if waiting is None:
+            await asyncio.sleep(0)
+        else:
+            await asyncio.wait([waiting])
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            return
+
+
 def error_of(frame: Frame) -> AgentError:
     """The AgentError an ``err`` reply frame stands for."""
     cls = _ERRORS.get(frame.type) or _BY_CODE.get(frame.code, HandlerFailed)
@@ -595,7 +624,7 @@ class Node:
             )
         coro = self._request(f"{self.prefix}.node.{node}", to, data, timeout, future)
         try:
-            asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._loop.call_soon_threadsafe(_eager, self._loop, coro)
         except RuntimeError:
             coro.close()
             raise NoProc(f"{to}: this node has left the cluster") from None
@@ -698,7 +727,7 @@ class Node:
             self._loop.call_soon_threadsafe(self._reply_soon, msg, frame)
 
     def _reply_soon(self, msg: Msg, frame: Frame) -> None:
-        self._loop.create_task(self._respond(msg, frame))
+        _eager(self._loop, self._respond(msg, frame))
 
     async def _on_request(self, msg: Msg) -> None:
         try:
@@ -782,7 +811,7 @@ class Node:
                 if self.runtime.process(local).mailbox.on_full != "block":
                     raise
             else:
-                self._loop.create_task(self._respond(msg, Frame("ok", node=self.name)))
+                _eager(self._loop, self._respond(msg, Frame("ok", node=self.name)))
                 return
 
         def slow() -> None:

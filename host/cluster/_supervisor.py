@@ -10,7 +10,9 @@ queued in the dead node's mailboxes are lost (at-most-once), as in a local crash
 
 A child crashing on its own node is restarted there by the node (a fresh instance, the same
 address and mailbox), as in a local tree; the cluster supervisor only sees node deaths. The
-supervisor runs on one node: if that node dies, the children keep running unsupervised.
+supervisor runs on one node; ``SupervisorLease`` (_lease) moves it to another node when that
+one dies: the new one ``adopt``s the children still running (by their cluster-wide names) and
+starts the others. ``detach`` stops supervising without stopping the children (a lost lease).
 """
 
 from __future__ import annotations
@@ -56,12 +58,16 @@ class RemoteChild:
     def __init__(self, node: Node, address: str) -> None:
         self.node = node
         self.address = address
+        self.detached = False
+        """Its supervisor let go of it (another node supervises it now): stop leaves it."""
 
     @property
     def where(self) -> str:
         return self.address.partition(":")[0]
 
     def stop(self) -> None:
+        if self.detached:
+            return
         if self.where in self.node.live_nodes():
             try:
                 self.node.stop_on(self.address)
@@ -94,6 +100,10 @@ class ClusterSupervisor:
         self._turn = itertools.count()
         self._lock = threading.Lock()
         self._handles: dict[str, RemoteChild] = {}
+        self._adopting = False
+        self._detached = False
+        self.adopted: list[str] = []
+        """The children found running by ``adopt`` (not restarted)."""
         self.supervisor = Supervisor(
             name,
             [ChildSpec(c.name, self._starter(c)) for c in self.children],
@@ -126,6 +136,25 @@ class ClusterSupervisor:
     def stop(self) -> None:
         self.supervisor.stop()
 
+    def adopt(self) -> ClusterSupervisor:
+        """Start supervising children that may already run (a takeover): a child whose name is
+        held by a live node is adopted as it is; the others start (placed) as by ``start``."""
+        self._adopting = True
+        try:
+            self.supervisor.start()
+        finally:
+            self._adopting = False
+        return self
+
+    def detach(self) -> None:
+        """Stop supervising, leaving every child running (another node supervises them now)."""
+        self._detached = True
+        with self._lock:
+            handles = list(self._handles.values())
+        for handle in handles:
+            handle.detached = True
+        self.supervisor.stop()
+
     def where(self) -> dict[str, str]:
         """Each running child's address (``node:type:pid``), by child name."""
         with self._lock:
@@ -144,6 +173,10 @@ class ClusterSupervisor:
 
     def _starter(self, child: ClusterChild) -> Any:
         def start() -> RemoteChild:
+            if self._adopting:
+                running = self._running(child)
+                if running is not None:
+                    return running
             target = self._place(child)
             address = self.node.spawn_on(
                 target,
@@ -162,8 +195,25 @@ class ClusterSupervisor:
     def _where(self, name: str, handle: RemoteChild) -> str:
         return (self.node.last_owner(name) or handle.address).partition(":")[0]
 
+    def _running(self, child: ClusterChild) -> RemoteChild | None:
+        """The handle of ``child`` running on a live node, if it does (its name held there)."""
+        owner = self.node.whereis(child.name)
+        if owner is None:
+            return None
+        where, _, rest = owner.partition(":")
+        if rest.partition(":")[0] != child.type:
+            return None  # not this child (start refuses the name clash, naming the holder)
+        if where not in self.node.live_nodes():
+            self.node.forget_names_of(where)  # a dead node's claim: the child starts afresh
+            return None
+        handle = RemoteChild(self.node, owner)
+        with self._lock:
+            self._handles[child.name] = handle
+            self.adopted.append(child.name)
+        return handle
+
     def _membership(self, node: str, alive: bool) -> None:
-        if alive:
+        if alive or self._detached:
             return
         with self._lock:
             handles = list(self._handles.items())
