@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from mighty.engine import Component
 
@@ -19,6 +20,11 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Builds and compiled components are cached by content hash, so sharing one cache directory
 # across sessions is safe and keeps repeated runs fast. CI starts from an empty one.
 os.environ.setdefault("MTY_CACHE_DIR", str(ROOT / ".mty-cache" / "tests"))
+
+# No per-example deadline: speed is measured by benchmarks/, never by a timed assert, and on a
+# loaded 2-core machine one example of a real component can take longer than hypothesis's 200 ms.
+settings.register_profile("mighty", deadline=None)
+settings.load_profile("mighty")
 
 
 def wasm_tools() -> str:
