@@ -96,7 +96,7 @@ def test_public_names_are_pinned() -> None:
         "DEFAULT_REPLAY_LIMITS", "ReplayLimitExceeded", "ReplayLimits", "TraceInvalid",
         "ReplayAborted", "ReplayEvent", "FLUSH_MODES", "FlushMode",
         "AnswerPolicy", "AnsweredImport", "LiveFrom", "TraceAnswers", "answer_gate",
-        "read_instances",
+        "read_instances", "AcrossReport", "Segment", "migration_link", "replay_across",
     }  # fmt: skip
     for name in mighty.trace.__all__:
         assert getattr(mighty.trace, name) is not None
