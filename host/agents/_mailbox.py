@@ -195,6 +195,12 @@ class Mailbox(Generic[T]):
         """Take the oldest envelope now, or raise ``MailboxEmpty`` / ``MailboxClosed``."""
         return self.get(timeout=0)
 
+    def peek_only(self, item: T) -> bool:
+        """Whether ``item`` is the one envelope held and could be taken now (not paused)."""
+        with self._lock:
+            items = self._items
+            return len(items) == 1 and items[0] is item and (self._closed or not self._paused)
+
     def _ready(self) -> bool:
         """An envelope can be handed out now (lock held)."""
         return bool(self._items) and (self._closed or not self._paused)
