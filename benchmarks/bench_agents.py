@@ -3,8 +3,17 @@
 Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 
 - per-message overhead: a host `ask` to the WAT echo agent through the runtime (mailbox,
-  scheduler, protocol, future) vs calling its `handle` export directly on an Instance.
-- guest-to-guest ping-pong: asks between two CPython agents, messages per second.
+  scheduler, protocol, future) vs calling its `handle` export directly on an Instance (target
+  <= 1.3x). Twice: with a per-message budget timeout (1 s) within the ask's timeout (5 s), so
+  the asking thread runs the idle agent's turn itself (``AgentProcess.run_here``), and with
+  the default budget (10 s, longer than the ask may wait), which goes through a worker.
+- guest-to-guest ping-pong: asks between two CPython agents, round trips per second (target
+  >= 8,000), with a 4 s budget (asks run in place) and with the default one (via workers).
+- one-way sends from the host to 100 WAT echo agents on 2 workers: messages handled per second
+  (target >= 25,000), against direct ``handle`` calls on one thread in the same run.
+- ``--against REV``: the message rows above also for the tree at git revision REV (its
+  ``host/`` unpacked into a temporary directory, run in a child process), for an A/B in one
+  run. ``--messages`` runs only the message rows.
 - CPU-bound throughput with 1 vs 2 workers (target >= 1.8x on 2 cores).
 - resident memory per idle agent after one handled message: CPython agent with copy-on-write
   memory images (the default) vs the same component loaded with ``share_memory=False``, and the
@@ -16,16 +25,26 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
+from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from _common import FIXTURES, ROOT, median, report, samples, wasm_tools
 
 from mighty import Component, Instance
 from mighty.agents import AgentType, Runtime
+from mighty.budget import Budget
 from mighty.build import build_component
+
+ROUNDS = 3
+"""Each message figure is the median of this many rounds, the variants interleaved."""
 
 SPIN = """
     (func $spin (local $i i32)
@@ -58,7 +77,165 @@ def _memory() -> tuple[int, int]:
     return rss, pss
 
 
+def _pingpong() -> tuple[Path, Component]:
+    out = Path(tempfile.mkdtemp()) / "pingpong.wasm"
+    build_component(
+        ROOT / "examples" / "agents" / "pingpong.py",
+        output=out,
+        wit=ROOT / "wit" / "agent",
+        python_path=[ROOT / "guests" / "sdk"],
+    )
+    return out, Component.load(out)
+
+
+def _ask_seconds(echo: Component, budget: Budget, repeat: int) -> tuple[float, float]:
+    """(a direct ``handle`` call, a host ask through the runtime), seconds, medians."""
+    message = {"name": "x", "body": b"\x01"}
+    with Runtime(workers=2) as rt:
+        direct = Instance(echo, gate=rt.gate)
+        floor = median(samples(lambda: direct.call("handle", "host", message), repeat=repeat))
+        rt.register(AgentType("echo", echo, budget=budget))
+        address = rt.spawn("echo")
+        via = median(samples(lambda: rt.ask(address, "x", 1), repeat=repeat))
+    return floor, via
+
+
+def _pingpong_rate(component: Component, budget: Budget, rounds: int) -> float:
+    """Round trips per second between two CPython agents."""
+    with Runtime(workers=2) as rt:
+        rt.register(AgentType("pp", component, budget=budget))
+        rt.spawn("pp", name="a")
+        rt.spawn("pp", name="b")
+        rt.ask("a", "start", {"peer": "b", "rounds": 50}, timeout=60)
+        started = time.perf_counter()
+        rt.ask("a", "start", {"peer": "b", "rounds": rounds}, timeout=60)
+        return rounds / (time.perf_counter() - started)
+
+
+def _send_rates(echo: Component, count: int) -> tuple[float, float]:
+    """(direct ``handle`` calls per second on one thread, host sends to 100 agents on 2 workers
+    handled per second: from the first send until every mailbox is empty)."""
+    message = {"name": "x", "body": b"\x01"}
+    with Runtime(workers=2) as rt:
+        direct = Instance(echo, gate=rt.gate)
+        for _ in range(100):
+            direct.call("handle", "host", message)
+        started = time.perf_counter()
+        for _ in range(count):
+            direct.call("handle", "host", message)
+        calls = count / (time.perf_counter() - started)
+        rt.register(AgentType("echo", echo))
+        agents = [rt.spawn("echo") for _ in range(100)]
+        for address in agents:
+            rt.send(address, "x", 1)
+        assert rt.drain(60)
+        started = time.perf_counter()
+        for i in range(count):
+            rt.send(agents[i % 100], "x", 1)
+        if not rt.drain(120):
+            raise SystemExit("the sends were not all handled within 120 s")
+        sends = count / (time.perf_counter() - started)
+        handled = sum(p.stats.handled for p in rt.agents())
+        assert handled == count + 100, handled
+    return calls, sends
+
+
+def message_rows(quick: bool = False) -> list[dict[str, object]]:
+    """The message-path figures (each round runs every variant; medians of the rounds)."""
+    echo = _component((FIXTURES / "echo_agent.wat").read_text())
+    _, pingpong = _pingpong()
+    repeat, rounds, count = (500, 200, 2000) if quick else (3000, 500, 5000)
+    here, default = Budget(timeout=1.0), Budget()
+    runs: dict[str, list[Any]] = {k: [] for k in ("here", "worker", "pp_here", "pp", "send")}
+    for _ in range(ROUNDS):
+        runs["here"].append(_ask_seconds(echo, here, repeat))
+        runs["worker"].append(_ask_seconds(echo, default, repeat))
+        runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), rounds))
+        runs["pp"].append(_pingpong_rate(pingpong, default, rounds))
+        runs["send"].append(_send_rates(echo, count))
+    rows: list[dict[str, object]] = []
+    for key, label in (
+        ("here", "budget 1 s: run in place"),
+        ("worker", "default budget: via a worker"),
+    ):
+        ratios = [via / floor for floor, via in runs[key]]
+        floor = median([f for f, _ in runs[key]])
+        via = median([v for _, v in runs[key]])
+        rows.append(
+            {
+                "name": f"per-message: runtime ask / direct handle call ({label})",
+                "ratio": round(median(ratios), 2),
+                "ask_us": round(via * 1e6, 1),
+                "direct_us": round(floor * 1e6, 1),
+                "target": "<= 1.3",
+            }
+        )
+    for key, label in (("pp_here", "budget 4 s: in place"), ("pp", "default budget")):
+        rate = median(runs[key])
+        rows.append(
+            {
+                "name": f"guest-to-guest ping-pong, CPython agents ({label})",
+                "round_trips_per_s": round(rate),
+                "us_per_round_trip": round(1e6 / rate, 1),
+                "target": ">= 8000",
+            }
+        )
+    calls = [c for c, _ in runs["send"]]
+    sends = [s for _, s in runs["send"]]
+    rows.append(
+        {
+            "name": "one-way host sends to 100 agents, 2 workers / direct calls, 1 thread",
+            "ratio": round(median([s / c for c, s in runs["send"]]), 2),
+            "sends_handled_per_s": round(median(sends)),
+            "direct_calls_per_s": round(median(calls)),
+            "target": ">= 25000 handled/s",
+        }
+    )
+    return rows
+
+
+def _against(revision: str, quick: bool) -> list[dict[str, object]]:
+    """:func:`message_rows` for the tree at ``revision``, in a child process."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision, "host"], capture_output=True, check=True
+    ).stdout
+    tree = Path(tempfile.mkdtemp(prefix="mighty-old-"))
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    (tree / "mighty").symlink_to("host")
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import mighty; "
+        "assert mighty.__file__.startswith(sys.argv[2]), mighty.__file__; "
+        "import bench_agents; print(json.dumps(bench_agents.message_rows(sys.argv[3] == '1')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(tree), str(int(quick))],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the run against {revision} failed:\n{done.stderr[-2000:]}")
+    rows: list[dict[str, object]] = json.loads(done.stdout.splitlines()[-1])
+    for row in rows:
+        row["name"] = f"[{revision}] {row['name']}"
+    return rows
+
+
 def main() -> None:
+    quick = "--quick" in sys.argv
+    rows = []
+    if "--against" in sys.argv:
+        revision = sys.argv[sys.argv.index("--against") + 1]
+        rows.extend(_against(revision, quick))
+    rows.extend(message_rows(quick))
+    if "--messages" in sys.argv:
+        rows.append(
+            {"name": "machine", "loadavg_1_5_15": "/".join(f"{x:.2f}" for x in os.getloadavg())}
+        )
+        report(rows)
+        return
     wat = (FIXTURES / "echo_agent.wat").read_text()
     echo = _component(wat)
     spin = _component(
@@ -67,49 +244,7 @@ def main() -> None:
             "(local $r i32) (local $name i32)\n      call $spin\n",
         )
     )
-    tmp = Path(tempfile.mkdtemp())
-    out = tmp / "pingpong.wasm"
-    build_component(
-        ROOT / "examples" / "agents" / "pingpong.py",
-        output=out,
-        wit=ROOT / "wit" / "agent",
-        python_path=[ROOT / "guests" / "sdk"],
-    )
-    pingpong = Component.load(out)
-    rows = []
-
-    message = {"name": "x", "body": b"\x01"}
-    with Runtime(workers=2) as rt:
-        direct = Instance(echo, gate=rt.gate)
-        floor = median(samples(lambda: direct.call("handle", "host", message), repeat=3000))
-        rt.register(AgentType("echo", echo))
-        address = rt.spawn("echo")
-        via = median(samples(lambda: rt.ask(address, "x", 1), repeat=3000))
-    rows.append(
-        {
-            "name": "per-message: runtime ask / direct handle call",
-            "ratio": round(via / floor, 2),
-            "ask_us": round(via * 1e6, 1),
-            "direct_us": round(floor * 1e6, 1),
-            "asks_per_s": round(1 / via),
-        }
-    )
-
-    with Runtime(workers=2) as rt:
-        rt.register(AgentType("pp", pingpong))
-        rt.spawn("pp", name="a")
-        rt.spawn("pp", name="b")
-        rt.ask("a", "start", {"peer": "b", "rounds": 50})
-        started = time.perf_counter()
-        rt.ask("a", "start", {"peer": "b", "rounds": 500}, timeout=60)
-        elapsed = time.perf_counter() - started
-    rows.append(
-        {
-            "name": "guest-to-guest ping-pong (CPython agents)",
-            "round_trips_per_s": round(500 / elapsed),
-            "us_per_round_trip": round(elapsed / 500 * 1e6, 1),
-        }
-    )
+    out, pingpong = _pingpong()
 
     def throughput(workers: int) -> float:
         with Runtime(workers=workers) as rt:

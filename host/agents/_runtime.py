@@ -77,7 +77,7 @@ from mighty.agents._introspect import (
     top_snapshot,
     tree_snapshot,
 )
-from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
     OUTPUT_TAIL_LINES,
@@ -390,7 +390,7 @@ class AgentProcess:
 
     def _wake(self) -> None:
         with self._state:
-            if self._scheduled or not self.alive or self.mailbox.paused or not len(self.mailbox):
+            if self._scheduled or not self.alive or not self.mailbox.ready():
                 return
             self._scheduled = True
         self.runtime.scheduler.schedule(self)
@@ -459,9 +459,8 @@ class AgentProcess:
                 for _ in range(limit):
                     if not self.alive:
                         break
-                    try:
-                        envelope = self.mailbox.get_nowait()
-                    except (MailboxEmpty, MailboxClosed):
+                    envelope = self.mailbox.take()
+                    if envelope is None:
                         break
                     handled += 1
                     self._outcome, self._fuel = OK, 0
@@ -513,7 +512,7 @@ class AgentProcess:
                 self._close_instance()
         with self._state:
             # A paused mailbox (hot swap in progress) is woken again when it resumes.
-            more = self.alive and not self.mailbox.paused and len(self.mailbox) > 0
+            more = self.alive and self.mailbox.ready()
             if not more:
                 self._scheduled = False
         if exit_reason is None and not more and self.runtime.hibernation is not None:
@@ -622,7 +621,7 @@ class AgentProcess:
 
     def _handle(self, envelope: Envelope) -> str | None:
         """Handle one message; the crash reason when the agent crashed on it."""
-        refusal = self._check_protocol(envelope)
+        refusal = None if self.type.accepts is None else self._check_protocol(envelope)
         if refusal is not None:
             self.stats.failed += 1
             self._outcome = REFUSED
@@ -643,10 +642,11 @@ class AgentProcess:
         finally:
             self.current = None
             self._flush_output()
-            if instance.last_usage is not None:
-                self._fuel = instance.last_usage.fuel
-        if instance.last_usage is not None:
-            self.stats.fuel += instance.last_usage.fuel
+            usage = instance.last_usage
+            if usage is not None:
+                self._fuel = usage.fuel
+        if usage is not None:
+            self.stats.fuel += usage.fuel
         hibernation = self.runtime.hibernation
         if self.type.durable and hibernation is not None:
             # Write-ahead: the state is on disk before the reply is released.
@@ -1259,7 +1259,7 @@ class Runtime:
         breaker = self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
         envelope = Envelope(sender, name, body, future, asker_chain=chain, trace=trace)
-        if not here or timeout is None:
+        if not here or timeout is None or process.type.budget.timeout > timeout:
             process.deliver(envelope, timeout)
             return future, breaker
         deadline = time.monotonic() + timeout
