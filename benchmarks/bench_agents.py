@@ -140,19 +140,24 @@ def _send_rates(echo: Component, count: int) -> tuple[float, float]:
     return calls, sends
 
 
-def message_rows(quick: bool = False) -> list[dict[str, object]]:
-    """The message-path figures (each round runs every variant; medians of the rounds)."""
+def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[Any]]:
+    """``rounds`` rounds of the message-path figures, each round running every variant."""
     echo = _component((FIXTURES / "echo_agent.wat").read_text())
     _, pingpong = _pingpong()
-    repeat, rounds, count = (500, 200, 2000) if quick else (3000, 500, 5000)
+    repeat, trips, count = (500, 200, 2000) if quick else (3000, 500, 5000)
     here, default = Budget(timeout=1.0), Budget()
     runs: dict[str, list[Any]] = {k: [] for k in ("here", "worker", "pp_here", "pp", "send")}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         runs["here"].append(_ask_seconds(echo, here, repeat))
         runs["worker"].append(_ask_seconds(echo, default, repeat))
-        runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), rounds))
-        runs["pp"].append(_pingpong_rate(pingpong, default, rounds))
+        runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), trips))
+        runs["pp"].append(_pingpong_rate(pingpong, default, trips))
         runs["send"].append(_send_rates(echo, count))
+    return runs
+
+
+def message_rows(runs: dict[str, list[Any]]) -> list[dict[str, object]]:
+    """Rows of :func:`message_runs`' figures: medians of the rounds."""
     rows: list[dict[str, object]] = []
     for key, label in (
         ("here", "budget 1 s: run in place"),
@@ -194,8 +199,8 @@ def message_rows(quick: bool = False) -> list[dict[str, object]]:
     return rows
 
 
-def _against(revision: str, quick: bool) -> list[dict[str, object]]:
-    """:func:`message_rows` for the tree at ``revision``, in a child process."""
+def _old_tree(revision: str) -> Path:
+    """The ``host/`` of ``revision`` unpacked into a temporary directory, as ``mighty``."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", revision, "host"], capture_output=True, check=True
     ).stdout
@@ -203,33 +208,52 @@ def _against(revision: str, quick: bool) -> list[dict[str, object]]:
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
     (tree / "mighty").symlink_to("host")
+    return tree
+
+
+def _old_round(tree: Path, quick: bool) -> dict[str, list[Any]]:
+    """One round of :func:`message_runs` with the old tree, in a child process."""
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]); import mighty; "
         "assert mighty.__file__.startswith(sys.argv[2]), mighty.__file__; "
-        "import bench_agents; print(json.dumps(bench_agents.message_rows(sys.argv[3] == '1')))"
+        "import bench_agents; print(json.dumps(bench_agents.message_runs(sys.argv[3] == '1', 1)))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(Path(__file__).parent), str(tree), str(int(quick))],
         env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,  # not this tree's root, whose ``mighty`` would come first on sys.path
         capture_output=True,
         text=True,
         check=False,
     )
     if done.returncode != 0:
-        raise SystemExit(f"the run against {revision} failed:\n{done.stderr[-2000:]}")
-    rows: list[dict[str, object]] = json.loads(done.stdout.splitlines()[-1])
+        raise SystemExit(f"the run of the old tree failed:\n{done.stderr[-2000:]}")
+    runs: dict[str, list[Any]] = json.loads(done.stdout.splitlines()[-1])
+    return runs
+
+
+def _messages(quick: bool) -> list[dict[str, object]]:
+    """The message rows; with ``--against REV`` also REV's, the two trees taking turns round
+    by round (so a noisy neighbour hits both alike)."""
+    if "--against" not in sys.argv:
+        return message_rows(message_runs(quick))
+    revision = sys.argv[sys.argv.index("--against") + 1]
+    tree = _old_tree(revision)
+    old: dict[str, list[Any]] = {}
+    new: dict[str, list[Any]] = {}
+    for _ in range(ROUNDS):
+        for runs, one in ((old, _old_round(tree, quick)), (new, message_runs(quick, 1))):
+            for key, values in one.items():
+                runs.setdefault(key, []).extend(values)
+    rows = message_rows(old)
     for row in rows:
         row["name"] = f"[{revision}] {row['name']}"
-    return rows
+    return rows + message_rows(new)
 
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    rows = []
-    if "--against" in sys.argv:
-        revision = sys.argv[sys.argv.index("--against") + 1]
-        rows.extend(_against(revision, quick))
-    rows.extend(message_rows(quick))
+    rows = _messages(quick)
     if "--messages" in sys.argv:
         rows.append(
             {"name": "machine", "loadavg_1_5_15": "/".join(f"{x:.2f}" for x in os.getloadavg())}
