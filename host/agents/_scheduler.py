@@ -95,7 +95,8 @@ class Scheduler:
             self._next += 1
             queue.append(agent)
             self._maybe_compensate()
-            self._lock.notify()
+            if self._idle:  # a worker waits: wake one (the others are busy, and will look)
+                self._lock.notify()
 
     def _maybe_compensate(self) -> None:
         # The cheap tests first: most calls find no worker blocked.
