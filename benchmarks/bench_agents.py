@@ -3,8 +3,17 @@
 Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 
 - per-message overhead: a host `ask` to the WAT echo agent through the runtime (mailbox,
-  scheduler, protocol, future) vs calling its `handle` export directly on an Instance.
-- guest-to-guest ping-pong: asks between two CPython agents, messages per second.
+  scheduler, protocol, future) vs calling its `handle` export directly on an Instance (target
+  <= 1.3x). Twice: with a per-message budget timeout (1 s) within the ask's timeout (5 s), so
+  the asking thread runs the idle agent's turn itself (``AgentProcess.run_here``), and with
+  the default budget (10 s, longer than the ask may wait), which goes through a worker.
+- guest-to-guest ping-pong: asks between two CPython agents, round trips per second (target
+  >= 8,000), with a 4 s budget (asks run in place) and with the default one (via workers).
+- one-way sends from the host to 100 WAT echo agents on 2 workers: messages handled per second
+  (target >= 25,000), against direct ``handle`` calls on one thread in the same run.
+- ``--against REV``: the message rows above also for the tree at git revision REV (its
+  ``host/`` unpacked into a temporary directory, run in a child process), for an A/B in one
+  run. ``--messages`` runs only the message rows.
 - CPU-bound throughput with 1 vs 2 workers (target >= 1.8x on 2 cores).
 - resident memory per idle agent after one handled message: CPython agent with copy-on-write
   memory images (the default) vs the same component loaded with ``share_memory=False``, and the
@@ -16,16 +25,27 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
+from collections.abc import Callable
+from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from _common import FIXTURES, ROOT, median, report, samples, wasm_tools
 
 from mighty import Component, Instance
 from mighty.agents import AgentType, Runtime
+from mighty.budget import Budget
 from mighty.build import build_component
+
+ROUNDS = 3
+"""Each message figure is the median of this many rounds, the variants interleaved."""
 
 SPIN = """
     (func $spin (local $i i32)
@@ -58,7 +78,213 @@ def _memory() -> tuple[int, int]:
     return rss, pss
 
 
+def _pingpong() -> tuple[Path, Component]:
+    out = Path(tempfile.mkdtemp()) / "pingpong.wasm"
+    build_component(
+        ROOT / "examples" / "agents" / "pingpong.py",
+        output=out,
+        wit=ROOT / "wit" / "agent",
+        python_path=[ROOT / "guests" / "sdk"],
+    )
+    return out, Component.load(out)
+
+
+def _cpu(fn: Callable[[], object], repeat: int) -> float:
+    """CPU seconds of the whole process (every thread: workers too) per call of ``fn``. On a
+    shared machine this is the steadier figure: waiting for a CPU costs no CPU time."""
+    started = time.process_time()
+    for _ in range(repeat):
+        fn()
+    return (time.process_time() - started) / repeat
+
+
+def _ask_seconds(echo: Component, budget: Budget, repeat: int) -> list[float]:
+    """[direct ``handle`` call, host ask through the runtime]: wall medians, then CPU means."""
+    message = {"name": "x", "body": b"\x01"}
+    with Runtime(workers=2) as rt:
+        direct = Instance(echo, gate=rt.gate)
+        rt.register(AgentType("echo", echo, budget=budget))
+        address = rt.spawn("echo")
+
+        def call() -> object:
+            return direct.call("handle", "host", message)
+
+        def ask() -> object:
+            return rt.ask(address, "x", 1)
+
+        floor = median(samples(call, repeat=repeat))
+        via = median(samples(ask, repeat=repeat))
+        return [floor, via, _cpu(call, repeat), _cpu(ask, repeat)]
+
+
+def _pingpong_rate(component: Component, budget: Budget, rounds: int) -> list[float]:
+    """[round trips per wall second, per CPU second] between two CPython agents."""
+    with Runtime(workers=2) as rt:
+        rt.register(AgentType("pp", component, budget=budget))
+        rt.spawn("pp", name="a")
+        rt.spawn("pp", name="b")
+        rt.ask("a", "start", {"peer": "b", "rounds": 50}, timeout=60)
+        started, cpu = time.perf_counter(), time.process_time()
+        rt.ask("a", "start", {"peer": "b", "rounds": rounds}, timeout=60)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        return [rounds / wall, rounds / cpu]
+
+
+def _send_rates(echo: Component, count: int) -> list[float]:
+    """[direct ``handle`` calls per second on one thread, host sends to 100 agents on 2
+    workers handled per second (from the first send until every mailbox is empty), the same
+    two per CPU second]."""
+    message = {"name": "x", "body": b"\x01"}
+    with Runtime(workers=2) as rt:
+        direct = Instance(echo, gate=rt.gate)
+        for _ in range(100):
+            direct.call("handle", "host", message)
+        started, cpu = time.perf_counter(), time.process_time()
+        for _ in range(count):
+            direct.call("handle", "host", message)
+        calls = count / (time.perf_counter() - started)
+        calls_cpu = count / (time.process_time() - cpu)
+        rt.register(AgentType("echo", echo))
+        agents = [rt.spawn("echo") for _ in range(100)]
+        for address in agents:
+            rt.send(address, "x", 1)
+        assert rt.drain(60)
+        started, cpu = time.perf_counter(), time.process_time()
+        for i in range(count):
+            rt.send(agents[i % 100], "x", 1)
+        if not rt.drain(120):
+            raise SystemExit("the sends were not all handled within 120 s")
+        sends = count / (time.perf_counter() - started)
+        sends_cpu = count / (time.process_time() - cpu)
+        handled = sum(p.stats.handled for p in rt.agents())
+        assert handled == count + 100, handled
+    return [calls, sends, calls_cpu, sends_cpu]
+
+
+def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[Any]]:
+    """``rounds`` rounds of the message-path figures, each round running every variant."""
+    echo = _component((FIXTURES / "echo_agent.wat").read_text())
+    _, pingpong = _pingpong()
+    repeat, trips, count = (500, 200, 2000) if quick else (3000, 500, 5000)
+    here, default = Budget(timeout=1.0), Budget()
+    runs: dict[str, list[Any]] = {k: [] for k in ("here", "worker", "pp_here", "pp", "send")}
+    for _ in range(rounds):
+        runs["here"].append(_ask_seconds(echo, here, repeat))
+        runs["worker"].append(_ask_seconds(echo, default, repeat))
+        runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), trips))
+        runs["pp"].append(_pingpong_rate(pingpong, default, trips))
+        runs["send"].append(_send_rates(echo, count))
+    return runs
+
+
+def message_rows(runs: dict[str, list[Any]]) -> list[dict[str, object]]:
+    """Rows of :func:`message_runs`' figures: medians of the rounds."""
+    rows: list[dict[str, object]] = []
+    for key, label in (
+        ("here", "budget 1 s: run in place"),
+        ("worker", "default budget: via a worker"),
+    ):
+        floor, via, floor_cpu, via_cpu = (median([r[i] for r in runs[key]]) for i in range(4))
+        rows.append(
+            {
+                "name": f"per-message: runtime ask / direct handle call ({label})",
+                "ratio": round(median([r[1] / r[0] for r in runs[key]]), 2),
+                "ratio_cpu": round(median([r[3] / r[2] for r in runs[key]]), 2),
+                "ask_us": round(via * 1e6, 1),
+                "direct_us": round(floor * 1e6, 1),
+                "ask_cpu_us": round(via_cpu * 1e6, 1),
+                "direct_cpu_us": round(floor_cpu * 1e6, 1),
+                "target": "<= 1.3",
+            }
+        )
+    for key, label in (("pp_here", "budget 4 s: in place"), ("pp", "default budget")):
+        rate, rate_cpu = (median([r[i] for r in runs[key]]) for i in range(2))
+        rows.append(
+            {
+                "name": f"guest-to-guest ping-pong, CPython agents ({label})",
+                "round_trips_per_s": round(rate),
+                "us_per_round_trip": round(1e6 / rate, 1),
+                "round_trips_per_cpu_s": round(rate_cpu),
+                "target": ">= 8000",
+            }
+        )
+    calls, sends, calls_cpu, sends_cpu = (median([r[i] for r in runs["send"]]) for i in range(4))
+    rows.append(
+        {
+            "name": "one-way host sends to 100 agents, 2 workers / direct calls, 1 thread",
+            "ratio": round(median([r[1] / r[0] for r in runs["send"]]), 2),
+            "ratio_cpu": round(median([r[3] / r[2] for r in runs["send"]]), 2),
+            "sends_handled_per_s": round(sends),
+            "direct_calls_per_s": round(calls),
+            "sends_handled_per_cpu_s": round(sends_cpu),
+            "direct_calls_per_cpu_s": round(calls_cpu),
+            "target": ">= 25000 handled/s",
+        }
+    )
+    return rows
+
+
+def _old_tree(revision: str) -> Path:
+    """The ``host/`` of ``revision`` unpacked into a temporary directory, as ``mighty``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision, "host"], capture_output=True, check=True
+    ).stdout
+    tree = Path(tempfile.mkdtemp(prefix="mighty-old-"))
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    (tree / "mighty").symlink_to("host")
+    return tree
+
+
+def _old_round(tree: Path, quick: bool) -> dict[str, list[Any]]:
+    """One round of :func:`message_runs` with the old tree, in a child process."""
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import mighty; "
+        "assert mighty.__file__.startswith(sys.argv[2]), mighty.__file__; "
+        "import bench_agents; print(json.dumps(bench_agents.message_runs(sys.argv[3] == '1', 1)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(tree), str(int(quick))],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,  # not this tree's root, whose ``mighty`` would come first on sys.path
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the run of the old tree failed:\n{done.stderr[-2000:]}")
+    runs: dict[str, list[Any]] = json.loads(done.stdout.splitlines()[-1])
+    return runs
+
+
+def _messages(quick: bool) -> list[dict[str, object]]:
+    """The message rows; with ``--against REV`` also REV's, the two trees taking turns round
+    by round (so a noisy neighbour hits both alike)."""
+    if "--against" not in sys.argv:
+        return message_rows(message_runs(quick))
+    revision = sys.argv[sys.argv.index("--against") + 1]
+    tree = _old_tree(revision)
+    old: dict[str, list[Any]] = {}
+    new: dict[str, list[Any]] = {}
+    for _ in range(ROUNDS):
+        for runs, one in ((old, _old_round(tree, quick)), (new, message_runs(quick, 1))):
+            for key, values in one.items():
+                runs.setdefault(key, []).extend(values)
+    rows = message_rows(old)
+    for row in rows:
+        row["name"] = f"[{revision}] {row['name']}"
+    return rows + message_rows(new)
+
+
 def main() -> None:
+    quick = "--quick" in sys.argv
+    rows = _messages(quick)
+    if "--messages" in sys.argv:
+        rows.append(
+            {"name": "machine", "loadavg_1_5_15": "/".join(f"{x:.2f}" for x in os.getloadavg())}
+        )
+        report(rows)
+        return
     wat = (FIXTURES / "echo_agent.wat").read_text()
     echo = _component(wat)
     spin = _component(
@@ -67,49 +293,7 @@ def main() -> None:
             "(local $r i32) (local $name i32)\n      call $spin\n",
         )
     )
-    tmp = Path(tempfile.mkdtemp())
-    out = tmp / "pingpong.wasm"
-    build_component(
-        ROOT / "examples" / "agents" / "pingpong.py",
-        output=out,
-        wit=ROOT / "wit" / "agent",
-        python_path=[ROOT / "guests" / "sdk"],
-    )
-    pingpong = Component.load(out)
-    rows = []
-
-    message = {"name": "x", "body": b"\x01"}
-    with Runtime(workers=2) as rt:
-        direct = Instance(echo, gate=rt.gate)
-        floor = median(samples(lambda: direct.call("handle", "host", message), repeat=3000))
-        rt.register(AgentType("echo", echo))
-        address = rt.spawn("echo")
-        via = median(samples(lambda: rt.ask(address, "x", 1), repeat=3000))
-    rows.append(
-        {
-            "name": "per-message: runtime ask / direct handle call",
-            "ratio": round(via / floor, 2),
-            "ask_us": round(via * 1e6, 1),
-            "direct_us": round(floor * 1e6, 1),
-            "asks_per_s": round(1 / via),
-        }
-    )
-
-    with Runtime(workers=2) as rt:
-        rt.register(AgentType("pp", pingpong))
-        rt.spawn("pp", name="a")
-        rt.spawn("pp", name="b")
-        rt.ask("a", "start", {"peer": "b", "rounds": 50})
-        started = time.perf_counter()
-        rt.ask("a", "start", {"peer": "b", "rounds": 500}, timeout=60)
-        elapsed = time.perf_counter() - started
-    rows.append(
-        {
-            "name": "guest-to-guest ping-pong (CPython agents)",
-            "round_trips_per_s": round(500 / elapsed),
-            "us_per_round_trip": round(elapsed / 500 * 1e6, 1),
-        }
-    )
+    out, pingpong = _pingpong()
 
     def throughput(workers: int) -> float:
         with Runtime(workers=workers) as rt:

@@ -107,6 +107,9 @@ class Mailbox(Generic[T]):
         self._not_empty = threading.Condition(self._lock)
         self._closed = False
         self._paused = False
+        # Threads waiting in put / get: a notify is only worth its cost when one is.
+        self._producers = 0
+        self._consumers = 0
         self._high_water = 0
         self._accepted = 0
         self._dropped = 0
@@ -133,10 +136,12 @@ class Mailbox(Generic[T]):
                         f"mailbox is full (capacity {self._capacity})", capacity=self._capacity
                     )
                 self._wait_for_space(self._block_timeout if timeout is None else timeout)
-            self._items.append(item)
+            items = self._items
+            items.append(item)
             self._accepted += 1
-            self._high_water = max(self._high_water, len(self._items))
-            self._not_empty.notify()
+            self._high_water = max(self._high_water, len(items))
+            if self._consumers:
+                self._not_empty.notify()
             return True
 
     def _wait_for_space(self, timeout: float) -> None:
@@ -144,7 +149,7 @@ class Mailbox(Generic[T]):
         deadline = self._clock() + timeout
         while len(self._items) >= self._capacity:
             remaining = deadline - self._clock()
-            if remaining <= 0 or not self._not_full.wait(remaining):
+            if remaining <= 0 or not self._wait_not_full(remaining):
                 # A notify can land on a waiter that is timing out; taking the space here
                 # keeps that wake-up from being lost.
                 self._check_open()
@@ -156,6 +161,20 @@ class Mailbox(Generic[T]):
                     capacity=self._capacity,
                 )
             self._check_open()
+
+    def _wait_not_full(self, timeout: float) -> bool:
+        self._producers += 1
+        try:
+            return self._not_full.wait(timeout)
+        finally:
+            self._producers -= 1
+
+    def _wait_not_empty(self, timeout: float | None) -> bool:
+        self._consumers += 1
+        try:
+            return self._not_empty.wait(timeout)
+        finally:
+            self._consumers -= 1
 
     def _check_open(self) -> None:
         if self._closed:
@@ -176,10 +195,10 @@ class Mailbox(Generic[T]):
                 if self._closed:
                     raise MailboxClosed("mailbox is closed")
                 if deadline is None:
-                    self._not_empty.wait()
+                    self._wait_not_empty(None)
                     continue
                 remaining = deadline - self._clock()
-                if remaining <= 0 or not self._not_empty.wait(remaining):
+                if remaining <= 0 or not self._wait_not_empty(remaining):
                     # One last look: the wake-up and the timeout may have crossed.
                     if self._ready():
                         break
@@ -188,12 +207,36 @@ class Mailbox(Generic[T]):
                     state = "paused" if self._paused else "empty"
                     raise MailboxEmpty(f"mailbox stayed {state} for {timeout}s")
             item = self._items.popleft()
-            self._not_full.notify()
+            if self._producers:
+                self._not_full.notify()
             return item
+
+    def take(self) -> T | None:
+        """The oldest envelope if one can be handed out now (as ``get_nowait``), else None."""
+        with self._lock:
+            items = self._items
+            if not items or (self._paused and not self._closed):
+                return None
+            item = items.popleft()
+            if self._producers:
+                self._not_full.notify()
+            return item
+
+    def ready(self) -> bool:
+        """An envelope could be handed out now: some are held and the mailbox is not paused
+        (or is closed, which ends the pause)."""
+        with self._lock:
+            return bool(self._items) and (self._closed or not self._paused)
 
     def get_nowait(self) -> T:
         """Take the oldest envelope now, or raise ``MailboxEmpty`` / ``MailboxClosed``."""
         return self.get(timeout=0)
+
+    def peek_only(self, item: T) -> bool:
+        """Whether ``item`` is the one envelope held and could be taken now (not paused)."""
+        with self._lock:
+            items = self._items
+            return len(items) == 1 and items[0] is item and (self._closed or not self._paused)
 
     def _ready(self) -> bool:
         """An envelope can be handed out now (lock held)."""

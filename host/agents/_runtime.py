@@ -37,10 +37,12 @@ supervisor, and stop/start would still have to wait for it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -53,7 +55,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import cbor2
 from pydantic import ValidationError
 
-from mighty._errors import BadInput, BudgetExceeded, GuestError, HostError, MightyError
+from mighty._errors import (
+    BadInput,
+    BudgetExceeded,
+    Cancelled,
+    GuestError,
+    HostError,
+    MightyError,
+)
 from mighty.abi import Err, Ok, Variant
 from mighty.agents._hibernate import Hibernator
 from mighty.agents._introspect import (
@@ -68,7 +77,7 @@ from mighty.agents._introspect import (
     top_snapshot,
     tree_snapshot,
 )
-from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
+from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
     OUTPUT_TAIL_LINES,
@@ -220,6 +229,8 @@ class AgentProcess:
     """The last messages handled (see mighty.agents._introspect)."""
     _outcome: str = OK
     _fuel: int = 0
+    # The signal that interrupted the guest in a turn run by ``run_here``, if one did.
+    _interrupted: int | None = None
 
     # -- life ------------------------------------------------------------------------------
 
@@ -379,15 +390,19 @@ class AgentProcess:
 
     def _wake(self) -> None:
         with self._state:
-            if self._scheduled or not self.alive or self.mailbox.paused or not len(self.mailbox):
+            if self._scheduled or not self.alive or not self.mailbox.ready():
                 return
             self._scheduled = True
         self.runtime.scheduler.schedule(self)
 
-    def deliver(self, envelope: Envelope, timeout: float | None = None) -> None:
+    def deliver(
+        self, envelope: Envelope, timeout: float | None = None, *, here: float | None = None
+    ) -> None:
         """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full).
 
         ``__inspect`` is answered here and now, never queued (see mighty.agents._introspect).
+        ``here`` (an ask's deadline, on ``time.monotonic``) lets the calling thread run the turn
+        (see ``run_here``).
         """
         if envelope.name == INSPECT:
             _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
@@ -404,6 +419,8 @@ class AgentProcess:
             if envelope.reply is not None:
                 envelope.reply.set_exception(MailboxFullError(f"{self.address}: dropped"))
             return
+        if here is not None and self.run_here(envelope, here):
+            return
         self._wake()
 
     @property
@@ -417,19 +434,33 @@ class AgentProcess:
 
     def run_batch(self) -> tuple[int, bool]:
         """One turn: up to a batch of messages. Never raises (a failure is a crash)."""
+        handled, more, exit_reason = self._turn(_BATCH)
+        if exit_reason is not None:
+            # Outside the run lock: the supervisor may stop, revive or retire this very agent
+            # (and its siblings), which takes their run locks.
+            self._exit(exit_reason)
+        return handled, more
+
+    def _turn(self, limit: int) -> tuple[int, bool, str | None]:
+        """Up to ``limit`` messages under the run lock: (handled, more to do, crash reason).
+
+        ``_scheduled`` is cleared when there is no more to do; the caller reports a crash
+        (``_exit``) once it holds no run lock of its own.
+        """
         handled = 0
         exit_reason: str | None = None
+        turns = _TURNS
+        turns.depth += 1
         with self._run:
             self._owner = threading.get_ident()
             try:
                 if self.hibernated:
                     exit_reason = self._wake_in_turn()
-                for _ in range(_BATCH):
+                for _ in range(limit):
                     if not self.alive:
                         break
-                    try:
-                        envelope = self.mailbox.get_nowait()
-                    except (MailboxEmpty, MailboxClosed):
+                    envelope = self.mailbox.take()
+                    if envelope is None:
                         break
                     handled += 1
                     self._outcome, self._fuel = OK, 0
@@ -476,20 +507,80 @@ class AgentProcess:
             finally:
                 self.current = None
                 self._owner = None
+                turns.depth -= 1
                 # Stopped meanwhile (stop timed out, or was called from this turn).
                 self._close_instance()
         with self._state:
             # A paused mailbox (hot swap in progress) is woken again when it resumes.
-            more = self.alive and not self.mailbox.paused and len(self.mailbox) > 0
+            more = self.alive and self.mailbox.ready()
             if not more:
                 self._scheduled = False
-        if exit_reason is not None:
-            # Outside the run lock: the supervisor may stop, revive or retire this very agent
-            # (and its siblings), which takes their run locks.
-            self._exit(exit_reason)
-        elif not more and self.runtime.hibernation is not None:
+        if exit_reason is None and not more and self.runtime.hibernation is not None:
             self.runtime.hibernation.touch(self)
-        return handled, more
+        return handled, more, exit_reason
+
+    def run_here(self, envelope: Envelope, deadline: float) -> bool:
+        """The shortest path of an ask just put in the mailbox: when the agent is idle (awake,
+        not scheduled, ``envelope`` the only message) and a worker is free, the calling thread
+        runs the turn itself, no thread hop either way. False (nothing done): the caller wakes
+        the agent as usual.
+
+        Only when the agent's per-message budget ends before the ask's ``deadline`` would (the
+        asker cannot be held past its deadline by more than the budget allows), on a thread
+        that is a worker in a turn (a guest's ask) or borrowed an idle worker's place (a host
+        ask). A crash in the turn is reported to the supervisor from here when this thread
+        holds no other run lock, else by a worker. A signal on the main thread interrupts the
+        guest as a direct call would: the agent crashes and the caller gets the signal's
+        exception.
+        """
+        if self.instance is None or self.type.budget.timeout > deadline - time.monotonic():
+            return False
+        depth = _TURNS.depth
+        if depth >= _NESTED_TURNS:
+            return False
+        scheduler = self.runtime.scheduler
+        borrowed = depth == 0 and not scheduler.on_worker()
+        if borrowed and not scheduler.borrow():
+            return False
+        try:
+            with self._state:
+                idle = (
+                    not self._scheduled
+                    and self.alive
+                    and self.instance is not None
+                    and self.mailbox.peek_only(envelope)
+                )
+                if idle:
+                    self._scheduled = True
+            if not idle:
+                return False
+            self._interrupted = None
+            try:
+                _, more, exit_reason = self._turn(1)
+            except BaseException:
+                # A signal's handler raised (SystemExit) out of the guest call: the turn did
+                # not finish its bookkeeping. The message counts as crashed-on.
+                with self._state:
+                    self._scheduled = False
+                _settle(envelope, error=AgentCrashed(f"{self.address}: interrupted"))
+                self._wake()
+                raise
+        finally:
+            if borrowed:
+                scheduler.give_back()
+        if exit_reason is not None:
+            if depth == 0:
+                self._exit(exit_reason)
+            else:
+                scheduler.schedule(_Exit(self, exit_reason))
+        elif more:
+            scheduler.schedule(self)
+        interrupted = self._interrupted
+        if interrupted is not None and threading.current_thread() is threading.main_thread():
+            self._interrupted = None
+            if interrupted == signal.SIGINT:
+                raise KeyboardInterrupt
+        return True
 
     def _wake_in_turn(self) -> str | None:
         """Wake a hibernated agent before its next message (``_run`` held); a crash reason if
@@ -530,7 +621,7 @@ class AgentProcess:
 
     def _handle(self, envelope: Envelope) -> str | None:
         """Handle one message; the crash reason when the agent crashed on it."""
-        refusal = self._check_protocol(envelope)
+        refusal = None if self.type.accepts is None else self._check_protocol(envelope)
         if refusal is not None:
             self.stats.failed += 1
             self._outcome = REFUSED
@@ -551,10 +642,11 @@ class AgentProcess:
         finally:
             self.current = None
             self._flush_output()
-            if instance.last_usage is not None:
-                self._fuel = instance.last_usage.fuel
-        if instance.last_usage is not None:
-            self.stats.fuel += instance.last_usage.fuel
+            usage = instance.last_usage
+            if usage is not None:
+                self._fuel = usage.fuel
+        if usage is not None:
+            self.stats.fuel += usage.fuel
         hibernation = self.runtime.hibernation
         if self.type.durable and hibernation is not None:
             # Write-ahead: the state is on disk before the reply is released.
@@ -609,6 +701,8 @@ class AgentProcess:
         """Record a crash (``_run`` held): the instance is closed; the caller reports it."""
         self.stats.crashes += 1
         reason = f"{exc.kind}: {exc.message}"
+        if isinstance(exc, Cancelled) and exc.reason == "interrupted":
+            self._interrupted = exc.signal or signal.SIGINT
         if isinstance(exc, BudgetExceeded):
             self.runtime.emit("budget.exhausted", self.address, {"reason": exc.kind})
         self.runtime.emit("agent.crashed", self.address, {"reason": reason})
@@ -629,6 +723,32 @@ class AgentProcess:
         self.stats.restarts += 1
         self.start()
         self.runtime.emit("agent.restarted", self.address, {"restarts": self.stats.restarts})
+
+
+class _Turns(threading.local):
+    depth = 0
+    """How many agents' turns the current thread is inside (nested by ``run_here``)."""
+
+
+_TURNS = _Turns()
+_NESTED_TURNS = 8
+"""Turns nested on one thread by asks run in place (a chain of asks beyond goes by workers)."""
+
+
+class _Exit:
+    """A crash found by ``run_here`` in a nested turn, reported by a worker (which holds no run
+    lock, as the supervisor needs)."""
+
+    __slots__ = ("address", "process", "reason")
+
+    def __init__(self, process: AgentProcess, reason: str) -> None:
+        self.process = process
+        self.address = process.address
+        self.reason = reason
+
+    def run_batch(self) -> tuple[int, bool]:
+        self.process._exit(self.reason)
+        return 0, False
 
 
 def _both(first: Callable[[bytes], None], second: Callable[[bytes], None], data: bytes) -> None:
@@ -1059,10 +1179,18 @@ class Runtime:
         if router is not None:
             future = router.ask(to, name, body, sender=sender, timeout=timeout, chain=chain)
             return self._await_reply(to, name, future, None, timeout, wait)
+        # The calling thread may run the target's turn itself (AgentProcess.run_here), except
+        # on the main thread, outside any turn, with a wait of the caller's own: that wait
+        # watches for signals, which must not interrupt the guest.
+        here = (
+            wait is None
+            or _TURNS.depth > 0
+            or threading.current_thread() is not threading.main_thread()
+        )
         telemetry = self.telemetry
         if telemetry is None:
             future, breaker = self.deliver_ask(
-                to, name, body, sender=sender, chain=chain, timeout=timeout
+                to, name, body, sender=sender, chain=chain, timeout=timeout, here=here
             )
             return self._await_reply(to, name, future, breaker, timeout, wait)
         span = telemetry.ask_begin(self.process(to).address, name, sender)
@@ -1075,6 +1203,7 @@ class Runtime:
                 chain=chain,
                 timeout=timeout,
                 trace=telemetry.carry(span),
+                here=here,
             )
             result = self._await_reply(to, name, future, breaker, timeout, wait)
         except BaseException as exc:
@@ -1119,11 +1248,15 @@ class Runtime:
         chain: tuple[str, ...] = (),
         timeout: float | None = None,
         trace: Any = None,
+        here: bool = False,
     ) -> tuple[Future[bytes | None], Any]:
         """Put an ask in a local agent's mailbox: (the reply's future, the target's breaker).
 
         The asker records the outcome in the breaker (if any) when it has waited for it.
         ``trace`` is the asker's span context (mighty.telemetry), carried in the envelope.
+        ``here``: the calling thread is about to wait for the reply and may run the target's
+        turn itself instead (see ``AgentProcess.run_here``); the future is then settled on
+        return, and an ask answered later than ``timeout`` is an AskTimeout all the same.
         """
         process = self.process(to)
         if process.address in chain and name != INSPECT:
@@ -1132,7 +1265,14 @@ class Runtime:
         breaker = self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
         envelope = Envelope(sender, name, body, future, asker_chain=chain, trace=trace)
-        process.deliver(envelope, timeout)
+        if not here or timeout is None or process.type.budget.timeout > timeout:
+            process.deliver(envelope, timeout)
+            return future, breaker
+        deadline = time.monotonic() + timeout
+        process.deliver(envelope, timeout, here=deadline)
+        if future.done() and time.monotonic() > deadline:
+            # Run in place and answered past the asker's deadline: the reply is too late.
+            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s")
         return future, breaker
 
     def send_raw(
@@ -1312,9 +1452,12 @@ class AgentHostProvider:
             interrupt = ctx.state.get("wasi.io.interrupt")
 
             def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
+                if future.done():  # answered in place (AgentProcess.run_here)
+                    return future.result()
                 # Wait in slices so the asking agent's own deadline and cancellation apply.
                 deadline = time.monotonic() + timeout
-                with runtime.scheduler.blocking():
+                scheduler = runtime.scheduler
+                with scheduler.blocking() if scheduler.on_worker() else contextlib.nullcontext():
                     while True:
                         left = deadline - time.monotonic()
                         if left <= 0:

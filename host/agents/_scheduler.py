@@ -25,6 +25,8 @@ from typing import Protocol
 __all__ = ["Runnable", "Scheduler", "WorkerStats"]
 
 _log = logging.getLogger(__name__)
+# Which scheduler the current thread works for (set on its workers only).
+_LOCAL = threading.local()
 
 
 class Runnable(Protocol):
@@ -66,6 +68,8 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._blocked = 0
+        # Idle workers whose turn a calling thread took (see borrow): they stay idle.
+        self._borrowed = 0
         self._stopping = False
         self._next = 0
         for _ in range(workers):
@@ -91,18 +95,38 @@ class Scheduler:
             self._next += 1
             queue.append(agent)
             self._maybe_compensate()
-            self._lock.notify()
+            if self._idle:  # a worker waits: wake one (the others are busy, and will look)
+                self._lock.notify()
 
     def _maybe_compensate(self) -> None:
-        pending = sum(len(q) for q in self._queues)
+        # The cheap tests first: most calls find no worker blocked.
         if (
-            pending
+            self._blocked > 0
             and self._idle == 0
-            and self._blocked > 0
             and len(self._threads) - self._blocked < self.workers
             and len(self._threads) < self.max_workers
+            and any(self._queues)
         ):
             self._add_worker()
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is one of this scheduler's workers."""
+        return getattr(_LOCAL, "scheduler", None) is self
+
+    def borrow(self) -> bool:
+        """Claim an idle worker's turn for the calling thread (not a worker): True when one
+        was idle and nothing is queued, so that running an agent here keeps no queued agent
+        waiting and keeps the agents running at once within the pool's size. Give it back
+        with :meth:`give_back`."""
+        with self._lock:
+            if self._stopping or self._idle <= self._borrowed or any(self._queues):
+                return False
+            self._borrowed += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._borrowed -= 1
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
@@ -130,6 +154,7 @@ class Scheduler:
         return None
 
     def _work(self, index: int) -> None:
+        _LOCAL.scheduler = self
         while True:
             with self._lock:
                 agent = self._take(index)

@@ -131,7 +131,7 @@ class AgentType:
             raise ValueError(f"hibernate_after must be > 0 seconds, got {self.hibernate_after}")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Envelope:
     """One message in a mailbox. ``reply`` is set for asks."""
 

@@ -1,0 +1,167 @@
+"""An ask takes the shortest path: the asking thread runs an idle agent's turn itself.
+
+Only when the agent's per-message budget ends before the ask's timeout would, the agent is
+idle (awake, nothing queued, not scheduled) and a worker is free (or the asker is a worker in
+a turn). Everything else (crashes, supervision, order, the circuit breaker, introspection)
+behaves as through a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mighty import Component
+from mighty.agents import (
+    AgentChild,
+    AgentCrashed,
+    AgentEvent,
+    AgentType,
+    HandlerFailed,
+    NoProc,
+    Runtime,
+    SupervisorSpec,
+    start_tree,
+)
+from mighty.budget import Budget
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = Budget(timeout=1.0)
+"""A per-message budget that ends before a 5 s ask would: asks may run in place."""
+
+_HANDLE = (
+    '(func (export "handle") (param i32 i32 i32 i32 i32 i32) (result i32)'
+    " (local $r i32) (local $name i32)"
+)
+# A message named "ping" (4 bytes, 'p' first) traps.
+_TRAP_ON_PING = """
+      (if (i32.and (i32.eq (local.get 3) (i32.const 4))
+                   (i32.eq (i32.load8_u (local.get 2)) (i32.const 0x70)))
+        (then unreachable))"""
+
+
+@pytest.fixture(scope="module")
+def ping_crasher(wat: Callable[[str], bytes]) -> Component:
+    """The echo agent, trapping on a message named "ping" (what the ping-pong agent asks)."""
+    text = (ROOT / "tests" / "fixtures" / "echo_agent.wat").read_text()
+    assert text.count(_HANDLE) == 1
+    return Component.load(wat(text.replace(_HANDLE, _HANDLE + _TRAP_ON_PING)))
+
+
+def _runtime(workers: int) -> tuple[Runtime, list[int]]:
+    """A runtime, and the threads on which its agent.crashed events were emitted, in order."""
+    threads: list[int] = []
+
+    def hear(event: AgentEvent) -> None:
+        if event.kind == "agent.crashed":
+            threads.append(threading.get_ident())
+
+    return Runtime(workers=workers, on_event=hear), threads
+
+
+def test_an_ask_to_an_idle_agent_runs_on_the_asking_thread(crasher_agent: Component) -> None:
+    rt, threads = _runtime(2)
+    with rt:
+        rt.register(AgentType("c", crasher_agent, budget=SHORT))
+        start_tree(rt, SupervisorSpec("root", [AgentChild("c", "c")]))
+        address = rt.process("c").address
+        assert rt.ask(address, "x", {"n": 1}) == {"n": 1}
+        with pytest.raises(AgentCrashed):
+            rt.ask(address, "crash", 1)
+        # The crash happened here, and was reported to the supervisor from here: it revived
+        # the agent before the ask returned, with the same address.
+        assert threads == [threading.get_ident()]
+        assert rt.ask(address, "x", 2) == 2
+        process = rt.process(address)
+        assert process.stats.crashes == 1
+        assert process.stats.restarts == 1
+        assert process.stats.handled == 2
+        assert rt.drain(10)
+
+
+def test_an_ask_whose_budget_outlasts_its_timeout_goes_through_a_worker(
+    crasher_agent: Component,
+) -> None:
+    rt, threads = _runtime(2)
+    with rt:
+        rt.register(AgentType("c", crasher_agent))  # default budget: 10 s > the ask's 5 s
+        address = rt.spawn("c")
+        with pytest.raises(AgentCrashed):
+            rt.ask(address, "crash", 1, timeout=5)
+        assert len(threads) == 1
+        assert threads[0] != threading.get_ident()
+        # Unsupervised: it is dead, and says so.
+        with pytest.raises(NoProc):
+            rt.ask(address, "x", 1)
+
+
+def test_an_ask_behind_queued_messages_waits_its_turn_on_a_worker(
+    crasher_agent: Component,
+) -> None:
+    """Order is kept: an agent with messages queued is not idle, so the ask is not run in place
+    ahead of them (nor by the asker behind them)."""
+    rt, threads = _runtime(1)
+    with rt:
+        rt.register(AgentType("c", crasher_agent, budget=SHORT))
+        address = rt.spawn("c")
+        process = rt.process(address)
+        replies: list[object] = []
+        with process._run:  # the agent is busy: what is sent now queues up
+            for n in range(20):
+                rt.send(address, "x", n)
+            asker = threading.Thread(
+                target=lambda: replies.append(rt.ask(address, "x", "mine", timeout=30))
+            )
+            asker.start()
+            while len(process.mailbox) < 21:  # the asker's message is queued behind the 20
+                time.sleep(0.001)
+            future = rt.ask_future(address, "crash", 1)
+        with pytest.raises(AgentCrashed):
+            future.result(30)
+        asker.join(30)
+        assert replies == ["mine"]
+        assert process.stats.handled == 21
+        assert threads and threads[0] not in (threading.get_ident(), asker.ident)
+
+
+def test_guest_asks_run_in_place_between_cpython_agents(pingpong: Component) -> None:
+    with Runtime(workers=2) as rt:
+        rt.register(AgentType("pp", pingpong, budget=Budget(timeout=4.0)))
+        rt.spawn("pp", name="a")
+        rt.spawn("pp", name="b")
+        assert rt.ask("a", "start", {"peer": "b", "rounds": 40}, timeout=30) == {
+            "rounds": 40,
+            "pongs": 40,
+        }
+        b = rt.process("b")
+        assert b.stats.handled == 40
+        # The host's ask ran a's turn on this thread, and a's asks ran b's turns in it: no
+        # worker has handled anything.
+        assert sum(w.messages for w in rt.worker_stats()) == 0
+        assert rt.drain(10)
+
+
+def test_a_crash_in_a_nested_turn_is_reported_by_a_worker(
+    pingpong: Component, ping_crasher: Component
+) -> None:
+    """The asker holds its own run lock: the crashed agent's supervisor hears of it from a
+    worker, which holds none (it may stop or revive any agent, the asker's included)."""
+    rt, threads = _runtime(2)
+    with rt:
+        rt.register(AgentType("pp", pingpong, budget=Budget(timeout=4.0)))
+        rt.register(AgentType("c", ping_crasher, budget=SHORT))
+        start_tree(rt, SupervisorSpec("root", [AgentChild("c", "c")]))
+        crasher = rt.process("c").address
+        rt.spawn("pp", name="a")
+        with pytest.raises(HandlerFailed, match="crashed"):
+            rt.ask("a", "start", {"peer": crasher, "rounds": 1}, timeout=30)
+        assert threads == [threading.get_ident()]  # it crashed here, in a's turn
+        assert rt.drain(10)  # drain waited for the supervisor's decision
+        process = rt.process(crasher)
+        assert process.stats.crashes == 1
+        assert process.stats.restarts == 1
+        assert rt.ask(crasher, "x", 3) == 3
