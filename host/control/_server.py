@@ -376,6 +376,8 @@ def _send_quietly(conn: socket.socket, data: bytes) -> None:
 
 
 def _bind(path: Path, uid: int) -> socket.socket:
+    """A listening socket at ``path``, there only once it listens: bound and set up under a
+    private name beside it, then linked into place (a client that sees the file can connect)."""
     if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
         raise ControlSocketError(
             f"control socket path {str(path)!r} is longer than {_MAX_SOCKET_PATH} bytes,"
@@ -383,6 +385,10 @@ def _bind(path: Path, uid: int) -> socket.socket:
         )
     _check_directory(path.parent)
     _clear_stale(path, uid)
+    staging = path.parent / f".mty-{os.getpid()}-{os.urandom(4).hex()}"
+    if len(os.fsencode(staging)) > _MAX_SOCKET_PATH:
+        staging = path  # no room for a private name: bind in place (connects may be refused
+        # for the moment between bind and listen; clients retry)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with _UMASK_LOCK:
@@ -390,7 +396,7 @@ def _bind(path: Path, uid: int) -> socket.socket:
             # so there is no moment when another user could connect.
             old_umask = os.umask(0o177)
             try:
-                listener.bind(os.fspath(path))
+                listener.bind(os.fspath(staging))
             finally:
                 os.umask(old_umask)
     except OSError as exc:
@@ -401,13 +407,24 @@ def _bind(path: Path, uid: int) -> socket.socket:
             ) from exc
         raise ControlSocketError(f"cannot bind control socket {path}: {exc}") from exc
     try:
-        os.chmod(path, 0o600)
-        _verify(path, uid)
+        os.chmod(staging, 0o600)
+        _verify(staging, uid)
         listener.listen(16)
+        if staging != path:
+            try:
+                os.link(staging, path)  # fails if another process put a file there meanwhile
+            except FileExistsError:
+                raise ControlSocketError(
+                    f"{path} appeared while binding; another process is starting a control"
+                    " socket there"
+                ) from None
+            finally:
+                with contextlib.suppress(OSError):
+                    staging.unlink()
     except (OSError, ControlSocketError):
         listener.close()
         with contextlib.suppress(OSError):
-            path.unlink()
+            staging.unlink()
         raise
     return listener
 
