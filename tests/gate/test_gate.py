@@ -14,9 +14,13 @@ from mighty.gate import (
     GuestContext,
     GuestViolation,
     HostFunctionFailed,
+    MissingSlot,
     ResourceKind,
+    Slot,
     request_exit,
 )
+
+_API_STATE: Slot[str] = Slot("api")
 
 API = """
 (component
@@ -93,7 +97,7 @@ class Api:
         ]
 
     def setup(self, ctx: GuestContext) -> None:
-        ctx.state["api"] = "ready"
+        ctx.put(_API_STATE, "ready")
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +200,12 @@ def test_provider_setup_runs_per_instance(component: Component, gate: Gate) -> N
     """Each instance gets its own context, set up by every provider."""
     with Instance(component, gate=gate) as a, Instance(component, gate=gate) as b:
         assert a.context is not b.context
-        assert a.context.state["api"] == b.context.state["api"] == "ready"
+        assert a.context.slot(_API_STATE) == b.context.slot(_API_STATE) == "ready"
+        a.context.take(_API_STATE)
+        assert a.context.find(_API_STATE) is None
+        assert b.context.slot(_API_STATE) == "ready"
+        with pytest.raises(MissingSlot, match="api"):
+            a.context.slot(_API_STATE)
 
 
 def test_budget_still_applies_through_the_gate(component: Component, gate: Gate) -> None:
