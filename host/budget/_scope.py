@@ -58,6 +58,7 @@ WAIT_SLICE = 0.02
 reaches a waiting host function within this, the epoch tick's counterpart for the host."""
 
 _now = time.monotonic
+_EXPIRED = "the cancel scope's deadline passed"
 
 
 class CancelScope:
@@ -102,6 +103,10 @@ class CancelScope:
             raise BadInput(f"cancel(by=...) must be one of {sorted(_BY)}, got {by!r}")
         with self._lock:
             if self._reason is None:
+                deadline = self._deadline
+                if by != "deadline" and deadline is not None and _now() >= deadline:
+                    # Its deadline came first, even if nobody looked: the first cause wins.
+                    reason, by = _EXPIRED, "deadline"
                 self._reason = str(reason)
                 self._by = by
         self._event.set()
@@ -113,7 +118,7 @@ class CancelScope:
             return True
         deadline = self._deadline
         if deadline is not None and _now() >= deadline:
-            self.cancel("the cancel scope's deadline passed", by="deadline")
+            self.cancel(_EXPIRED, by="deadline")
             return True
         return False
 
