@@ -152,7 +152,7 @@ def main() -> None:
             wake_ask.append(time.perf_counter() - t0)
             rt.hibernate(address)
             t0 = time.perf_counter()
-            fresh = Instance(component, gate=rt.gate, state={})
+            fresh = Instance(component, gate=rt.gate)
             fresh.call("handle", "host", {"name": "get", "body": b""})
             baseline.append(time.perf_counter() - t0)
             fresh.close()

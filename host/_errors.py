@@ -98,13 +98,19 @@ class DeadlineExceeded(BudgetExceeded):
 
 
 class Cancelled(BudgetExceeded):
-    """The call was cancelled from outside: ``CancelScope.cancel`` or a signal (Ctrl-C)."""
+    """The call was cancelled from outside: ``CancelScope.cancel``, its deadline, or a signal.
+
+    Made only by the call's scope (``mighty.budget.CallScope``), so ``by`` is always true.
+    """
 
     kind = "cancelled"
 
-    def __init__(self, message: str, *, reason: str, signal: int | None = None) -> None:
+    def __init__(self, message: str, *, reason: str, by: str, signal: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.by = by
+        """Who cancelled: ``"host"``, ``"supervisor"``, ``"deadline"`` (the cancel scope's own
+        deadline) or ``"signal"`` (see ``mighty.budget.CancelledBy``)."""
         self.signal = signal
         """The signal that interrupted the call (reason ``"interrupted"``), else None."""
 

@@ -78,6 +78,7 @@ from mighty.sandbox._tools import (
     MAX_CONCURRENT_CALLS,
     MAX_CONCURRENT_CALLS_LIMIT,
     MAX_NESTED_RUNS,
+    TOOL_HOST,
     Tool,
     ToolHost,
     ToolsProvider,
@@ -477,7 +478,7 @@ class _Live:
             prefault=True,
             memory=memory,
         )
-        self.instance.context.state["sandbox.tools"] = self.host
+        self.instance.context.put(TOOL_HOST, self.host)
 
     @property
     def dead(self) -> bool:
@@ -506,10 +507,7 @@ class _Live:
     ) -> RunResult:
         """One run; ``limits`` (at most the instance's, see ``_check_run_limits``) are this
         run's, else the instance's."""
-        scope = cancel
-        self.host.begin(
-            (lambda: scope.cancel_called) if scope is not None else (lambda: False), loop
-        )
+        self.host.begin(loop)
         limits = limits or self.limits
         self.run_limits = limits
         # Set for every run: a pooled instance's previous run may have had lower ones.

@@ -49,8 +49,7 @@ import pydantic
 import pydantic_core
 
 from mighty.abi import Err, Ok
-from mighty.engine import SignalShield
-from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind
+from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Scope, Slot
 
 __all__ = [
     "MAX_CONCURRENT_CALLS",
@@ -63,6 +62,7 @@ __all__ = [
     "MAX_NESTED_RUNS",
     "MAX_RUN_THREADS",
     "MAX_TOOL_THREADS",
+    "TOOL_HOST",
     "Tool",
     "ToolsProvider",
     "cut_text",
@@ -104,7 +104,6 @@ slot, and results the code has not yet received. Past it, a new call fails at on
 _MAX_WAIT = 3600.0
 MAX_NESTED_RUNS = 1
 """How deep sandbox runs may nest through tools: a tool may start a run, whose tools may not."""
-_WAIT_SLICE = 0.02
 _log = logging.getLogger("mighty.sandbox")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NESTING: contextvars.ContextVar[int] = contextvars.ContextVar("mighty_sandbox_nesting", default=0)
@@ -443,7 +442,7 @@ class StopRun(GuestViolation):
 class ToolHost:
     """Per-instance tool state: the registry, the limits, the current run's counters and calls.
 
-    One ``ToolHost`` is put in ``ctx.state["sandbox.tools"]`` of every sandbox instance. Sync
+    One ``ToolHost`` is put in the :data:`TOOL_HOST` slot of every sandbox instance. Sync
     calls (``call``) run one at a time; started calls (``start``/``wait``/``cancel``, the guest's
     async tools) run concurrently, at most ``concurrency`` at once (the rest queue here, in the
     order started), each under its own timeout. :meth:`end` cancels what a run left in flight.
@@ -468,7 +467,6 @@ class ToolHost:
         self.tool_time = 0.0
         self.timeouts = 0
         self.stopped: StopRun | None = None
-        self.cancel_check: Callable[[], bool] = lambda: False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._cond = threading.Condition(threading.Lock())
         self._handles = 0  # unique for the life of the instance (a session's runs too)
@@ -480,16 +478,13 @@ class ToolHost:
         self._held = 0  # bytes of queued calls' arguments and undelivered results
         self._threads = 0  # this run's sync calls holding a worker thread (stuck ones too)
 
-    def begin(
-        self, cancel_check: Callable[[], bool], loop: asyncio.AbstractEventLoop | None
-    ) -> None:
-        """Reset the counters for a new run."""
+    def begin(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Reset the counters for a new run (its cancel scope is the call's: ``ctx.scope``)."""
         self.end()
         self.calls = 0
         self.tool_time = 0.0
         self.timeouts = 0
         self.stopped = None
-        self.cancel_check = cancel_check
         self.loop = loop
 
     def end(self) -> None:
@@ -548,14 +543,11 @@ class ToolHost:
         tool, bound = prepared
         timeout = self._timeout(tool)
         started = time.monotonic()
-        pause = ctx.state.get("budget.pause")
-        interrupt = ctx.state.get("wasi.io.interrupt")
+        scope = ctx.scope
         try:
-            if pause is not None:
-                with pause():
-                    outcome = self._invoke(tool, bound, timeout, interrupt)
-            else:
-                outcome = self._invoke(tool, bound, timeout, interrupt)
+            # The tool's time is the host's, not the guest's: not charged to its deadline.
+            with scope.paused():
+                outcome = self._invoke(tool, bound, timeout, scope)
         finally:
             self.tool_time += time.monotonic() - started
         return outcome
@@ -565,17 +557,13 @@ class ToolHost:
         tool: Tool,
         bound: inspect.BoundArguments,
         timeout: float,
-        interrupt: Callable[[], None] | None,
+        scope: Scope,
     ) -> Ok | Err:
         depth = _NESTING.get() + 1
         if tool.is_async:
             loop = self.loop if self.loop is not None else self._background_loop()
             future = asyncio.run_coroutine_threadsafe(_run_async(tool, bound, depth), loop)
-            signalled: list[int] = []
-            # A Ctrl-C on the main thread while a tool works is noticed now, not when the tool
-            # returns: the budget's own listener records it, and interrupt() then raises.
-            with SignalShield(signalled.append):
-                return self._wait_future(tool, future, timeout, interrupt, signalled)
+            return self._wait_future(tool, future, timeout, scope)
         with self._cond:
             if self._threads >= MAX_RUN_THREADS:
                 return self._busy(tool)
@@ -584,21 +572,17 @@ class ToolHost:
         if job is None:
             self._thread_done()
             return self._busy(tool)
-        deadline = time.monotonic() + timeout
-        if job.done.acquire(timeout=min(timeout, _WAIT_SLICE)):  # the common case: one wait
+        # A cancel or a Ctrl-C while the tool works is noticed now, not when it returns: the
+        # scope raises the run's stop, and the tool is left to finish on its thread.
+        try:
+            done = scope.wait(lambda most: job.done.acquire(timeout=most), timeout)
+        except BaseException:
+            self._abandoned(job)
+            raise
+        if done:
             return job.outcome
-        signalled = []
-        with SignalShield(signalled.append):
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._abandoned(job)
-                    return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
-                if job.done.acquire(timeout=min(left, _WAIT_SLICE)):
-                    return job.outcome
-                if (signalled or self.cancel_check()) and interrupt is not None:
-                    self._abandoned(job)
-                    interrupt()  # raises: the run was cancelled while the tool worked
+        self._abandoned(job)
+        return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
 
     def _busy(self, tool: Tool) -> Err:
         return _err(
@@ -628,26 +612,22 @@ class ToolHost:
         tool: Tool,
         future: concurrent.futures.Future[Ok | Err],
         timeout: float,
-        interrupt: Callable[[], None] | None,
-        signalled: list[int],
+        scope: Scope,
     ) -> Ok | Err:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                future.cancel()
-                return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
-            try:
-                return future.result(timeout=min(left, _WAIT_SLICE))
-            except concurrent.futures.TimeoutError:
-                if (signalled or self.cancel_check()) and interrupt is not None:
-                    future.cancel()
-                    interrupt()  # raises: the run was cancelled while the tool worked
-                continue
-            except concurrent.futures.CancelledError:
-                return _err("cancelled", f"{tool.name}() was cancelled")
-            except BaseException as exc:  # noqa: BLE001 - Ctrl-C/exit let through on a main loop
-                return _err("interrupted", f"{tool.name}() was interrupted: {type(exc).__name__}")
+        try:
+            done = scope.wait(future, timeout)
+        except BaseException:
+            future.cancel()  # the run was stopped while the tool worked
+            raise
+        if not done:
+            future.cancel()
+            return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
+        try:
+            return future.result(0)
+        except concurrent.futures.CancelledError:
+            return _err("cancelled", f"{tool.name}() was cancelled")
+        except BaseException as exc:  # noqa: BLE001 - Ctrl-C/exit let through on a main loop
+            return _err("interrupted", f"{tool.name}() was interrupted: {type(exc).__name__}")
 
     # -- started calls (the guest's async tools) ---------------------------------------------
 
@@ -697,64 +677,53 @@ class ToolHost:
 
     def wait(self, ctx: GuestContext, timeout_ns: int | None) -> list[dict[str, Any]]:
         """Finished calls in delivery order; waits (up to ``timeout_ns``) until there is one."""
-        interrupt = ctx.state.get("wasi.io.interrupt")
+        scope = ctx.scope
         now = time.monotonic()
         until = None if timeout_ns is None else now + min(timeout_ns / 1e9, _MAX_WAIT)
         with self._cond:
             launch = self._pump()
         self._launch(launch)
         if self._ready or not self._flights:
-            return self._deliver(until, interrupt)
-        pause = ctx.state.get("budget.pause")
+            return self._deliver(until, scope)
         started = time.monotonic()
-        signalled: list[int] = []
         try:
-            with SignalShield(signalled.append):
-                if pause is not None:
-                    with pause():
-                        self._await_any(until, interrupt, signalled)
-                else:
-                    self._await_any(until, interrupt, signalled)
+            # Waiting for tools is the host's time, not the guest's.
+            with scope.paused():
+                self._await_any(until, scope)
         finally:
             self.tool_time += time.monotonic() - started
-        return self._deliver(None, interrupt)
+        return self._deliver(None, scope)
 
-    def _await_any(
-        self,
-        until: float | None,
-        interrupt: Callable[[], None] | None,
-        signalled: list[int],
-    ) -> None:
+    def _await_any(self, until: float | None, scope: Scope) -> None:
         """Sleep until a call finishes, one times out, ``until`` passes or the run is stopped."""
-        while True:
+
+        def block(most: float) -> bool:
             now = time.monotonic()
             with self._cond:
                 launch = self._pump()
                 if not launch:
-                    if self._ready or not self._flights or (until is not None and now >= until):
-                        return
+                    if self._ready or not self._flights:
+                        return True
                     wake = min(
                         (f.deadline for f in self._flights.values() if f.started is not None),
-                        default=now + _WAIT_SLICE,
+                        default=now + most,
                     )
-                    if until is not None:
-                        wake = min(wake, until)
-                    self._cond.wait(max(0.0, min(wake - now, _WAIT_SLICE)))
+                    self._cond.wait(max(0.0, min(wake - now, most)))
             self._launch(launch)
-            if (signalled or self.cancel_check()) and interrupt is not None:
-                self.end()
-                interrupt()  # raises: the run was cancelled while its tools worked
             self._expire()
+            with self._cond:
+                return bool(self._ready) or not self._flights
 
-    def _deliver(
-        self, until: float | None, interrupt: Callable[[], None] | None
-    ) -> list[dict[str, Any]]:
+        try:
+            scope.wait(block, None if until is None else until - time.monotonic())
+        except BaseException:
+            self.end()  # the run was stopped while its tools worked
+            raise
+
+    def _deliver(self, until: float | None, scope: Scope) -> list[dict[str, Any]]:
         if until is not None and not self._ready and not self._flights:
             # Nothing in flight: a plain sleep of the guest's loop, under the run's deadline.
-            while (left := until - time.monotonic()) > 0:
-                time.sleep(min(left, _WAIT_SLICE))
-                if interrupt is not None:
-                    interrupt()
+            scope.wait(_sleep, until - time.monotonic())
         out: list[dict[str, Any]] = []
         size = 0
         with self._cond:
@@ -1152,9 +1121,19 @@ def _encode_result(name: str, value: Any) -> Ok | Err:
     return Ok(data)
 
 
+TOOL_HOST: Slot[ToolHost] = Slot("sandbox.tools")
+"""The slot of a sandbox instance's :class:`ToolHost` (filled by the sandbox once it exists)."""
+
+
+def _sleep(most: float) -> bool:
+    """``Scope.wait``'s block for a plain sleep: nothing becomes ready, only time passes."""
+    time.sleep(most)
+    return False
+
+
 class ToolsProvider:
     """``mighty:sandbox/tools`` for the gate. Stateless: each instance's :class:`ToolHost` is in
-    ``ctx.state["sandbox.tools"]``, so one provider (and one linker) serves every sandbox."""
+    :data:`TOOL_HOST` slot, so one provider (and one linker) serves every sandbox."""
 
     name = "sandbox.tools"
 
@@ -1169,19 +1148,19 @@ class ToolsProvider:
         yield Binding(INTERFACE, "cancel", _cancel)
 
     def setup(self, ctx: GuestContext) -> None:
-        ctx.state.setdefault("sandbox.tools", None)
+        return None  # the sandbox puts its ToolHost in the slot once the instance exists
 
 
 def _host(ctx: GuestContext) -> ToolHost:
-    host = ctx.state.get("sandbox.tools")
-    if not isinstance(host, ToolHost):
+    host = ctx.find(TOOL_HOST)
+    if host is None:
         raise StopRun("not_allowed", "this instance has no tools")
     return host
 
 
 def _list_tools(ctx: GuestContext) -> str:
-    host = ctx.state.get("sandbox.tools")
-    return host.spec_json if isinstance(host, ToolHost) else "[]"
+    host = ctx.find(TOOL_HOST)
+    return host.spec_json if host is not None else "[]"
 
 
 def _call(ctx: GuestContext, name: str, payload: bytes) -> Ok | Err:

@@ -105,7 +105,7 @@ from mighty.agents._types import (
     Refused,
 )
 from mighty.budget import Budget
-from mighty.gate import Binding, Gate, GuestContext, ResourceKind
+from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Seed, Slot
 from mighty.instance import Instance
 from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
 
@@ -116,6 +116,9 @@ __all__ = ["AgentProcess", "AgentStats", "RemoteRouter", "Runtime"]
 
 _BATCH = 16
 _INTERFACE = "mighty:agent/host"
+_PROCESS: Slot[AgentProcess] = Slot("agent.process")
+"""The agent an instance serves: ``mighty:agent/host`` answers as that agent (seeded by
+``AgentProcess._instantiate``, and by a hot swap for the new version's instance)."""
 _EVENTS_KEPT = 10_000
 HOST = "host"
 
@@ -265,6 +268,10 @@ class AgentProcess:
         self.mailbox.resume()
         self._wake()
 
+    def seed(self) -> Seed:
+        """The slot that makes an instance serve ``mighty:agent/host`` as this agent."""
+        return _PROCESS.of(self)
+
     def _instantiate(self) -> Instance:
         """A new instance of the agent's component, its output streamed (not yet init)."""
         # Instantiation and init run under the default budget; the type's budget is for each
@@ -275,12 +282,9 @@ class AgentProcess:
             policy=self.type.policy,
             gate=self.runtime.gate,
             record=self.runtime.recorder,
-            state={
-                "agent.process": self,
-                "agent.address": self.address,
-                "agent.name": self.name,
-                LOG_SINK: self._wasi_log,
-            },
+            slots=(self.seed(), LOG_SINK.of(self._wasi_log)),
+            agent=self.address,
+            agent_name=self.name,
         )
         self._attach_output(instance)
         return instance
@@ -1404,8 +1408,8 @@ class Runtime:
 
 
 def _process(ctx: GuestContext) -> AgentProcess:
-    process = ctx.state.get("agent.process")
-    if not isinstance(process, AgentProcess):
+    process = ctx.find(_PROCESS)
+    if process is None:
         raise HostError("mighty:agent/host called by an instance that is not an agent")
     return process
 
@@ -1449,24 +1453,18 @@ class AgentHostProvider:
             process = _process(ctx)
             current = process.current
             chain = (*(current.asker_chain if current is not None else ()), process.address)
-            interrupt = ctx.state.get("wasi.io.interrupt")
+            scope = ctx.scope
 
             def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
                 if future.done():  # answered in place (AgentProcess.run_here)
                     return future.result()
-                # Wait in slices so the asking agent's own deadline and cancellation apply.
-                deadline = time.monotonic() + timeout
+                # Through the call's scope, so the asking agent's own deadline and cancellation
+                # apply while it waits.
                 scheduler = runtime.scheduler
                 with scheduler.blocking() if scheduler.on_worker() else contextlib.nullcontext():
-                    while True:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise FutureTimeout
-                        try:
-                            return future.result(min(left, 0.05))
-                        except FutureTimeout:
-                            if callable(interrupt):
-                                interrupt()
+                    if not scope.wait(future, timeout):
+                        raise FutureTimeout
+                return future.result(0)
 
             try:
                 reply = runtime.ask_raw(

@@ -5,20 +5,24 @@ from mighty.budget._budget import (
     DEFAULT_MEMORY,
     DEFAULT_TIMEOUT,
     Budget,
-    CancelScope,
     Meter,
     Usage,
     split_wasmtime_error,
     trap_code_of,
 )
+from mighty.budget._scope import WAIT_SLICE, CallScope, CancelledBy, CancelScope, StopReason
 
 __all__ = [
     "DEFAULT_FUEL",
     "DEFAULT_MEMORY",
     "DEFAULT_TIMEOUT",
+    "WAIT_SLICE",
     "Budget",
+    "CallScope",
     "CancelScope",
+    "CancelledBy",
     "Meter",
+    "StopReason",
     "Usage",
     "split_wasmtime_error",
     "trap_code_of",

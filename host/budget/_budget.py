@@ -12,9 +12,10 @@ Mechanisms, one per budget:
   either extends the deadline by one tick or stops the guest. Cancellation from another thread is
   therefore noticed within about one tick, whatever the guest is doing.
 
-The cancel scope follows trio: ``cancel(reason)`` may be called any time, from any thread;
-``cancel_called`` says it was requested, ``cancelled_caught`` that it actually interrupted a
-call. Rejected: ``Engine.increment_epoch`` from the cancelling thread with a deadline of one tick
+Each call runs in a :class:`~mighty.budget.CallScope` (``_scope``): its deadline, its cancel
+scope, the signal that interrupted it and the pause for host time, checked by the epoch callback
+while guest code runs and by host functions (``ctx.scope``) while the guest waits in the host.
+Rejected: ``Engine.increment_epoch`` from the cancelling thread with a deadline of one tick
 (that interrupts every store of the engine, not just the cancelled one).
 """
 
@@ -27,8 +28,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -36,8 +36,6 @@ import wasmtime
 from wasmtime import _ffi as ffi
 
 from mighty._errors import (
-    Cancelled,
-    DeadlineExceeded,
     GuestError,
     GuestExit,
     GuestTrap,
@@ -45,15 +43,15 @@ from mighty._errors import (
     OutOfFuel,
     OutOfMemory,
 )
+from mighty.budget._scope import CallScope, CancelScope
 from mighty.engine import MemoryAccount, SignalShield, get_engine, immortal
-from mighty.gate import GuestContext, GuestViolation, HostFunctionFailed
+from mighty.gate import UNSCOPED, GuestContext, GuestViolation, HostFunctionFailed
 
 __all__ = [
     "DEFAULT_FUEL",
     "DEFAULT_MEMORY",
     "DEFAULT_TIMEOUT",
     "Budget",
-    "CancelScope",
     "Meter",
     "Usage",
     "split_wasmtime_error",
@@ -118,48 +116,6 @@ class Usage:
         }
 
 
-class CancelScope:
-    """A handle to stop a call from any thread: ``scope.cancel("reason")``."""
-
-    __slots__ = ("_event", "_reason", "cancelled_caught")
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._reason: str | None = None
-        self.cancelled_caught = False
-        """True once a cancel actually interrupted a call (not merely requested)."""
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Request cancellation; the first reason given is kept. Safe from any thread."""
-        if self._reason is None:
-            self._reason = reason
-        self._event.set()
-
-    @property
-    def cancel_called(self) -> bool:
-        return self._event.is_set()
-
-    @property
-    def reason(self) -> str | None:
-        return self._reason
-
-
-@dataclass(eq=False, slots=True)
-class _CallState:
-    deadline: float
-    cancel: CancelScope | None
-    account: MemoryAccount
-    # "deadline" | "cancel" | "interrupt" | "memory" | "failure", set by the epoch callback
-    stopped: str | None = None
-    interrupted: int | None = None  # the signal whose handler raised during the call
-    failure: BaseException | None = None  # a bug in the epoch callback itself
-
-    def interrupt(self, signum: int) -> None:
-        """A signal's handler raised: stop the call at the next epoch tick (or host wait)."""
-        if self.interrupted is None:
-            self.interrupted = signum
-
-
 _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
     ctypes.c_size_t,
     ctypes.POINTER(ffi.wasmtime_context_t),
@@ -168,48 +124,15 @@ _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
     ctypes.POINTER(ctypes.c_uint8),
 )
 _UPDATE_DEADLINE_CONTINUE = 0
-_ACTIVE: dict[int, _CallState] = {}
+_ACTIVE: dict[int, CallScope] = {}
 _NEXT_KEY = itertools.count(1)
 _now = time.monotonic
-
-
-class _Interrupted(Exception):
-    pass
-
 
 _STOP_MESSAGES = {
     "interrupt": "mighty: call interrupted by a signal",
     "cancel": "mighty: call cancelled",
     "deadline": "mighty: deadline exceeded",
 }
-
-
-def _stop_reason(state: _CallState) -> str | None:
-    """Why the call must stop now (a signal, its cancel scope, its deadline), or None."""
-    if state.interrupted is not None:
-        return "interrupt"
-    if state.cancel is not None and state.cancel.cancel_called:
-        return "cancel"
-    if _now() >= state.deadline:
-        return "deadline"
-    return None
-
-
-def _interrupt_check(state: _CallState) -> None:
-    reason = _stop_reason(state)
-    if reason is not None:
-        state.stopped = reason
-        raise _Interrupted(reason)
-
-
-@contextmanager
-def _paused(state: _CallState) -> Iterator[None]:
-    """Move the call's deadline later by however long the body takes (not charged to it)."""
-    started = _now()
-    try:
-        yield
-    finally:
-        state.deadline += _now() - started
 
 
 def _stop(message: str) -> int:
@@ -222,11 +145,12 @@ def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
     try:
         state = _ACTIVE.get(key or 0)
         if state is not None:
-            if state.account.denied is not None:
+            account = state.account
+            if account is not None and account.denied is not None:
                 # The guest saw its grow fail (-1) and carried on; the ceiling is a hard limit.
                 state.stopped = "memory"
                 return _stop("mighty: memory limit exceeded")
-            reason = _stop_reason(state)
+            reason = state.stop_reason()
             if reason is not None:
                 state.stopped = reason
                 return _stop(_STOP_MESSAGES[reason])
@@ -282,7 +206,7 @@ class Meter:
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("a mighty instance is being used by two threads at once")
         self.entered = False
-        state = _CallState(deadline=_now() + budget.timeout, cancel=cancel, account=self.account)
+        state = CallScope(budget.timeout, cancel, self.account)
         try:
             # A signal's handler marks this call interrupted: it stops at the next epoch tick.
             return SignalShield(state.interrupt).run(self._run, work, state, budget, describe, ctx)
@@ -292,18 +216,14 @@ class Meter:
     def _run(
         self,
         work: Callable[[], _T],
-        state: _CallState,
+        state: CallScope,
         budget: Budget,
         describe: Callable[[], str] | None,
         ctx: GuestContext | None,
     ) -> tuple[_T, Usage]:
         cancel = state.cancel
         if cancel is not None and cancel.cancel_called:
-            cancel.cancelled_caught = True
-            err = Cancelled(
-                f"call cancelled before it started: {cancel.reason}",
-                reason=cancel.reason or "",
-            )
+            err = state.error("cancel", before_start=True)
             err.usage = Usage(0, self.account.current, 0.0)
             raise err
         store = self.store
@@ -313,12 +233,9 @@ class Meter:
         if ctx is not None:
             ctx.failure = None
             ctx.exit_code = None
-            # A host function that waits (poll, sleep) calls this between slices: the epoch
-            # callback cannot run while the guest is blocked in the host.
-            ctx.state["wasi.io.interrupt"] = lambda: _interrupt_check(state)
-            # A host function that does slow work on the guest's behalf (a sandbox tool)
-            # runs it inside this: the time it takes is added back to the deadline.
-            ctx.state["budget.pause"] = lambda: _paused(state)
+            # Host functions wait, check and pause through it (the epoch callback cannot run
+            # while the guest is blocked in the host).
+            ctx.scope = state
         _ACTIVE[self._key] = state
         started = _now()
         self.entered = True
@@ -332,6 +249,8 @@ class Meter:
             raise failure from (failure.__cause__ or exc)
         finally:
             _ACTIVE.pop(self._key, None)
+            if ctx is not None:
+                ctx.scope = UNSCOPED
         usage = self._usage(budget, started)
         if self.account.denied is not None:
             # Returned before the next epoch check noticed: same outcome, the result of a
@@ -344,7 +263,7 @@ class Meter:
     def _failure(
         self,
         exc: wasmtime.WasmtimeError,
-        state: _CallState,
+        state: CallScope,
         budget: Budget,
         usage: Usage,
         describe: Callable[[], str] | None,
@@ -354,8 +273,9 @@ class Meter:
         failure = ctx.failure if ctx is not None else None
         if ctx is not None:
             ctx.failure = None
-        if isinstance(failure, _Interrupted):
-            failure = None  # state.stopped says which budget ran out
+        raised = state.raised
+        if raised is not None and failure is raised:
+            return raised  # the scope's own stop, raised in a host function that waited
         if isinstance(failure, KeyboardInterrupt) and state.stopped is None:
             # Raised inside a host function by a handler no shield covered (not the main
             # thread's own): the same outcome as a shielded Ctrl-C.
@@ -400,25 +320,15 @@ class Meter:
     def _translate(
         self,
         exc: wasmtime.WasmtimeError,
-        state: _CallState,
+        state: CallScope,
         budget: Budget,
         usage: Usage,
         describe: Callable[[], str] | None,
     ) -> GuestError:
         if isinstance(exc, wasmtime.ExitTrap):
             return GuestExit(f"guest exited with status {exc.code}", code=exc.code)
-        if state.stopped == "cancel" and state.cancel is not None:
-            state.cancel.cancelled_caught = True
-            reason = state.cancel.reason or ""
-            return Cancelled(f"call cancelled: {reason}", reason=reason)
-        if state.stopped == "interrupt":
-            signum = state.interrupted
-            name = _signal_name(signum)
-            return Cancelled(f"call interrupted by {name}", reason="interrupted", signal=signum)
-        if state.stopped == "deadline":
-            return DeadlineExceeded(
-                f"call exceeded its {budget.timeout:g} s deadline", timeout=budget.timeout
-            )
+        if state.stopped in ("cancel", "interrupt", "deadline"):
+            return state.error(state.stopped)
         if self.account.denied is not None:
             return self._out_of_memory()
         message, backtrace = split_wasmtime_error(str(exc))
@@ -432,13 +342,6 @@ class Meter:
         if extra:
             text = f"{text}\n{extra}"
         return GuestTrap(text, trap_code=trap_code_of(message), wasm_backtrace=backtrace)
-
-
-def _signal_name(signum: int | None) -> str:
-    try:
-        return signal.Signals(signum or 0).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 _TRAP_CODES = (

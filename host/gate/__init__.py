@@ -15,8 +15,10 @@ from mighty.gate._gate import (
     request_exit,
     unversioned,
 )
+from mighty.gate._scope import UNSCOPED, MissingSlot, Scope, Seed, Slot, Waitable
 
 __all__ = [
+    "UNSCOPED",
     "Binding",
     "CallHook",
     "Gate",
@@ -25,9 +27,14 @@ __all__ = [
     "GuestViolation",
     "Handle",
     "HostFunctionFailed",
+    "MissingSlot",
     "Provider",
     "ResourceKind",
+    "Scope",
+    "Seed",
+    "Slot",
     "StaleHandle",
+    "Waitable",
     "request_exit",
     "unversioned",
 ]

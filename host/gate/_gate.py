@@ -26,9 +26,9 @@ import itertools
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -55,6 +55,7 @@ from mighty.abi import Ok as OkValue
 from mighty.abi import Some as SomeValue
 from mighty.abi import Variant as VariantValue
 from mighty.engine import immortal
+from mighty.gate._scope import UNSCOPED, MissingSlot, Scope, Seed, Slot
 
 __all__ = [
     "Binding",
@@ -146,7 +147,7 @@ class Provider(Protocol):
     def bindings(self) -> Iterable[Binding]: ...
 
     def setup(self, ctx: GuestContext) -> None:
-        """Prepare this provider's per-instance state in ``ctx`` (called once per instance)."""
+        """Fill this provider's slots of ``ctx`` (called once per instance)."""
 
     # A provider may also define ``teardown(ctx)``: called once when the instance closes, to
     # release what its state holds (file descriptors, sockets).
@@ -168,14 +169,19 @@ class CallHook(Protocol):
     ) -> Any: ...
 
 
+_T = TypeVar("_T")
+
+
 class GuestContext:
-    """Per-instance host state: resource tables, provider state, hooks, the pending failure."""
+    """Per-instance host state: resource tables, provider slots, hooks, the call's scope."""
 
     def __init__(self, store: wasmtime.Store, hooks: Sequence[CallHook] = ()) -> None:
         self.store = store
         self.hooks = tuple(hooks)
-        self.state: dict[str, Any] = {}
-        """Provider state by provider name (``ctx.state["wasi"]``)."""
+        self.scope: Scope = UNSCOPED
+        """The guest call being served (the budget layer's ``CallScope``); UNSCOPED between."""
+        self._slots: dict[Slot[Any], Any] = {}
+        self._store_key: int | None = None
         self.failure: BaseException | None = None
         """An exception raised by a host function during the current call, if any."""
         self.exit_code: int | None = None
@@ -189,6 +195,30 @@ class GuestContext:
         self._tables: dict[int, dict[int, Any]] = {}
         self._known_kinds: dict[int, ResourceKind] = {}
         self._next_rep = itertools.count(1)
+
+    # -- slots: typed per-instance state of the providers -------------------------------------
+
+    def slot(self, key: Slot[_T]) -> _T:
+        """The value in slot ``key``; :class:`MissingSlot` if nothing was put there."""
+        try:
+            value: _T = self._slots[key]
+        except KeyError:
+            raise MissingSlot(f"this instance has nothing in {key!r}") from None
+        return value
+
+    def find(self, key: Slot[_T]) -> _T | None:
+        """The value in slot ``key``, or None."""
+        value: _T | None = self._slots.get(key)
+        return value
+
+    def put(self, key: Slot[_T], value: _T) -> None:
+        """Fill slot ``key`` with ``value`` (replacing what was there)."""
+        self._slots[key] = value
+
+    def take(self, key: Slot[_T]) -> _T | None:
+        """Empty slot ``key``; what it held, or None."""
+        value: _T | None = self._slots.pop(key, None)
+        return value
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -780,16 +810,17 @@ class Gate:
         self,
         store: wasmtime.Store,
         hooks: Sequence[CallHook] = (),
-        state: Mapping[str, Any] | None = None,
+        seed: Iterable[Seed] = (),
     ) -> GuestContext:
         """A new per-instance context attached to ``store``, with every provider set up.
 
-        ``state`` seeds ``ctx.state`` before the providers' ``setup`` reads it (for example
-        ``{"wasi.policy": policy}``).
+        ``seed`` fills slots before the providers' ``setup`` reads them (for example
+        ``[WASI_POLICY.of(policy)]``).
         """
         ctx = GuestContext(store, hooks)
-        ctx.state.update(state or {})
-        ctx.state["_store_key"] = _attach(ctx)
+        for filled in seed:
+            ctx._slots[filled.slot] = filled.value
+        ctx._store_key = _attach(ctx)
         for provider in self.providers:
             provider.setup(ctx)
         return ctx
@@ -800,8 +831,8 @@ class Gate:
             teardown = getattr(provider, "teardown", None)
             if callable(teardown):
                 teardown(ctx)
-        key = ctx.state.get("_store_key")
-        if isinstance(key, int):
+        key, ctx._store_key = ctx._store_key, None
+        if key is not None:
             _detach(key)
 
 

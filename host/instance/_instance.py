@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,9 +33,9 @@ from mighty.engine import (
     restore_memory,
     shielded,
 )
-from mighty.gate import CallHook, Gate, GuestContext
+from mighty.gate import CallHook, Gate, GuestContext, Seed
 from mighty.trace import InstanceRecording, Recorder
-from mighty.wasi import CaptureOutput, Policy, WasiProvider, outputs
+from mighty.wasi import WASI_POLICY, CaptureOutput, Policy, WasiProvider, outputs
 
 __all__ = ["Instance", "call_once", "default_gate"]
 
@@ -78,7 +78,9 @@ class Instance:
         gate: Gate | None = None,
         hooks: Sequence[CallHook] = (),
         record: Recorder | None = None,
-        state: Mapping[str, Any] | None = None,
+        slots: Iterable[Seed] = (),
+        agent: str | None = None,
+        agent_name: str | None = None,
         prefault: bool = False,
         memory: MemoryState | None = None,
     ) -> None:
@@ -87,7 +89,9 @@ class Instance:
         Every import is served by ``gate`` (default: mighty's Python WASI) under ``policy``
         (default: nothing granted). ``hooks`` wrap every import call (telemetry, replay).
         With ``record``, every import and export call of this instance goes into that trace.
-        ``state`` seeds the gate context's provider state (e.g. which agent this instance is).
+        ``slots`` fill the gate context's typed slots before the providers set up (for example
+        ``[LOG_SINK.of(sink)]``). ``agent`` and ``agent_name`` say which agent the instance is,
+        for its trace records.
         With ``prefault``, the pages earlier instances were seen to write
         (:meth:`learn_hot_pages`) are copied from the memory image at once, so the first call
         does not take a copy-on-write fault for each: for instances that are about to work
@@ -106,20 +110,14 @@ class Instance:
         linker = self._gate.linker_for(get_engine(), component.imports, component.origin)
         self._recording: InstanceRecording | None = None
         if record is not None:
-            seeded = state or {}
-            agent, name = seeded.get("agent.address"), seeded.get("agent.name")
             self._recording = record.attach(
-                component,
-                asdict(self.budget),
-                self.policy,
-                agent=agent if isinstance(agent, str) else None,
-                name=name if isinstance(name, str) else None,
+                component, asdict(self.budget), self.policy, agent=agent, name=agent_name
             )
             self._recording.fuel_limit = self.budget.fuel
             hooks = (self._recording, *hooks)
         self._meter = Meter(self.budget)
         self._ctx = self._gate.context(
-            self._meter.store, hooks, state={**(state or {}), "wasi.policy": self.policy}
+            self._meter.store, hooks, seed=(*slots, WASI_POLICY.of(self.policy))
         )
         self._closed = False
 
@@ -147,10 +145,8 @@ class Instance:
         return self._outputs()[1]
 
     def _outputs(self) -> tuple[CaptureOutput, CaptureOutput]:
-        if "wasi.cli" in self._ctx.state:
-            return outputs(self._ctx)
-        # A gate without WASI: the guest has no stdout or stderr at all.
-        return CaptureOutput(0), CaptureOutput(0)
+        # A gate without WASI: two empty captures (the guest has no stdout or stderr at all).
+        return outputs(self._ctx)
 
     @property
     def memory(self) -> tuple[int, int]:
@@ -161,7 +157,7 @@ class Instance:
 
     @property
     def context(self) -> GuestContext:
-        """The gate's per-instance state (resource tables, provider state, counters)."""
+        """The gate's per-instance context (resource tables, provider slots, counters)."""
         return self._ctx
 
     # -- calling -----------------------------------------------------------------------------

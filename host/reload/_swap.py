@@ -170,7 +170,7 @@ def reload_agent_type(
 
 def _check(runtime: Runtime, type_name: str, old_type: Any, component: Component) -> Compatibility:
     """The schemas of the running and the new version, compared before anything is paused."""
-    probe = Instance(component, gate=runtime.gate, budget=Budget(), state={})
+    probe = Instance(component, gate=runtime.gate, budget=Budget())
     try:
         new_schema = _schema_of(probe)
     except MightyError as exc:
@@ -225,7 +225,7 @@ def _stage(
         policy=old_type.policy,
         gate=runtime.gate,
         record=runtime.recorder,
-        state={"agent.process": process},
+        slots=[process.seed()],
     )
     try:
         outcome = fresh.call("restore", snapshot)
@@ -240,7 +240,7 @@ def _stage(
 
 def _running_schema(runtime: Runtime, old_type: Any) -> StateSchema:
     # Ask the old component itself (a throwaway instance): a live agent may be busy.
-    probe = Instance(old_type.component, gate=runtime.gate, budget=Budget(), state={})
+    probe = Instance(old_type.component, gate=runtime.gate, budget=Budget())
     try:
         return _schema_of(probe)
     finally:

@@ -4,11 +4,12 @@ from mighty.wasi._cli import outputs
 from mighty.wasi._logging import LOG_SINK, LogSink
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import DEFAULT_OUTPUT_CAP, DirGrant, MemoryDir, OutputPolicy, Policy
-from mighty.wasi._provider import WasiProvider
+from mighty.wasi._provider import WASI_POLICY, WasiProvider
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
     "LOG_SINK",
+    "WASI_POLICY",
     "CaptureOutput",
     "DirGrant",
     "LogSink",

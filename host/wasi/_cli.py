@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mighty.abi import Ok
-from mighty.gate import Binding, GuestContext, ResourceKind, request_exit
+from mighty.gate import Binding, GuestContext, ResourceKind, Slot, request_exit
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import Policy
 from mighty.wasi._streams import INPUT_STREAM, OUTPUT_STREAM, InputStream, StreamClosed
@@ -32,7 +32,7 @@ __all__ = [
 
 TERMINAL_INPUT = ResourceKind("wasi:cli/terminal-input", "terminal-input")
 TERMINAL_OUTPUT = ResourceKind("wasi:cli/terminal-output", "terminal-output")
-_STATE = "wasi.cli"
+_STATE: Slot[_CliState] = Slot("wasi.cli")
 
 
 class BytesInput(InputStream):
@@ -63,8 +63,7 @@ class _CliState:
 
 
 def _state(ctx: GuestContext) -> _CliState:
-    state: _CliState = ctx.state[_STATE]
-    return state
+    return ctx.slot(_STATE)
 
 
 def resources() -> list[ResourceKind]:
@@ -74,17 +73,22 @@ def resources() -> list[ResourceKind]:
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
     """Fresh stdin and stdout/stderr captures for one instance."""
-    ctx.state[_STATE] = _CliState(
-        policy=policy,
-        stdin=BytesInput(policy.stdin),
-        stdout=CaptureOutput.from_policy(policy.stdout),
-        stderr=CaptureOutput.from_policy(policy.stderr),
+    ctx.put(
+        _STATE,
+        _CliState(
+            policy=policy,
+            stdin=BytesInput(policy.stdin),
+            stdout=CaptureOutput.from_policy(policy.stdout),
+            stderr=CaptureOutput.from_policy(policy.stderr),
+        ),
     )
 
 
 def outputs(ctx: GuestContext) -> tuple[CaptureOutput, CaptureOutput]:
-    """The instance's (stdout, stderr) captures."""
-    state = _state(ctx)
+    """The instance's (stdout, stderr) captures; two empty ones if it is served without WASI."""
+    state = ctx.find(_STATE)
+    if state is None:
+        return CaptureOutput(0), CaptureOutput(0)
     return state.stdout, state.stderr
 
 

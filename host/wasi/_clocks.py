@@ -24,7 +24,7 @@ from typing import Any
 
 import wasmtime
 
-from mighty.gate import Binding, GuestContext, ResourceKind
+from mighty.gate import Binding, GuestContext, ResourceKind, Slot
 from mighty.wasi._io import VirtualPollable
 from mighty.wasi._policy import Policy
 from mighty.wasi._streams import POLLABLE, Pollable
@@ -47,7 +47,7 @@ NS_PER_FUEL = 1
 VIRTUAL_RESOLUTION_NS = 1_000
 """The resolution reported by the fixed and virtual clocks."""
 _U64_MAX = (1 << 64) - 1
-_STATE = "wasi.clocks"
+_STATE: Slot[_ClockState] = Slot("wasi.clocks")
 
 
 class VirtualClock:
@@ -127,8 +127,7 @@ class _ClockState:
 
 
 def _state(ctx: GuestContext) -> _ClockState:
-    state: _ClockState = ctx.state[_STATE]
-    return state
+    return ctx.slot(_STATE)
 
 
 def resources() -> list[ResourceKind]:
@@ -142,10 +141,10 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
 
 
 def _clock_state(ctx: GuestContext, policy: Policy) -> _ClockState:
-    state = ctx.state.get(_STATE)
-    if not isinstance(state, _ClockState):
+    state = ctx.find(_STATE)
+    if state is None:
         state = _ClockState(policy, VirtualClock())
-        ctx.state[_STATE] = state
+        ctx.put(_STATE, state)
     return state
 
 

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 from mighty._errors import HostError
 from mighty.abi import Err, Ok, Variant
-from mighty.gate import Binding, GuestContext, GuestViolation, Handle, ResourceKind
+from mighty.gate import Binding, GuestContext, GuestViolation, Handle, ResourceKind, Slot
 from mighty.wasi._clocks import file_clock
 from mighty.wasi._memfs import ENTRY_COST, MemFs, MemNode
 from mighty.wasi._paths import FsError, errno_code, resolve, resolve_depth, stays_beneath
@@ -80,7 +80,7 @@ __all__ = [
 
 TYPES = "wasi:filesystem/types"
 PREOPENS = "wasi:filesystem/preopens"
-STATE_KEY = "wasi.fs"
+_STATE: Slot[FsState] = Slot("wasi.fs")
 ERROR_PREFIX = "wasi:filesystem error-code "
 
 ERROR_CODES = frozenset(
@@ -236,7 +236,7 @@ def _close_everything(objects: set[_Closeable], fds: list[int]) -> None:
 
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
-    """Open the policy's preopens for one instance (``ctx.state["wasi.fs"]``)."""
+    """Open the policy's preopens for one instance (its ``wasi.fs`` slot)."""
     clock = file_clock(ctx, policy)
     if policy.seed is None:
         secret = os.urandom(32)
@@ -272,20 +272,18 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
     # Backstop for an instance dropped without close_all: close what the guest left open. Tied
     # to the context, not the state, which the open objects refer to.
     weakref.finalize(ctx, _close_everything, state.open, fds)
-    ctx.state[STATE_KEY] = state
+    ctx.put(_STATE, state)
 
 
 def close_all(ctx: GuestContext) -> None:
     """Close every fd the instance's filesystem still holds (call when the instance ends)."""
-    state = ctx.state.pop(STATE_KEY, None)
-    if isinstance(state, FsState):
+    state = ctx.take(_STATE)
+    if state is not None:
         _close_everything(state.open, state.root_fds)
 
 
 def _state(ctx: GuestContext) -> FsState:
-    state = ctx.state[STATE_KEY]
-    assert isinstance(state, FsState)
-    return state
+    return ctx.slot(_STATE)
 
 
 # -- values ---------------------------------------------------------------------------------

@@ -7,10 +7,9 @@ Waiting (``poll``, ``pollable.block`` and the ``blocking-*`` methods) never hang
 
 - pollables on a host-controlled clock (:class:`VirtualPollable`, the fixed and virtual clocks)
   are made ready by moving that clock, instantly, instead of sleeping;
-- otherwise the host sleeps in slices of at most ``_SLICE`` seconds until the earliest
-  ``wait_seconds()``, calling the optional interrupt hook ``ctx.state[INTERRUPT_KEY]`` between
-  slices (the budget can stop a sleeping guest through it), and gives up with
-  :class:`PollRefused` after ``MAX_BLOCK_SECONDS`` in one call;
+- otherwise the host sleeps until the earliest ``wait_seconds()`` through the call's scope
+  (``ctx.scope.wait``: in slices, so a deadline, a cancel or a Ctrl-C stops a sleeping guest),
+  and gives up with :class:`PollRefused` after ``MAX_BLOCK_SECONDS`` in one call;
 - a wait on pollables that are not ready and give no wake-up time could only end by something
   outside the guest, which does not exist in this host: it raises :class:`PollRefused` at once
   (the guest traps with that message) rather than sleep until the deadline.
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mighty.abi import Err, Ok, Variant
-from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind
+from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Slot
 from mighty.wasi._policy import Policy
 from mighty.wasi._streams import (
     INPUT_STREAM,
@@ -51,7 +50,6 @@ from mighty.wasi._streams import (
 )
 
 __all__ = [
-    "INTERRUPT_KEY",
     "MAX_BLOCK_SECONDS",
     "PollRefused",
     "ReadyPollable",
@@ -65,12 +63,7 @@ __all__ = [
 
 MAX_BLOCK_SECONDS = 60.0
 """The longest one blocking call may sleep in real time before the guest is stopped."""
-_SLICE = 0.05
-INTERRUPT_KEY = "wasi.io.interrupt"
-"""``ctx.state[INTERRUPT_KEY]``: an optional ``() -> None`` called between sleep slices; it
-raises to stop a guest that is blocked in the host (deadline, cancellation)."""
 _ZEROES = bytes(1 << 16)
-_STATE = "wasi.io"
 
 
 class PollRefused(GuestViolation):
@@ -112,9 +105,11 @@ class _IoState:
     policy: Policy
 
 
+_STATE: Slot[_IoState] = Slot("wasi.io")
+
+
 def _policy(ctx: GuestContext) -> Policy:
-    state: _IoState = ctx.state[_STATE]
-    return state.policy
+    return ctx.slot(_STATE).policy
 
 
 def resources() -> list[ResourceKind]:
@@ -124,7 +119,7 @@ def resources() -> list[ResourceKind]:
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
     """Remember the policy (for ``max_read``)."""
-    ctx.state[_STATE] = _IoState(policy)
+    ctx.put(_STATE, _IoState(policy))
 
 
 # -- waiting --------------------------------------------------------------------------------
@@ -150,26 +145,22 @@ def wait_any(ctx: GuestContext, pollables: Sequence[Pollable]) -> list[int]:
         if not ready:
             raise PollRefused("a virtual-clock pollable was fired but did not become ready")
         return ready
-    give_up = time.monotonic() + MAX_BLOCK_SECONDS
-    interrupt: Callable[[], None] | None = ctx.state.get(INTERRUPT_KEY)
-    while True:
+
+    def sleep(most: float) -> bool:
+        nonlocal ready
         waits = [w for p in pollables if (w := p.wait_seconds()) is not None]
         if not waits:
             raise PollRefused(
                 f"the guest waits on {len(pollables)} pollable(s) that are not ready and "
                 "that nothing in this host will ever make ready"
             )
-        now = time.monotonic()
-        if now >= give_up:
-            raise PollRefused(
-                f"the guest blocked for more than {MAX_BLOCK_SECONDS:g} s in one wait"
-            )
-        time.sleep(max(0.0, min(*waits, _SLICE, give_up - now)))
-        if interrupt is not None:
-            interrupt()
+        time.sleep(max(0.0, min(*waits, most)))
         ready = _ready(pollables)
-        if ready:
-            return ready
+        return bool(ready)
+
+    if not ctx.scope.wait(sleep, MAX_BLOCK_SECONDS):
+        raise PollRefused(f"the guest blocked for more than {MAX_BLOCK_SECONDS:g} s in one wait")
+    return ready
 
 
 # -- wasi:io/error and wasi:io/poll ---------------------------------------------------------

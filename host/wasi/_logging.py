@@ -1,7 +1,7 @@
 """``wasi:logging/logging``: ``log(level, context, message)``, through the gate like every import
 (so recorded and replayed like every import).
 
-Where a line goes: to the sink the embedder put in the instance's state under
+Where a line goes: to the sink the embedder put in the instance's slot
 :data:`LOG_SINK` (the agent runtime routes it to the agent's log: ``mty run``'s stderr, the
 agent's output tail, and OpenTelemetry log records when telemetry is on); without one, to the
 Python logger ``mighty.guest`` as one structured line, ``[level] context: message`` (warn and
@@ -18,13 +18,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from mighty.gate import Binding, GuestContext, ResourceKind
+from mighty.gate import Binding, GuestContext, ResourceKind, Slot
 from mighty.wasi._policy import Policy
 
 __all__ = ["LEVELS", "LOG_SINK", "MAX_CONTEXT", "MAX_MESSAGE", "LogSink", "bindings"]
 
-LOG_SINK = "wasi.logging.sink"
-"""The instance-state key of a ``LogSink``."""
 LEVELS = ("trace", "debug", "info", "warn", "error", "critical")
 MAX_CONTEXT = 256
 MAX_MESSAGE = 8192
@@ -41,6 +39,8 @@ _PY_LEVEL = {
 
 LogSink = Callable[[str, str, str], None]
 """``sink(level, context, message)``: one wasi:logging line (already bounded)."""
+LOG_SINK: Slot[LogSink] = Slot("wasi.logging.sink")
+"""The slot of an instance's ``LogSink`` (seed it: ``Instance(slots=[LOG_SINK.of(sink)])``)."""
 
 
 def resources() -> list[ResourceKind]:
@@ -49,14 +49,14 @@ def resources() -> list[ResourceKind]:
 
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
-    """Nothing per instance: the sink, if any, was seeded into the state."""
+    """Nothing per instance: the sink, if any, was seeded into its slot."""
 
 
 def _log(ctx: GuestContext, level: str, context: str, message: str) -> None:
     level = level if level in LEVELS else "info"
     context, message = context[:MAX_CONTEXT], message[:MAX_MESSAGE]
-    sink = ctx.state.get(LOG_SINK)
-    if callable(sink):
+    sink = ctx.find(LOG_SINK)
+    if sink is not None:
         sink(level, context, message)
         return
     if context:

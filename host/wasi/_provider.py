@@ -5,17 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import ModuleType
 
-from mighty.gate import Binding, GuestContext, ResourceKind
+from mighty._errors import HostError
+from mighty.gate import Binding, GuestContext, ResourceKind, Slot
 from mighty.wasi import _cli, _clocks, _filesystem, _io, _logging, _random, _sockets
 from mighty.wasi._policy import Policy
 
-__all__ = ["WasiProvider"]
+__all__ = ["WASI_POLICY", "WasiProvider"]
+
+WASI_POLICY: Slot[Policy] = Slot("wasi.policy")
+"""The slot of an instance's WASI :class:`Policy` (seeded by ``Instance``; default: none)."""
 
 _MODULES: tuple[ModuleType, ...] = (_io, _cli, _clocks, _random, _filesystem, _sockets, _logging)
 
 
 class WasiProvider:
-    """WASI in Python. Each instance's :class:`Policy` comes from ``ctx.state["wasi.policy"]``
+    """WASI in Python. Each instance's :class:`Policy` comes from its :data:`WASI_POLICY` slot
     (the default grants nothing), so one provider, and one linker per component, serves every
     instance whatever its policy."""
 
@@ -30,9 +34,12 @@ class WasiProvider:
             yield from module.bindings()
 
     def setup(self, ctx: GuestContext) -> None:
-        policy = ctx.state.setdefault("wasi.policy", Policy())
-        if not isinstance(policy, Policy):
-            raise TypeError(f"wasi.policy must be a Policy, got {type(policy).__name__}")
+        policy = ctx.find(WASI_POLICY)
+        if policy is None:
+            policy = Policy()
+            ctx.put(WASI_POLICY, policy)
+        elif not isinstance(policy, Policy):  # a seed is typed only where Slot.of was checked
+            raise HostError(f"wasi.policy must be a Policy, got {type(policy).__name__}")
         for module in _MODULES:
             module.setup(ctx, policy)
 

@@ -19,12 +19,12 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 
-from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind
+from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Slot
 from mighty.wasi._policy import Policy
 
 __all__ = ["RandomTooLong", "bindings", "resources", "setup"]
 
-_STATE = "wasi.random"
+_STATE: Slot[_RandomState] = Slot("wasi.random")
 
 
 class RandomTooLong(GuestViolation):
@@ -68,8 +68,7 @@ class _RandomState:
 
 
 def _state(ctx: GuestContext) -> _RandomState:
-    state: _RandomState = ctx.state[_STATE]
-    return state
+    return ctx.slot(_STATE)
 
 
 def resources() -> list[ResourceKind]:
@@ -79,7 +78,7 @@ def resources() -> list[ResourceKind]:
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
     """A fresh generator per instance (a seeded one restarts its stream)."""
-    ctx.state[_STATE] = _RandomState(policy)
+    ctx.put(_STATE, _RandomState(policy))
 
 
 def _bytes(ctx: GuestContext, length: int) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mighty.abi import Err
-from mighty.gate import Binding, GuestContext, ResourceKind
+from mighty.gate import Binding, GuestContext, ResourceKind, Slot
 from mighty.wasi._io import ReadyPollable
 from mighty.wasi._policy import Policy
 from mighty.wasi._streams import POLLABLE
@@ -38,7 +38,8 @@ UDP_SOCKET = ResourceKind("wasi:sockets/udp", "udp-socket")
 INCOMING_DATAGRAM_STREAM = ResourceKind("wasi:sockets/udp", "incoming-datagram-stream")
 OUTGOING_DATAGRAM_STREAM = ResourceKind("wasi:sockets/udp", "outgoing-datagram-stream")
 RESOLVE_ADDRESS_STREAM = ResourceKind("wasi:sockets/ip-name-lookup", "resolve-address-stream")
-_STATE = "wasi.sockets"
+_STATE: Slot[bool] = Slot("wasi.sockets")
+"""Whether the policy granted the network (it only changes the refusal's code)."""
 
 
 class _Network:
@@ -59,11 +60,11 @@ def resources() -> list[ResourceKind]:
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
     """Remember whether the network was granted (it only changes the refusal's code)."""
-    ctx.state[_STATE] = policy.network
+    ctx.put(_STATE, policy.network)
 
 
 def _refusal(ctx: GuestContext) -> Err:
-    granted: bool = ctx.state[_STATE]
+    granted = ctx.slot(_STATE)
     return Err("not-supported" if granted else "access-denied")
 
 

@@ -336,7 +336,7 @@ def test_reload_is_refused_for_all_when_a_stored_schema_does_not_fit(
     probe = rt.hibernation  # the schema v3 declares, stored as if v3 had written the row
     from mighty.instance import Instance
 
-    v3 = Instance(Component.load(versions["v3"]), gate=rt.gate, state={})
+    v3 = Instance(Component.load(versions["v3"]), gate=rt.gate)
     text = str(v3.call("state-schema"))
     v3.close()
     from mighty.reload import parse_schema

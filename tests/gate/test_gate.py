@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
 
-from mighty import Budget, Component, GuestExit, GuestTrap, Instance, MissingImports
+from mighty import (
+    Budget,
+    Cancelled,
+    CancelScope,
+    Component,
+    DeadlineExceeded,
+    GuestExit,
+    GuestTrap,
+    Instance,
+    MissingImports,
+)
+from mighty.budget import CallScope
 from mighty.gate import (
+    UNSCOPED,
     Binding,
     Gate,
     GuestContext,
     GuestViolation,
     HostFunctionFailed,
+    MissingSlot,
     ResourceKind,
+    Slot,
     request_exit,
 )
+
+_API_STATE: Slot[str] = Slot("api")
 
 API = """
 (component
@@ -68,7 +85,14 @@ R_DROPPED: list[int] = []
 R = ResourceKind("t:x/api", "r", on_drop=lambda _ctx, obj: R_DROPPED.append(obj))
 
 
-def _act(_ctx: GuestContext, how: int) -> int:
+SCOPES: list[object] = []
+
+
+def _act(ctx: GuestContext, how: int) -> int:
+    if how == 8:
+        SCOPES.append(ctx.scope)
+    if how == 9:
+        ctx.scope.wait(threading.Event(), 30.0)  # until the call's scope stops it
     if how == 1:
         raise KeyError("host bug")
     if how == 2:
@@ -93,7 +117,7 @@ class Api:
         ]
 
     def setup(self, ctx: GuestContext) -> None:
-        ctx.state["api"] = "ready"
+        ctx.put(_API_STATE, "ready")
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +220,40 @@ def test_provider_setup_runs_per_instance(component: Component, gate: Gate) -> N
     """Each instance gets its own context, set up by every provider."""
     with Instance(component, gate=gate) as a, Instance(component, gate=gate) as b:
         assert a.context is not b.context
-        assert a.context.state["api"] == b.context.state["api"] == "ready"
+        assert a.context.slot(_API_STATE) == b.context.slot(_API_STATE) == "ready"
+        a.context.take(_API_STATE)
+        assert a.context.find(_API_STATE) is None
+        assert b.context.slot(_API_STATE) == "ready"
+        with pytest.raises(MissingSlot, match="api"):
+            a.context.slot(_API_STATE)
+
+
+def test_every_host_function_gets_the_calls_scope(component: Component, gate: Gate) -> None:
+    """During a call ``ctx.scope`` is that call's CallScope; between calls it is UNSCOPED."""
+    SCOPES.clear()
+    with Instance(component, gate=gate) as instance:
+        assert instance.call("act", 8) == 80
+        assert instance.call("act", 8) == 80
+        assert instance.context.scope is UNSCOPED
+    first, second = SCOPES
+    assert isinstance(first, CallScope) and isinstance(second, CallScope)
+    assert first is not second
+
+
+def test_a_stop_seen_in_a_host_wait_is_the_calls_typed_error(
+    component: Component, gate: Gate
+) -> None:
+    """A cancel or the deadline while a host function waits ends the call with that error."""
+    cancel = CancelScope()
+    timer = threading.Timer(0.05, cancel.cancel, args=("stop",))
+    timer.start()
+    with Instance(component, gate=gate) as instance, pytest.raises(Cancelled) as info:
+        instance.call("act", 9, cancel=cancel)
+    timer.join()
+    assert (info.value.by, info.value.reason) == ("host", "stop")
+    assert cancel.cancelled_caught and info.value.usage is not None
+    with Instance(component, gate=gate) as instance, pytest.raises(DeadlineExceeded):
+        instance.call("act", 9, budget=Budget(timeout=0.1))
 
 
 def test_budget_still_applies_through_the_gate(component: Component, gate: Gate) -> None:

@@ -8,7 +8,7 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from mighty.budget import CallScope
 from mighty.sandbox import CancelScope, Limits, Sandbox, Tool, _tools
 from mighty.sandbox._tools import MAX_RUN_THREADS, ToolHost, tools_from
 from mighty.trace import ReplayEvent, replay_trace
@@ -484,9 +485,10 @@ def test_top_level_async_with_and_for(box: Sandbox) -> None:
 
 
 class _Context:
-    """What ToolHost.wait reads of a guest context: no budget, no interrupt."""
+    """What ToolHost.wait reads of a guest context: the call's scope (a minute, never cancelled)."""
 
-    state: ClassVar[dict[str, Any]] = {}
+    def __init__(self) -> None:
+        self.scope = CallScope(60.0, None)
 
 
 class StartedCalls(RuleBasedStateMachine):
@@ -526,7 +528,7 @@ class StartedCalls(RuleBasedStateMachine):
         self.host = ToolHost(
             tools, max_calls=1000, timeout=30, background_loop=lambda: self.loop, concurrency=limit
         )
-        self.host.begin(lambda: False, None)
+        self.host.begin(None)
 
     def _launched(self) -> list[int]:
         return self.live[: self.limit]

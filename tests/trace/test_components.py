@@ -33,9 +33,9 @@ def record_relative(trace: Path, component: Path, agents: tuple[str | None, ...]
     try:
         with Recorder(trace) as recorder:
             for agent in agents:
-                state = {} if agent is None else {"agent.address": agent, "agent.name": "named"}
+                name = None if agent is None else "named"
                 loaded = Component.load(component.name)
-                with Instance(loaded, record=recorder, state=state) as instance:
+                with Instance(loaded, record=recorder, agent=agent, agent_name=name) as instance:
                     instance.call("run", 2)
     finally:
         os.chdir(here)

@@ -139,9 +139,7 @@ def test_recorded_frames_are_the_reference_bytes(probe_wasm: Path, tmp_path: Pat
     path = tmp_path / "t.bin"
     with (
         Recorder(path) as recorder,
-        Instance(
-            Component.load(probe_wasm), record=recorder, state={"agent.address": "probe:1"}
-        ) as instance,
+        Instance(Component.load(probe_wasm), record=recorder, agent="probe:1") as instance,
     ):
         instance.call("run", "import os\nprint('hi', os.urandom(4), time.time())\nresult = 1.5")
     data = path.read_bytes()

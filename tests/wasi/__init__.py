@@ -6,8 +6,9 @@ from typing import Any
 
 import wasmtime
 
+from mighty.budget import CallScope
 from mighty.engine import get_engine
-from mighty.gate import Binding, Gate, GuestContext, Handle, ResourceKind
+from mighty.gate import UNSCOPED, Binding, Gate, GuestContext, Handle, ResourceKind
 from mighty.wasi import _cli, _clocks, _io, _random, _sockets
 from mighty.wasi._policy import Policy
 
@@ -35,11 +36,18 @@ def make_ctx(policy: Policy | None = None) -> GuestContext:
 
 
 def call(ctx: GuestContext, interface: str, name: str, *args: Any) -> Any:
-    """Call the binding ``interface#name`` as the gate would (args already host objects)."""
+    """Call the binding ``interface#name`` as the gate would (args already host objects), in
+    the context's call scope, or in one of a minute (as a guest call) if it has none."""
     for module in _MODULES:
         for binding in module.bindings():
             if binding.interface == interface and binding.name == name:
-                return binding.fn(ctx, *args)
+                if ctx.scope is not UNSCOPED:
+                    return binding.fn(ctx, *args)
+                ctx.scope = CallScope(60.0, None)
+                try:
+                    return binding.fn(ctx, *args)
+                finally:
+                    ctx.scope = UNSCOPED
     raise KeyError(f"{interface}#{name}")
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mighty import Cancelled, CancelScope, DeadlineExceeded, HostError
 from mighty.abi import Err, Ok, Variant
+from mighty.budget import CallScope
 from mighty.gate import GuestContext, Handle
 from mighty.wasi import _io
 from mighty.wasi._cli import BytesInput
@@ -227,19 +230,35 @@ def test_poll_prefers_virtual_time() -> None:
     assert time.monotonic() - started < 1
 
 
-def test_interrupt_hook_stops_a_wait() -> None:
-    """The interrupt hook runs between sleep slices and may stop the wait by raising."""
+def test_the_call_scope_stops_a_wait() -> None:
+    """A wait in poll is a wait of the call's scope: a cancel from another thread ends it."""
     ctx = make_ctx()
+    cancel = CancelScope()
+    ctx.scope = CallScope(60.0, cancel)
+    timer = threading.Timer(0.05, cancel.cancel, args=("stop waiting",))
+    timer.start()
+    try:
+        with pytest.raises(Cancelled) as info:
+            call(ctx, "wasi:io/poll", "[method]pollable.block", _Soon(30))
+    finally:
+        timer.cancel()
+    assert (info.value.by, info.value.reason) == ("host", "stop waiting")
 
-    class Stop(Exception):
-        pass
 
-    def interrupt() -> None:
-        raise Stop
+def test_the_call_deadline_stops_a_sleep() -> None:
+    """A guest sleeping past its call's deadline is stopped with DeadlineExceeded."""
+    ctx = make_ctx()
+    ctx.scope = CallScope(0.05, None)
+    with pytest.raises(DeadlineExceeded):
+        call(ctx, "wasi:io/poll", "poll", [_Soon(30)])
 
-    ctx.state[_io.INTERRUPT_KEY] = interrupt
-    with pytest.raises(Stop):
-        call(ctx, "wasi:io/poll", "[method]pollable.block", _Soon(30))
+
+def test_a_wait_outside_a_call_is_refused() -> None:
+    """With no call in flight there is no deadline to bound a wait: it is refused."""
+    ctx = make_ctx()
+    pollable = _Soon(30)
+    with pytest.raises(HostError, match="outside a guest call"):
+        _io.wait_any(ctx, [pollable])
 
 
 def test_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

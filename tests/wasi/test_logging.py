@@ -12,6 +12,7 @@ import pytest
 from mighty import Component, Instance
 from mighty.agents import AgentType, Runtime
 from mighty.trace import Recorder, replay_trace, summarize
+from mighty.wasi import LOG_SINK
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -49,9 +50,13 @@ def test_calls_are_recorded_and_replay(logger: Component, tmp_path: Path) -> Non
 
 
 def test_agent_routes_it_to_its_log(logger: Component) -> None:
-    """A sink in the state (the agent runtime's) gets (level, context, message), bounded."""
+    """A sink in the LOG_SINK slot (the agent runtime's) gets (level, context, message)."""
     seen: list[tuple[str, str, str]] = []
-    with Instance(logger, state={"wasi.logging.sink": lambda *a: seen.append(a)}) as instance:
+
+    def sink(level: str, context: str, message: str) -> None:
+        seen.append((level, context, message))
+
+    with Instance(logger, slots=[LOG_SINK.of(sink)]) as instance:
         instance.call("run")
         assert instance.stderr.getvalue() == b""
     assert seen == [("warn", "ctx", "hello"), ("trace", "", "hello")]
