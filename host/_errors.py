@@ -13,10 +13,8 @@ Every error has a stable ``kind`` string: the JSON output of ``mty`` and the san
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from mighty.budget import Usage
+from mighty._usage import Usage
 
 __all__ = [
     "ArgumentError",
@@ -24,6 +22,7 @@ __all__ = [
     "BudgetExceeded",
     "BuildError",
     "Cancelled",
+    "Closed",
     "CompileError",
     "DeadlineExceeded",
     "ExportNotFound",
@@ -34,8 +33,10 @@ __all__ = [
     "InvalidComponent",
     "MightyError",
     "MissingImports",
+    "Misuse",
     "OutOfFuel",
     "OutOfMemory",
+    "WrongType",
 ]
 
 
@@ -145,6 +146,17 @@ class BadInput(HostError, ValueError):
     kind = "bad_input"
 
 
+class WrongType(BadInput, TypeError):
+    """A value given to mighty has the wrong Python type (also a ``TypeError``, for callers that
+    catch the builtin)."""
+
+
+class Closed(BadInput):
+    """The object was closed (an instance, a sandbox); it cannot be used any more."""
+
+    kind = "closed"
+
+
 class InvalidComponent(BadInput):
     """The bytes are not a WebAssembly component this engine can load."""
 
@@ -181,6 +193,13 @@ class CompileError(HostError):
     """wasmtime could not compile a component it was able to parse."""
 
     kind = "compile_error"
+
+
+class Misuse(HostError, RuntimeError):
+    """mighty was used in a way it does not support (one instance from two threads at once, a
+    tool called outside its run); also a ``RuntimeError``, for callers that catch the builtin."""
+
+    kind = "misuse"
 
 
 class BuildError(HostError):

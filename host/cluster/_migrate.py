@@ -89,7 +89,7 @@ def migrate(
     process.mailbox.pause()
     locked = False
     try:
-        if not process._run.acquire(timeout=drain_timeout):
+        if not process.turn_lock.acquire(timeout=drain_timeout):
             raise MigrationFailed(
                 f"{local} was still handling a message after the {drain_timeout:g} s drain deadline"
             )
@@ -118,9 +118,9 @@ def migrate(
             raise MigrationFailed(f"{target} answered with a bad address {new_address!r}")
     except BaseException:
         if locked:
-            process._run.release()
+            process.turn_lock.release()
         process.mailbox.resume()
-        process._wake()
+        process.wake()
         try:
             node.stop_on(prepared)
         except AgentError as exc:
@@ -128,7 +128,7 @@ def migrate(
         raise
     # Committed: the agent lives on the target now; the old instance only waits to be closed.
     pause = time.monotonic() - started
-    process._run.release()  # still paused: no worker takes a message from it
+    process.turn_lock.release()  # still paused: no worker takes a message from it
     moved = _move_queue(node, process, new_address)
     moved += _switch(node, process, local, new_address)
     runtime.emit("agent.migrated", local, {"to": new_address, "moved": moved})
@@ -267,7 +267,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
         return Frame("ok", node=node.name, to=node.qualify(process.address))
     process = runtime.process(node.localize(frame.to))
     try:
-        with process._run:
+        with process.turn_lock:
             instance = process.instance
             if instance is None:
                 raise BadSpawn(f"{process.address} stopped as it started")
@@ -286,7 +286,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
         runtime.stop(process.address)
         raise
     process.mailbox.resume()
-    process._wake()
+    process.wake()
     return Frame("ok", node=node.name, to=node.qualify(process.address))
 
 

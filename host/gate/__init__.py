@@ -13,6 +13,7 @@ from mighty.gate._gate import (
     ResourceKind,
     StaleHandle,
     request_exit,
+    resource_kind,
     unversioned,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "ResourceKind",
     "StaleHandle",
     "request_exit",
+    "resource_kind",
     "unversioned",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import ModuleType
 
+from mighty._errors import WrongType
 from mighty.gate import Binding, GuestContext, ResourceKind
 from mighty.wasi import _cli, _clocks, _filesystem, _io, _logging, _random, _sockets
 from mighty.wasi._policy import Policy
@@ -32,7 +33,7 @@ class WasiProvider:
     def setup(self, ctx: GuestContext) -> None:
         policy = ctx.state.setdefault("wasi.policy", Policy())
         if not isinstance(policy, Policy):
-            raise TypeError(f"wasi.policy must be a Policy, got {type(policy).__name__}")
+            raise WrongType(f"wasi.policy must be a Policy, got {type(policy).__name__}")
         for module in _MODULES:
             module.setup(ctx, policy)
 
