@@ -6,6 +6,11 @@ the caller decides what to do (retry, report, restart the agent).
 ``HostError``: the host could not do what was asked (bad input, a component that does not load,
 a build that failed). Fix the input or the code; retrying the same thing will fail the same way.
 
+Where a builtin was raised before, the typed error is that builtin too, so old ``except``
+clauses keep working: ``BadInput`` and ``Closed`` are ``ValueError``, ``WrongType`` is a
+``TypeError``, ``Misuse`` a ``RuntimeError``. ``tests/test_errors.py`` checks that every public
+exception of mighty is in exactly one family.
+
 Every error has a stable ``kind`` string: the JSON output of ``mty`` and the sandbox's
 ``RunResult`` use it, so renaming one is a breaking change.
 """

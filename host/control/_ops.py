@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mighty._errors import BadInput
-from mighty.agents import NoProc
 
 if TYPE_CHECKING:
     from mighty.agents import Application, Runtime
@@ -41,6 +40,10 @@ def runtime_ops(runtime: Runtime) -> dict[str, Callable[[dict[str, Any]], Any]]:
             return runtime.inspect()
         if not isinstance(agent, str) or not agent or len(agent) > MAX_ADDRESS:
             raise BadInput(f"inspect 'agent' must be an address or name of 1..{MAX_ADDRESS} chars")
+        # Here, not at the top: the control client (`mty inspect`, `mty top`) imports this
+        # package and must not load the runtime and wasmtime to send one request.
+        from mighty.agents import NoProc
+
         try:
             return runtime.inspect(agent)
         except NoProc as exc:
