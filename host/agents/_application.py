@@ -155,15 +155,20 @@ class Application:
         if record is not None:
             where = None if record is True else Path(record)
             self.recorder = Recorder(where, flush=flush)
-        self.runtime = Runtime(
-            workers=manifest.workers,
-            recorder=self.recorder,
-            on_output=on_output,
-            state_dir=state_dir(manifest, self.base),
-            on_event=on_event,
-            introspect=introspect or manifest.introspect,
-            telemetry=telemetry,
-        )
+        try:
+            self.runtime = Runtime(
+                workers=manifest.workers,
+                recorder=self.recorder,
+                on_output=on_output,
+                state_dir=state_dir(manifest, self.base),
+                on_event=on_event,
+                introspect=introspect or manifest.introspect,
+                telemetry=telemetry,
+            )
+        except BaseException:
+            if self.recorder is not None:
+                self.recorder.close()
+            raise
         self.root: Supervisor | None = None
         self._failed = threading.Event()
         self._on_shutdown: list[Callable[[], None]] = []

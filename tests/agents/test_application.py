@@ -12,6 +12,7 @@ from mighty import BadInput
 from mighty.agents import Application, StartReply, run_manifest
 from mighty.cli import main
 from mighty.control import application_ops
+from mighty.trace import read_trace
 
 
 def _manifest(tmp_path: Path, counter_wasm: Path, start: str) -> Path:
@@ -108,3 +109,16 @@ def test_a_cluster_manifest_is_refused(tmp_path: Path, counter_wasm: Path) -> No
     path = _manifest(tmp_path, counter_wasm, '[cluster]\nname = "c"\n')
     with pytest.raises(BadInput, match=r"\[cluster\]"):
         Application.from_manifest(path)
+
+
+def test_a_bad_state_dir_is_bad_input_and_the_trace_is_closed(
+    tmp_path: Path, counter_wasm: Path
+) -> None:
+    """A state_dir that is a file fails the build with BadInput; the started trace is whole."""
+    (tmp_path / "state").write_text("not a directory")
+    path = _manifest(tmp_path, counter_wasm, START)
+    path.write_text(path.read_text() + '\n[runtime]\nstate_dir = "state"\n')
+    trace = tmp_path / "run.trace"
+    with pytest.raises(BadInput, match="state"):
+        Application.from_manifest(path, record=trace, telemetry=None)
+    assert not read_trace(trace).truncated  # closed, not left open mid-frame
