@@ -22,7 +22,7 @@ from typing import Any
 
 from _common import ROOT, median, report, samples
 
-import mighty.reload._swap as swap
+import mighty.agents._swap as swap
 from mighty import Component
 from mighty.agents import AgentChild, AgentType, Runtime, SupervisorSpec, start_tree
 from mighty.build import build_component
@@ -37,7 +37,7 @@ def _build(source: Path, tmp: Path) -> Path:
 
 
 class _Copying:
-    """Stands in for ``Component`` inside ``mighty.reload._swap``: loads without images."""
+    """Stands in for ``Component`` inside ``mighty.agents._swap``: loads without images."""
 
     @staticmethod
     def load(source: Any, **kwargs: Any) -> Component:

@@ -9,6 +9,7 @@ from mighty._errors import (
     BudgetExceeded,
     BuildError,
     Cancelled,
+    Closed,
     CompileError,
     DeadlineExceeded,
     ExportNotFound,
@@ -19,8 +20,10 @@ from mighty._errors import (
     InvalidComponent,
     MightyError,
     MissingImports,
+    Misuse,
     OutOfFuel,
     OutOfMemory,
+    WrongType,
 )
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.budget import Budget, CancelScope, Usage
@@ -37,6 +40,7 @@ __all__ = [
     "BuildError",
     "CancelScope",
     "Cancelled",
+    "Closed",
     "CompileError",
     "Component",
     "DeadlineExceeded",
@@ -50,12 +54,14 @@ __all__ = [
     "InvalidComponent",
     "MightyError",
     "MissingImports",
+    "Misuse",
     "Ok",
     "OutOfFuel",
     "OutOfMemory",
     "Some",
     "Usage",
     "Variant",
+    "WrongType",
     "__version__",
     "call_once",
 ]

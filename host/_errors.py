@@ -6,6 +6,11 @@ the caller decides what to do (retry, report, restart the agent).
 ``HostError``: the host could not do what was asked (bad input, a component that does not load,
 a build that failed). Fix the input or the code; retrying the same thing will fail the same way.
 
+Where a builtin was raised before, the typed error is that builtin too, so old ``except``
+clauses keep working: ``BadInput`` and ``Closed`` are ``ValueError``, ``WrongType`` is a
+``TypeError``, ``Misuse`` a ``RuntimeError``. ``tests/test_errors.py`` checks that every public
+exception of mighty is in exactly one family.
+
 Every error has a stable ``kind`` string: the JSON output of ``mty`` and the sandbox's
 ``RunResult`` use it, so renaming one is a breaking change.
 """
@@ -13,10 +18,8 @@ Every error has a stable ``kind`` string: the JSON output of ``mty`` and the san
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from mighty.budget import Usage
+from mighty._usage import Usage
 
 __all__ = [
     "ArgumentError",
@@ -24,6 +27,7 @@ __all__ = [
     "BudgetExceeded",
     "BuildError",
     "Cancelled",
+    "Closed",
     "CompileError",
     "DeadlineExceeded",
     "ExportNotFound",
@@ -34,8 +38,10 @@ __all__ = [
     "InvalidComponent",
     "MightyError",
     "MissingImports",
+    "Misuse",
     "OutOfFuel",
     "OutOfMemory",
+    "WrongType",
 ]
 
 
@@ -151,6 +157,17 @@ class BadInput(HostError, ValueError):
     kind = "bad_input"
 
 
+class WrongType(BadInput, TypeError):
+    """A value given to mighty has the wrong Python type (also a ``TypeError``, for callers that
+    catch the builtin)."""
+
+
+class Closed(BadInput):
+    """The object was closed (an instance, a sandbox); it cannot be used any more."""
+
+    kind = "closed"
+
+
 class InvalidComponent(BadInput):
     """The bytes are not a WebAssembly component this engine can load."""
 
@@ -187,6 +204,13 @@ class CompileError(HostError):
     """wasmtime could not compile a component it was able to parse."""
 
     kind = "compile_error"
+
+
+class Misuse(HostError, RuntimeError):
+    """mighty was used in a way it does not support (one instance from two threads at once, a
+    tool called outside its run); also a ``RuntimeError``, for callers that catch the builtin."""
+
+    kind = "misuse"
 
 
 class BuildError(HostError):

@@ -54,12 +54,15 @@ from typing import Any
 from mighty._errors import (
     BadInput,
     Cancelled,
+    Closed,
     DeadlineExceeded,
     GuestError,
     GuestExit,
     GuestTrap,
+    HostError,
     OutOfFuel,
     OutOfMemory,
+    WrongType,
 )
 from mighty.budget import Budget, CancelScope, Usage
 from mighty.engine import Component, MemoryState, state_from_pages
@@ -164,24 +167,24 @@ class Limits:
         for name in ("fuel", "memory", "output", "tool_calls", "tool_concurrency", "artifact"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"Limits.{name} must be an int, got {type(value).__name__}")
+                raise WrongType(f"Limits.{name} must be an int, got {type(value).__name__}")
         for name in ("timeout", "tool_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"Limits.{name} must be a number, got {type(value).__name__}")
+                raise WrongType(f"Limits.{name} must be a number, got {type(value).__name__}")
             if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"Limits.{name} must be a positive number of seconds")
+                raise BadInput(f"Limits.{name} must be a positive number of seconds")
         if self.fuel <= 0:
-            raise ValueError(f"Limits.fuel must be positive, got {self.fuel}")
+            raise BadInput(f"Limits.fuel must be positive, got {self.fuel}")
         if self.memory < _MIN_MEMORY:
-            raise ValueError(
+            raise BadInput(
                 f"Limits.memory must be at least {_MIN_MEMORY} bytes (the interpreter alone "
                 f"needs about 16 MiB), got {self.memory}"
             )
         if self.output < 0 or self.tool_calls < 0 or self.artifact < 0:
-            raise ValueError("Limits.output, Limits.artifact and Limits.tool_calls must be >= 0")
+            raise BadInput("Limits.output, Limits.artifact and Limits.tool_calls must be >= 0")
         if not 1 <= self.tool_concurrency <= MAX_CONCURRENT_CALLS_LIMIT:
-            raise ValueError(
+            raise BadInput(
                 f"Limits.tool_concurrency must be in 1..{MAX_CONCURRENT_CALLS_LIMIT}, "
                 f"got {self.tool_concurrency}"
             )
@@ -482,7 +485,7 @@ class _Live:
 
     @property
     def dead(self) -> bool:
-        return self.instance._poisoned is not None
+        return self.instance.poisoned is not None
 
     def close(self) -> None:
         self.instance.close()
@@ -492,7 +495,7 @@ class _Live:
         # The first export call runs the start-up; the run's own work writes its pages.
         result = self.execute(_WARM_CODE, _WARM_INPUTS, None, None)
         if not result.ok:
-            raise RuntimeError(f"the interpreter failed to warm up: {result.error}")
+            raise HostError(f"the interpreter failed to warm up: {result.error}")
         # The first warmed instance teaches the image which pages a run writes (once).
         self.instance.learn_hot_pages()
 
@@ -998,7 +1001,7 @@ class Sandbox:
         ``SnapshotCorrupt``, ``SnapshotTooLarge``) says why.
         """
         if self._closed:
-            raise ValueError("sandbox is closed")
+            raise Closed("sandbox is closed")
         component = self._config.component
         snap = decode_snapshot(
             snapshot,
@@ -1033,7 +1036,7 @@ class Sandbox:
         hooks: Sequence[CallHook] = (),
     ) -> RunResult:
         if self._closed:
-            raise ValueError("sandbox is closed")
+            raise Closed("sandbox is closed")
         if not isinstance(code, str):
             raise BadInput(f"code must be a str, got {type(code).__name__}")
         _check_nesting()
@@ -1104,7 +1107,7 @@ def _started(config: _Config, like: MemoryState | None) -> tuple[_Live, _Held]:
     try:
         result = live.execute(_SESSION_WARM, _SESSION_WARM_INPUTS, None, None)
         if not result.ok:
-            raise RuntimeError(f"the interpreter failed to start: {result.error}")
+            raise HostError(f"the interpreter failed to start: {result.error}")
         return live, live.instance.holdings()
     except BaseException:
         live.close()

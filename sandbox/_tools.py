@@ -48,6 +48,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
+from mighty._errors import BadInput, WrongType
 from mighty.abi import Err, Ok
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Scope, Slot
 
@@ -308,15 +309,15 @@ class Tool:
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
-            raise TypeError(f"a tool must be callable, got {type(self.fn).__name__}")
+            raise WrongType(f"a tool must be callable, got {type(self.fn).__name__}")
         name = self.name or getattr(self.fn, "__name__", "")
         if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
-            raise ValueError(
+            raise BadInput(
                 f"tool name {name!r} is not usable from Python code: it must be an identifier,"
                 " not a keyword, and not start with '_'"
             )
         if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"tool {name}: timeout must be positive, got {self.timeout}")
+            raise BadInput(f"tool {name}: timeout must be positive, got {self.timeout}")
         signature = inspect.signature(self.fn)
         try:
             hints = typing.get_type_hints(self.fn, include_extras=True)
@@ -410,7 +411,7 @@ def tools_from(
         else:
             tool = Tool(item, name)
         if tool.name in found:
-            raise ValueError(f"two tools are named {tool.name!r}")
+            raise BadInput(f"two tools are named {tool.name!r}")
         found[tool.name] = tool
     return found
 

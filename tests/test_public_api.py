@@ -9,15 +9,14 @@ import pytest
 PINNED = {
     "mighty": {
         "ArgumentError", "BadInput", "Budget", "BudgetExceeded", "BuildError", "CancelScope",
-        "Cancelled", "CompileError", "Component", "DeadlineExceeded", "Err", "ExportNotFound",
-        "GuestError", "GuestExit", "GuestTrap", "HostError", "Instance", "InvalidComponent",
-        "MightyError", "MissingImports", "Ok", "OutOfFuel", "OutOfMemory", "Some", "Usage",
-        "Variant", "__version__", "call_once",
+        "Cancelled", "Closed", "CompileError", "Component", "DeadlineExceeded", "Err",
+        "ExportNotFound", "GuestError", "GuestExit", "GuestTrap", "HostError", "Instance",
+        "InvalidComponent", "MightyError", "MissingImports", "Misuse", "Ok", "OutOfFuel",
+        "OutOfMemory", "Some", "Usage", "Variant", "WrongType", "__version__", "call_once",
     },
     "mighty.reload": {
         "Compatibility", "FieldInfo", "ReloadFailed", "ReloadRefused", "ReloadReport",
         "SchemaError", "StateSchema", "SwapVerifier", "check_compatible", "parse_schema",
-        "reload_agent_type",
     },
 }  # fmt: skip
 
@@ -36,6 +35,7 @@ PACKAGES = [
     "mighty.instance",
     "mighty.reload",
     "mighty.sandbox",
+    "mighty.sandbox.mcp",
     "mighty.telemetry",
     "mighty.trace",
     "mighty.wasi",

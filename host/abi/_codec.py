@@ -44,7 +44,7 @@ from typing import Any, Final, NamedTuple
 from wasmtime import _ffi as ffi
 from wasmtime.component import FuncType, ResourceAny, ResourceHost
 
-from mighty._errors import ArgumentError
+from mighty._errors import ArgumentError, WrongType
 
 from ._types import (
     INT_RANGES,
@@ -812,7 +812,7 @@ def codec_for(wit: WitType) -> _Codec:
         return _MapCodec(wit)
     if isinstance(wit, (OwnType, BorrowType)):
         return _HandleCodec(wit)
-    raise TypeError(f"no codec for {wit!r}")
+    raise WrongType(f"no codec for {wit!r}")
 
 
 class ParamArray(NamedTuple):

@@ -17,7 +17,7 @@ import math
 import reprlib
 from typing import Any, Final
 
-from mighty._errors import ArgumentError
+from mighty._errors import ArgumentError, WrongType
 
 from ._types import (
     INT_RANGES,
@@ -151,7 +151,7 @@ def from_json(wt: WitType, obj: Any, path: str = "") -> Any:  # noqa: PLR0915  #
         raise ArgumentError(
             f"a resource handle ({wt}) cannot be given as JSON at {path or '<root>'}", path=path
         )
-    raise TypeError(f"unknown WIT type {wt!r}")
+    raise WrongType(f"unknown WIT type {wt!r}")
 
 
 def _prim_from_json(wt: PrimitiveType, obj: Any, path: str) -> Any:
@@ -225,4 +225,4 @@ def to_json(wt: WitType, value: Any) -> Any:
         return [[to_json(wt.key, k), to_json(wt.value, v)] for k, v in value.items()]
     if isinstance(wt, (OwnType, BorrowType)):
         raise ArgumentError(f"a resource handle ({wt}) has no JSON form")
-    raise TypeError(f"unknown WIT type {wt!r}")
+    raise WrongType(f"unknown WIT type {wt!r}")

@@ -20,6 +20,8 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import FuncType, ResourceType
 from wasmtime.component import _types as wt
 
+from mighty._errors import InvalidComponent
+
 __all__ = [
     "BOOL",
     "CHAR",
@@ -319,7 +321,7 @@ def wit_type_of(valtype: Any) -> WitType:
         return OwnType(valtype.ty)
     if isinstance(valtype, wt.BorrowType):
         return BorrowType(valtype.ty)
-    raise TypeError(f"mighty cannot carry values of this component type: {valtype!r}")
+    raise InvalidComponent(f"mighty cannot carry values of this component type: {valtype!r}")
 
 
 # -- reading types straight from the C API ------------------------------------------------------
@@ -437,7 +439,7 @@ def _compound_from_c(vt: Any, kind: int) -> WitType:
             out = ffi.wasmtime_component_valtype_t()
             sides.append(_from_c(out) if getter(ty, byref(out)) else None)
         return ResultType(sides[0], sides[1])
-    raise TypeError(f"mighty cannot carry values of component type kind {kind}")
+    raise InvalidComponent(f"mighty cannot carry values of component type kind {kind}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,25 @@
 """Agents: components as supervised actors with mailboxes that send and ask one another."""
 
+from mighty.agents._application import (
+    Application,
+    RunReport,
+    StartReply,
+    run_manifest,
+    run_summary,
+    send_start_messages,
+    telemetry_from,
+)
 from mighty.agents._compose import broadcast, pipe
 from mighty.agents._hibernate import HibernationStats, Hibernator
 from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
-from mighty.agents._manifest import Manifest, agent_types, load_manifest, supervisor_spec
+from mighty.agents._manifest import (
+    Manifest,
+    agent_types,
+    load_manifest,
+    state_dir,
+    supervisor_spec,
+)
 from mighty.agents._output import (
     LOG_LEVELS,
     AgentOutput,
@@ -33,7 +48,6 @@ from mighty.agents._store import (
 from mighty.agents._supervisor import (
     ChildSpec,
     CircuitBreaker,
-    CircuitOpen,
     Supervisor,
     SupervisorEvent,
     SupervisorFailed,
@@ -48,6 +62,7 @@ from mighty.agents._types import (
     AskCycle,
     AskTimeout,
     BadSpawn,
+    CircuitOpen,
     CircuitOpenError,
     Envelope,
     HandlerFailed,
@@ -69,6 +84,7 @@ __all__ = [
     "AgentProcess",
     "AgentStats",
     "AgentType",
+    "Application",
     "AskCycle",
     "AskTimeout",
     "BadSpawn",
@@ -94,11 +110,13 @@ __all__ = [
     "OutputTail",
     "Refused",
     "RemoteRouter",
+    "RunReport",
     "Runtime",
     "Scheduler",
     "SnapshotCorrupt",
     "SnapshotRefused",
     "SnapshotStore",
+    "StartReply",
     "StoreError",
     "StoreUnavailable",
     "StoredSnapshot",
@@ -115,6 +133,11 @@ __all__ = [
     "level_number",
     "load_manifest",
     "pipe",
+    "run_manifest",
+    "run_summary",
+    "send_start_messages",
     "start_tree",
+    "state_dir",
     "supervisor_spec",
+    "telemetry_from",
 ]

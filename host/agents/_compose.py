@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from mighty._errors import BadInput
 from mighty.agents._runtime import Runtime, decode_body, encode_body
 from mighty.agents._types import AgentError
 
@@ -28,9 +29,9 @@ def pipe(
     results come out), and every stage works on a different item at the same time.
     """
     if not stages:
-        raise ValueError("a pipe needs at least one stage")
+        raise BadInput("a pipe needs at least one stage")
     if window < 1:
-        raise ValueError("window must be at least 1")
+        raise BadInput("window must be at least 1")
     results: list[Any] = []
     in_flight: deque[Future[Any]] = deque()
 

@@ -58,6 +58,7 @@ from mighty.agents._store import (
     StoredSnapshot,
     StoreError,
 )
+from mighty.reload import SchemaError, check_compatible, parse_schema
 
 if TYPE_CHECKING:
     from mighty.agents._runtime import AgentProcess, Runtime
@@ -294,8 +295,6 @@ class Hibernator:
 
     def _check_schema(self, process: AgentProcess, row: StoredSnapshot, instance: Any) -> None:
         """The stored snapshot's schema must fit the current component (hot swap's rules)."""
-        from mighty.reload import SchemaError, check_compatible, parse_schema
-
         current_hash, current_json = self._schema(process.type, instance)
         if row.schema == current_hash:
             return
@@ -341,8 +340,6 @@ class Hibernator:
 
     def _schema(self, agent_type: AgentType, instance: Any) -> tuple[str, str]:
         """The component's (schema hash, schema JSON), asked once per component."""
-        from mighty.reload import SchemaError, parse_schema
-
         sha = agent_type.component.sha256
         with self._schemas_lock:
             known = self._schemas.get(sha)

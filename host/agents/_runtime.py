@@ -89,6 +89,7 @@ from mighty.agents._output import (
 )
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._store import SnapshotStore
+from mighty.agents._swap import reload_agent_type
 from mighty.agents._types import (
     AgentCrashed,
     AgentError,
@@ -97,7 +98,7 @@ from mighty.agents._types import (
     AskCycle,
     AskTimeout,
     BadSpawn,
-    CircuitOpenError,
+    CircuitOpen,
     Envelope,
     HandlerFailed,
     MailboxFullError,
@@ -107,6 +108,7 @@ from mighty.agents._types import (
 from mighty.budget import Budget
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Seed, Slot
 from mighty.instance import Instance
+from mighty.reload import ReloadReport, SwapVerifier
 from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
 
 if TYPE_CHECKING:
@@ -398,6 +400,19 @@ class AgentProcess:
                 return
             self._scheduled = True
         self.runtime.scheduler.schedule(self)
+
+    # -- for the layers above that move or swap an agent (cluster migration, durable sends) --
+
+    @property
+    def turn_lock(self) -> threading.Lock:
+        """Held while a worker runs this agent's turn. Holding it keeps the agent between turns
+        (a migration, a restore): pause the mailbox first, then take it; release it, resume
+        the mailbox, then :meth:`wake`."""
+        return self._run
+
+    def wake(self) -> None:
+        """Schedule the agent if it has messages and its mailbox is not paused."""
+        self._wake()
 
     def deliver(
         self, envelope: Envelope, timeout: float | None = None, *, here: float | None = None
@@ -1124,7 +1139,11 @@ class Runtime:
     def _check_breaker(self, address: str) -> Any:
         breaker = self._breakers.get(address)
         if breaker is not None and not breaker.allow():
-            raise CircuitOpenError(f"{address}: circuit open")
+            raise CircuitOpen(
+                f"{address}: circuit open",
+                name=address,
+                retry_after=float(getattr(breaker, "retry_after", 0.0)),
+            )
         return breaker
 
     def send(
@@ -1300,16 +1319,14 @@ class Runtime:
         source: str | os.PathLike[str] | bytes,
         *,
         drain_timeout: float = 5.0,
-        verify: Any = None,
-    ) -> Any:
+        verify: SwapVerifier | None = None,
+    ) -> ReloadReport:
         """Hot-swap every live agent of ``agent_type`` to the component in ``source``.
 
         Returns a ReloadReport, or raises ReloadRefused (incompatible schema, or a cell of the
         ``verify`` suite failed; nothing touched) or ReloadFailed (rolled back; every agent
         runs its old version).
         """
-        from mighty.reload import reload_agent_type
-
         return reload_agent_type(
             self, agent_type, source, drain_timeout=drain_timeout, verify=verify
         )

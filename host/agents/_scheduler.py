@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from mighty._errors import BadInput
+
 __all__ = ["Runnable", "Scheduler", "WorkerStats"]
 
 _log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ class Scheduler:
 
     def __init__(self, workers: int, *, max_workers: int | None = None) -> None:
         if workers < 1:
-            raise ValueError("a scheduler needs at least one worker")
+            raise BadInput("a scheduler needs at least one worker")
         self.workers = workers
         self.max_workers = max_workers if max_workers is not None else workers * 8
         self._lock = threading.Condition()

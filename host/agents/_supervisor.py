@@ -54,13 +54,13 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from mighty._errors import BadInput, GuestError, HostError
+from mighty.agents._types import CircuitOpen
 
 __all__ = [
     "ChildHandle",
     "ChildInfo",
     "ChildSpec",
     "CircuitBreaker",
-    "CircuitOpen",
     "CircuitState",
     "EventKind",
     "RestartType",
@@ -117,18 +117,6 @@ class SupervisorFailed(GuestError):
         self.child = child
         self.intensity = intensity
         self.period = period
-
-
-class CircuitOpen(GuestError):
-    """Calls fail fast: the callee failed too often lately. ``retry_after`` is the number of
-    seconds until a probe call is let through (0 when a probe is already out)."""
-
-    kind = "circuit_open"
-
-    def __init__(self, message: str, *, name: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.name = name
-        self.retry_after = retry_after
 
 
 class ChildHandle(Protocol):

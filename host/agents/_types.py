@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from mighty._errors import HostError
+from mighty._errors import BadInput, GuestError, HostError, MightyError
 from mighty.budget import Budget
 from mighty.engine import Component
 from mighty.wasi import Policy
@@ -23,6 +23,7 @@ __all__ = [
     "AskCycle",
     "AskTimeout",
     "BadSpawn",
+    "CircuitOpen",
     "CircuitOpenError",
     "Envelope",
     "HandlerFailed",
@@ -33,62 +34,84 @@ __all__ = [
 ]
 
 
-class AgentError(HostError):
-    """A send, ask or spawn did not happen; ``code`` is the WIT ``agent-error`` case."""
+class AgentError(MightyError):
+    """A send, ask or spawn did not happen; ``code`` is the WIT ``agent-error`` case.
+
+    It groups the errors a sender sees by what the WIT interface reports, and is in neither
+    family itself: each case is under exactly one of them, by its cause. The target's guest
+    caused ``HandlerFailed``, ``AgentCrashed`` and ``CircuitOpen`` (GuestError); the host or
+    the caller caused the others (HostError).
+    """
 
     kind = "agent_error"
     code = "failed"
 
 
-class NoProc(AgentError):
+class NoProc(AgentError, HostError):
     """No live agent has that address."""
 
     code = "noproc"
 
 
-class MailboxFullError(AgentError):
+class MailboxFullError(AgentError, HostError):
     """The target's mailbox is full and its policy is to fail (or blocking timed out)."""
 
     code = "mailbox-full"
 
 
-class Refused(AgentError):
+class Refused(AgentError, HostError):
     """The target's protocol does not accept the message (unknown name or invalid body)."""
 
     code = "refused"
 
 
-class HandlerFailed(AgentError):
+class HandlerFailed(AgentError, GuestError):
     """The handler returned an error for this message; the agent is still running."""
 
     code = "failed"
 
 
-class AgentCrashed(AgentError):
+class AgentCrashed(AgentError, GuestError):
     """The agent crashed on this message (trap, budget); ``reason`` says how."""
 
     code = "failed"
 
 
-class AskTimeout(AgentError):
+class AskTimeout(AgentError, HostError):
     """No reply within the timeout."""
 
     code = "timeout"
 
 
-class AskCycle(AgentError):
+class AskCycle(AgentError, HostError):
     """The ask would wait on itself (A asks B which asks A)."""
 
     code = "cycle"
 
 
-class CircuitOpenError(AgentError):
-    """The target's supervisor has opened its circuit breaker; sends fail fast."""
+class CircuitOpen(AgentError, GuestError):
+    """Calls fail fast: the callee failed too often lately, so its circuit breaker is open.
 
+    Raised by a send or ask to an agent whose supervisor opened the breaker, and by
+    ``CircuitBreaker.check``. ``name`` is the breaker's (or the agent's address);
+    ``retry_after`` the seconds until a probe call is let through (0 when a probe is already
+    out, or not known).
+    """
+
+    kind = "circuit_open"
     code = "circuit-open"
 
+    def __init__(self, message: str, *, name: str = "", retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.name = name
+        self.retry_after = retry_after
 
-class BadSpawn(AgentError):
+
+CircuitOpenError = CircuitOpen
+"""The former name of :class:`CircuitOpen`: the same class, so old ``except`` clauses work."""
+
+
+class BadSpawn(AgentError, HostError):
     """The agent type is unknown or its init failed."""
 
     code = "bad-spawn"
@@ -126,9 +149,9 @@ class AgentType:
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
-            raise ValueError(f"agent type names are non-empty and have no ':', got {self.name!r}")
+            raise BadInput(f"agent type names are non-empty and have no ':', got {self.name!r}")
         if self.hibernate_after is not None and not self.hibernate_after > 0:
-            raise ValueError(f"hibernate_after must be > 0 seconds, got {self.hibernate_after}")
+            raise BadInput(f"hibernate_after must be > 0 seconds, got {self.hibernate_after}")
 
 
 @dataclass(eq=False, slots=True)

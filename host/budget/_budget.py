@@ -36,13 +36,17 @@ import wasmtime
 from wasmtime import _ffi as ffi
 
 from mighty._errors import (
+    BadInput,
     GuestError,
     GuestExit,
     GuestTrap,
     MightyError,
+    Misuse,
     OutOfFuel,
     OutOfMemory,
+    WrongType,
 )
+from mighty._usage import Usage
 from mighty.budget._scope import CallScope, CancelScope
 from mighty.engine import MemoryAccount, SignalShield, get_engine, immortal
 from mighty.gate import UNSCOPED, GuestContext, GuestViolation, HostFunctionFailed
@@ -81,17 +85,17 @@ class Budget:
 
     def __post_init__(self) -> None:
         if isinstance(self.fuel, bool) or not isinstance(self.fuel, int):
-            raise TypeError(f"Budget.fuel must be an int, got {type(self.fuel).__name__}")
+            raise WrongType(f"Budget.fuel must be an int, got {type(self.fuel).__name__}")
         if not 0 < self.fuel <= _MAX_FUEL:
-            raise ValueError(f"Budget.fuel must be in 1..{_MAX_FUEL}, got {self.fuel}")
+            raise BadInput(f"Budget.fuel must be in 1..{_MAX_FUEL}, got {self.fuel}")
         if isinstance(self.memory, bool) or not isinstance(self.memory, int):
-            raise TypeError(f"Budget.memory must be an int, got {type(self.memory).__name__}")
+            raise WrongType(f"Budget.memory must be an int, got {type(self.memory).__name__}")
         if not self.memory > 0:
-            raise ValueError(f"Budget.memory must be positive, got {self.memory}")
+            raise BadInput(f"Budget.memory must be positive, got {self.memory}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float):
-            raise TypeError(f"Budget.timeout must be a number, got {type(self.timeout).__name__}")
+            raise WrongType(f"Budget.timeout must be a number, got {type(self.timeout).__name__}")
         if not (self.timeout > 0 and math.isfinite(self.timeout)):
-            raise ValueError(
+            raise BadInput(
                 f"Budget.timeout must be a positive number of seconds, got {self.timeout}"
             )
 
@@ -100,20 +104,6 @@ class Budget:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What a finished (or failed) call used."""
-
-    fuel: int
-    memory_peak: int
-    wall_time: float
-
-    def to_json(self) -> dict[str, float | int]:
-        return {
-            "fuel": self.fuel,
-            "memory_peak": self.memory_peak,
-            "wall_ms": round(self.wall_time * 1000, 3),
-        }
 
 
 _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
@@ -204,7 +194,7 @@ class Meter:
         whether a host function failed. On failure the raised error carries ``usage``.
         """
         if not self._busy.acquire(blocking=False):
-            raise RuntimeError("a mighty instance is being used by two threads at once")
+            raise Misuse("a mighty instance is being used by two threads at once")
         self.entered = False
         state = CallScope(budget.timeout, cancel, self.account)
         try:

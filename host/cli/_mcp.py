@@ -115,7 +115,7 @@ def serve(
     served at once from one pool of warm instances; a public address needs --token-file.
     """
     try:
-        from mighty.sandbox import _mcp
+        from mighty.sandbox import mcp
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
             raise
@@ -127,12 +127,12 @@ def serve(
         token: str | None = None
         host, port = "", 0
         if http_bind is not None:
-            host, port = _mcp.parse_bind(http_bind)
-            token = _mcp.read_token(token_file) if token_file is not None else None
-            _mcp.check_bind(host, token)  # before anything is built: a refusal costs nothing
-        with _mcp.stdout_to_stderr():
-            server = _mcp.build_sandbox_server(
-                tools=_mcp.load_tools(tools_spec) if tools_spec else None,
+            host, port = mcp.parse_bind(http_bind)
+            token = mcp.read_token(token_file) if token_file is not None else None
+            mcp.check_bind(host, token)  # before anything is built: a refusal costs nothing
+        with mcp.stdout_to_stderr():
+            server = mcp.build_sandbox_server(
+                tools=mcp.load_tools(tools_spec) if tools_spec else None,
                 fuel=fuel,
                 memory=memory,
                 timeout=timeout,
@@ -144,15 +144,15 @@ def serve(
     if http_bind is not None:
 
         def ready(url: str) -> None:
-            click.echo(f"mty: serving MCP tool {_mcp.RUN_PYTHON!r} on {url}", err=True)
+            click.echo(f"mty: serving MCP tool {mcp.RUN_PYTHON!r} on {url}", err=True)
 
         try:
-            _mcp.serve_http(server, host=host, port=port, token=token, on_ready=ready)
+            mcp.serve_http(server, host=host, port=port, token=token, on_ready=ready)
         except MightyError as exc:
             _fail(exc.message, exc)
         return
-    click.echo(f"mty: serving MCP tool {_mcp.RUN_PYTHON!r} on stdio", err=True)
+    click.echo(f"mty: serving MCP tool {mcp.RUN_PYTHON!r} on stdio", err=True)
     try:
-        _mcp.serve_stdio(server)
+        mcp.serve_stdio(server)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -20,9 +20,6 @@ import os
 import signal
 import sys
 import threading
-import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import suppress
 from pathlib import Path
 from types import FrameType
@@ -31,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from mighty._errors import BadInput
-from mighty.agents import AgentOutput, level_number
+from mighty.agents import (
+    AgentOutput,
+    StartReply,
+    level_number,
+    run_summary,
+    send_start_messages,
+)
 from mighty.cli._main import _control_refused, _control_socket, _errors, _write_text
 from mighty.cli._progress import Waits
 
@@ -76,10 +79,6 @@ class _Signals:
     @property
     def requested(self) -> bool:
         return self.first is not None
-
-
-class _Interrupted(Exception):
-    """A signal arrived while the main thread waited for a start message's reply."""
 
 
 @click.command("run")
@@ -131,75 +130,61 @@ def run_command(
     they are written, prefixed with the agent's address; --json also carries each agent's last
     lines (at most 200 lines and 64 KiB per agent) in the summary.
     """
-    from mighty.agents import Runtime, start_tree
-    from mighty.agents._manifest import agent_types, load_manifest, state_dir, supervisor_spec
-    from mighty.trace import Recorder
+    from mighty.agents import Application
 
     threshold = level_number(log_level)
     with _Signals() as signals, _errors(as_json):
-        spec, base = load_manifest(manifest)
-        if spec.cluster is not None:
-            raise BadInput(f"{manifest} has a [cluster] block: run each node with `mty node`")
         with Waits(not quiet) as show:
-            types = agent_types(spec, base, show)
-        telemetry = _telemetry(spec.telemetry)
-        failures: list[str] = []
-        replies: list[dict[str, Any]] = []
-        if signals.first is not None:  # while building: nothing ran yet
-            _cancelled(signals.first, replies, failures, None, as_json)
-        recorder = (
-            Recorder(Path(record) if record else None, flush=flush) if record is not None else None
-        )
-        stop = threading.Event()
-        runtime = Runtime(
-            workers=spec.workers,
-            recorder=recorder,
-            on_output=None if quiet else _OutputWriter(threshold),
-            state_dir=state_dir(spec, base),
-            on_event=None if quiet or telemetry is not None else _EventWriter(threshold),
-            introspect=introspect or spec.introspect,
-            telemetry=telemetry,
-        )
-        control = _control_server(runtime)
-        try:
-            for agent_type in types:
-                runtime.register(agent_type)
-            root = start_tree(
-                runtime, supervisor_spec(spec.supervisor), on_failed=lambda why: stop.set()
+            events = _EventWriter(threshold)
+            app = Application.from_manifest(
+                manifest,
+                record=(Path(record) if record else True) if record is not None else None,
+                flush=flush,
+                on_output=None if quiet else _OutputWriter(threshold),
+                on_event=None if quiet else events,
+                introspect=introspect,
+                progress=show,
             )
+        # With telemetry on, events go to the exporter, not to stderr.
+        events.enabled = app.telemetry is None
+        if signals.first is not None:  # while building: nothing ran yet
+            app.shutdown()
+            _cancelled(signals.first, [], [], None, as_json)
+        control = _control_server(app)
+        if control is not None:
+            app.on_shutdown(control.stop)
+
+        def started(_root: Any) -> None:
             if keep_running:
                 click.echo("mty: running; Ctrl-C to stop", err=True)
-            _start_messages(runtime, spec.start, signals, replies, failures, as_json)
-            # Until every accepted message is handled (drain: no mailbox left, no restart
-            # pending), or a signal; with --keep-running until a signal or the root fails.
-            while not signals.requested and not stop.is_set():
-                if keep_running:
-                    time.sleep(_SLICE)
-                elif runtime.drain(_SLICE):
-                    break
-        finally:
-            if control is not None:
-                control.stop()
-            runtime.shutdown(drain=False, timeout=_SHUTDOWN_TIMEOUT)
-            if recorder is not None:
-                recorder.close()
-            if telemetry is not None:
-                telemetry.shutdown()
-        summary = _summary(runtime, threshold)
-        if signals.first is not None:
-            _cancelled(signals.first, replies, failures, summary, as_json)
-        unhandled = summary["unhandled"]
-        failed = root.state == "failed" or bool(failures) or unhandled > 0
-        if as_json:
-            click.echo(
-                json.dumps(
-                    {"ok": not failed, "replies": replies, "failures": failures, **summary},
-                    default=repr,
+
+        def replied(reply: StartReply) -> None:
+            if not as_json:
+                click.echo(
+                    f"{reply.to} <- {reply.message}: {json.dumps(reply.reply, default=repr)}"
                 )
-            )
+
+        def failed(to: str, message: str, why: str) -> None:
+            if not as_json:
+                click.echo(f"{to} <- {message}: error: {why}", err=True)
+
+        report = app.run(
+            keep_running=keep_running,
+            interrupted=lambda: signals.requested,
+            on_started=started,
+            on_reply=replied,
+            on_failure=failed,
+            threshold=threshold,
+            timeout=_SHUTDOWN_TIMEOUT,
+        )
+        replies = [r.to_json() for r in report.replies]
+        if signals.first is not None:
+            _cancelled(signals.first, replies, report.failures, report.summary, as_json)
+        if as_json:
+            click.echo(json.dumps(report.to_json(), default=repr))
         else:
-            _print_summary(summary, root.state)
-        sys.exit(1 if failed else 0)
+            _print_summary(report.summary, report.supervisor)
+        sys.exit(0 if report.ok else 1)
 
 
 def _start_messages(
@@ -211,40 +196,20 @@ def _start_messages(
     as_json: bool,
 ) -> None:
     """Send the manifest's start messages in order (waiting for asks), until a signal."""
-    from mighty.agents import AgentError, decode_body, encode_body
 
-    def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
-        deadline = time.monotonic() + timeout
-        while not signals.requested:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise FutureTimeout
-            try:
-                return future.result(min(left, _SLICE))
-            except FutureTimeout:
-                continue
-        raise _Interrupted
+    def replied(reply: StartReply) -> None:
+        replies.append(reply.to_json())
+        if not as_json:
+            click.echo(f"{reply.to} <- {reply.message}: {json.dumps(reply.reply, default=repr)}")
 
-    for item in items:
-        if signals.requested:
-            return
-        try:
-            if item.ask:
-                raw = runtime.ask_raw(
-                    item.to, item.message, encode_body(item.body), timeout=item.timeout, wait=wait
-                )
-                reply = decode_body(raw)
-                replies.append({"to": item.to, "message": item.message, "reply": reply})
-                if not as_json:
-                    click.echo(f"{item.to} <- {item.message}: {json.dumps(reply, default=repr)}")
-            else:
-                runtime.send(item.to, item.message, item.body)
-        except _Interrupted:
-            return
-        except AgentError as exc:
-            failures.append(f"{item.to} <- {item.message}: {exc.message}")
-            if not as_json:
-                click.echo(f"{item.to} <- {item.message}: error: {exc.message}", err=True)
+    def failed(to: str, message: str, why: str) -> None:
+        if not as_json:
+            click.echo(f"{to} <- {message}: error: {why}", err=True)
+
+    _, failed_lines = send_start_messages(
+        runtime, items, interrupted=lambda: signals.requested, on_reply=replied, on_failure=failed
+    )
+    failures.extend(failed_lines)
 
 
 def _cancelled(
@@ -284,30 +249,18 @@ def _label(agent: dict[str, Any]) -> str:
     return f"{agent['address']} ({agent['name']})" if agent["name"] else str(agent["address"])
 
 
-def _telemetry(block: dict[str, Any] | None) -> Any:
-    """A Telemetry when the manifest's [telemetry] block or MTY_OTLP_ENDPOINT asks for one.
-
-    Off (the default) imports nothing of OpenTelemetry.
-    """
-    if block is None and not os.environ.get("MTY_OTLP_ENDPOINT"):
-        return None
-    try:
-        from mighty.telemetry import Telemetry, load_config
-    except ImportError:
-        raise BadInput("telemetry needs OpenTelemetry: pip install 'mighty-host[otel]'") from None
-    config = load_config(block, os.environ)
-    return None if config is None else Telemetry(config)
-
-
 class _EventWriter:
     """Telemetry off: what agents emit() becomes one structured line on stderr
     (``[address] event NAME {json}``), at info level."""
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
+        self.enabled = True
         self._lock = threading.Lock()
 
     def __call__(self, event: Any) -> None:
+        if not self.enabled:
+            return
         kind = event.kind
         if not kind.startswith("agent.") or kind in ("agent.crashed", "agent.restarted"):
             return
@@ -319,26 +272,14 @@ class _EventWriter:
             _write_text(sys.stderr, line)
 
 
-def _control_server(runtime: Any) -> Any:
+def _control_server(app: Any) -> Any:
     """The local control socket, when RUNTIME_CONTROL_SOCK names a path (opt-in)."""
-    from mighty.control import ENV_VAR, ControlServer, runtime_ops
+    from mighty.control import ENV_VAR, ControlServer, application_ops
 
     path = os.environ.get(ENV_VAR)
     if not path:
         return None
-
-    def reload(args: dict[str, Any]) -> Any:
-        agent_type, component = args.get("agent_type"), args.get("component")
-        if not isinstance(agent_type, str) or not isinstance(component, str):
-            raise BadInput("reload takes {agent_type: str, component: path}")
-        timeout = float(args.get("drain_timeout", 5.0))
-        return runtime.reload(agent_type, component, drain_timeout=timeout).to_json()
-
-    def status(_args: dict[str, Any]) -> Any:
-        return _summary(runtime)
-
-    ops = {"reload": reload, "status": status, **runtime_ops(runtime)}
-    server = ControlServer(path, ops).start()
+    server = ControlServer(path, application_ops(app)).start()
     click.echo(f"mty: control socket at {path}", err=True)
     return server
 
@@ -369,45 +310,7 @@ class _OutputWriter:
 
 
 def _summary(runtime: Any, threshold: int = 0) -> dict[str, Any]:
-    processes = sorted(
-        {id(p): p for p in (*runtime.retired(), *runtime.agents())}.values(),
-        key=lambda p: int(p.address.rpartition(":")[2]),
-    )
-    agents = [
-        {
-            "address": p.address,
-            "name": p.name,
-            "accepted": p.mailbox.accepted,
-            "handled": p.stats.handled,
-            "failed": p.stats.failed,
-            "crashes": p.stats.crashes,
-            "restarts": p.stats.restarts,
-            "unhandled": p.stats.unhandled,
-            "dropped": p.stats.dropped,
-            "fuel": p.stats.fuel,
-            "mailbox_high_water": p.mailbox.high_water,
-            "hibernated": p.hibernated,
-            "hibernations": p.stats.hibernations,
-            "wakes": p.stats.wakes,
-            "output": [o.to_json() for o in p.output.items() if level_number(o.level) >= threshold],
-            "output_dropped": p.output.dropped,
-        }
-        for p in processes
-    ]
-    workers = [
-        {"name": w.name, "messages": w.messages, "batches": w.batches, "steals": w.steals}
-        for w in runtime.worker_stats()
-    ]
-    events: dict[str, int] = {}
-    for event in list(runtime.events):
-        events[event.kind] = events.get(event.kind, 0) + 1
-    return {
-        "agents": agents,
-        "workers": workers,
-        "events": events,
-        "unhandled": sum(a["unhandled"] for a in agents),
-        "hibernation": runtime.hibernation_stats(),
-    }
+    return run_summary(runtime, threshold)
 
 
 def _print_summary(summary: dict[str, Any], state: str) -> None:

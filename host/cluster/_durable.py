@@ -234,7 +234,7 @@ class _Consumer(threading.Thread):
         self._done.add(done)
 
     def _restore(self, process: AgentProcess, snapshot: bytes) -> None:
-        with process._run:
+        with process.turn_lock:
             instance = process.instance
             if instance is None:
                 raise NoProc(f"{self.address} stopped")
@@ -380,7 +380,7 @@ class _Consumer(threading.Thread):
             return False
         if crashed and self._snapshot is not None:
             self._restore(process, self._snapshot)  # the state before the message it crashed on
-        with process._run:
+        with process.turn_lock:
             instance = process.instance
             if instance is None:
                 return False

@@ -106,7 +106,7 @@ def migrate(
     process.mailbox.pause()
     locked = False
     try:
-        if not process._run.acquire(timeout=drain_timeout):
+        if not process.turn_lock.acquire(timeout=drain_timeout):
             raise MigrationFailed(
                 f"{local} was still handling a message after the {drain_timeout:g} s drain deadline"
             )
@@ -135,9 +135,9 @@ def migrate(
             raise MigrationFailed(f"{target} answered with a bad address {new_address!r}")
     except BaseException:
         if locked:
-            process._run.release()
+            process.turn_lock.release()
         process.mailbox.resume()
-        process._wake()
+        process.wake()
         try:
             node.stop_on(prepared)
         except AgentError as exc:
@@ -148,7 +148,7 @@ def migrate(
     _link(runtime, local, node.name, node.qualify(local), new_address, snapshot)
     if supervised is not None:
         relocate(node, process, supervised, new_address)
-    process._run.release()  # still paused: no worker takes a message from it
+    process.turn_lock.release()  # still paused: no worker takes a message from it
     moved = _move_queue(node, process, new_address)
     moved += _switch(node, process, local, new_address)
     runtime.emit("agent.migrated", local, {"to": new_address, "moved": moved})
@@ -297,7 +297,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
         return Frame("ok", node=node.name, to=node.qualify(process.address))
     process = runtime.process(node.localize(frame.to))
     try:
-        with process._run:
+        with process.turn_lock:
             instance = process.instance
             if instance is None:
                 raise BadSpawn(f"{process.address} stopped as it started")
@@ -319,7 +319,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
         here = node.qualify(process.address)
         _link(runtime, process.address, node.name, previous, here, frame.body)
     process.mailbox.resume()
-    process._wake()
+    process.wake()
     return Frame("ok", node=node.name, to=node.qualify(process.address))
 
 

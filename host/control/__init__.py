@@ -5,7 +5,7 @@ Opt in by setting ``RUNTIME_CONTROL_SOCK`` to a path; the runtime serves its ops
 """
 
 from mighty.control._client import request
-from mighty.control._ops import MAX_ADDRESS, UnknownAgent, runtime_ops
+from mighty.control._ops import MAX_ADDRESS, UnknownAgent, application_ops, runtime_ops
 from mighty.control._protocol import ENV_VAR, PROTOCOL_VERSION, ControlError
 from mighty.control._server import (
     IDLE_TIMEOUT,
@@ -29,6 +29,7 @@ __all__ = [
     "ControlSocketError",
     "FileRefused",
     "UnknownAgent",
+    "application_ops",
     "read_regular_file",
     "request",
     "runtime_ops",

@@ -1,4 +1,5 @@
-"""The runtime's introspection ops on the control socket: ``inspect`` and ``top``.
+"""The ops a running system serves on the control socket: ``inspect``, ``top``, ``status``,
+``reload``.
 
 Each op validates its arguments (a control request is untrusted input: bounded, typed) and
 calls the Python API (``Runtime.inspect``, ``Runtime.top``); the control layer does no work the
@@ -13,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from mighty._errors import BadInput
 
 if TYPE_CHECKING:
-    from mighty.agents import Runtime
+    from mighty.agents import Application, Runtime
 
-__all__ = ["MAX_ADDRESS", "UnknownAgent", "runtime_ops"]
+__all__ = ["MAX_ADDRESS", "UnknownAgent", "application_ops", "runtime_ops"]
 
 MAX_ADDRESS = 256
 """Longest agent address or name an ``inspect`` request may carry."""
@@ -39,6 +40,8 @@ def runtime_ops(runtime: Runtime) -> dict[str, Callable[[dict[str, Any]], Any]]:
             return runtime.inspect()
         if not isinstance(agent, str) or not agent or len(agent) > MAX_ADDRESS:
             raise BadInput(f"inspect 'agent' must be an address or name of 1..{MAX_ADDRESS} chars")
+        # Here, not at the top: the control client (`mty inspect`, `mty top`) imports this
+        # package and must not load the runtime and wasmtime to send one request.
         from mighty.agents import NoProc
 
         try:
@@ -52,3 +55,23 @@ def runtime_ops(runtime: Runtime) -> dict[str, Callable[[dict[str, Any]], Any]]:
         return runtime.top()
 
     return {"inspect": inspect, "top": top}
+
+
+def application_ops(app: Application) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """What `mty run` serves for ``app``: ``inspect`` and ``top`` (see :func:`runtime_ops`),
+    ``status`` (the run summary so far) and ``reload`` (a hot swap, for `mty reload`)."""
+    runtime = app.runtime
+
+    def reload(args: dict[str, Any]) -> Any:
+        agent_type, component = args.get("agent_type"), args.get("component")
+        if not isinstance(agent_type, str) or not isinstance(component, str):
+            raise BadInput("reload takes {agent_type: str, component: path}")
+        timeout = args.get("drain_timeout", 5.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+            raise BadInput("reload's drain_timeout must be a number of seconds >= 0")
+        return runtime.reload(agent_type, component, drain_timeout=float(timeout)).to_json()
+
+    def status(_args: dict[str, Any]) -> Any:
+        return app.summary()
+
+    return {"reload": reload, "status": status, **runtime_ops(runtime)}

@@ -37,6 +37,7 @@ from typing import Any
 
 from wasmtime import _ffi as ffi
 
+from mighty._errors import BadInput
 from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
 from mighty.engine._state import MAX_GAP, MemoryState, freeze
@@ -397,7 +398,7 @@ def capture_memory(account: MemoryAccount, *, gap: int = MAX_GAP) -> MemoryState
     with _MEMORIES_LOCK:
         memories = [m for m in _MEMORIES.values() if m.account is account]
     if len(memories) != 1:
-        raise ValueError(f"expected one linear memory in the store, found {len(memories)}")
+        raise BadInput(f"expected one linear memory in the store, found {len(memories)}")
     memory = memories[0]
     return freeze(memory.base, memory.size, memory.image, _changed_ranges(memory), gap=gap)
 
@@ -409,10 +410,10 @@ def restore_memory(account: MemoryAccount, state: MemoryState) -> None:
     with _MEMORIES_LOCK:
         memories = [m for m in _MEMORIES.values() if m.account is account]
     if len(memories) != 1:
-        raise ValueError(f"expected one linear memory in the store, found {len(memories)}")
+        raise BadInput(f"expected one linear memory in the store, found {len(memories)}")
     memory = memories[0]
     if memory.size != state.size or memory.image is not state.image:
-        raise ValueError(
+        raise BadInput(
             f"a memory state of {state.size} bytes cannot replace a memory of {memory.size}"
         )
     image_length = state.image.length if state.image is not None else 0

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from mighty._errors import BadInput
 from mighty.engine._image import MemoryImage
 
 __all__ = ["MAX_GAP", "MemoryState", "state_from_pages"]
@@ -61,16 +62,16 @@ class MemoryState:
 def check_ranges(size: int, ranges: Sequence[tuple[int, int]]) -> None:
     """Raise ValueError unless ``ranges`` are page-aligned, sorted, disjoint and inside ``size``."""
     if size < 0 or size % _WASM_PAGE:
-        raise ValueError(f"a memory size must be a whole number of wasm pages, got {size}")
+        raise BadInput(f"a memory size must be a whole number of wasm pages, got {size}")
     end = 0
     for offset, length in ranges:
         if offset % _HOST_PAGE or length % _HOST_PAGE or length <= 0:
-            raise ValueError("memory ranges must be whole, non-empty host pages")
+            raise BadInput("memory ranges must be whole, non-empty host pages")
         if offset < end:
-            raise ValueError("memory ranges must be sorted and must not overlap")
+            raise BadInput("memory ranges must be sorted and must not overlap")
         end = offset + length
         if end > size:
-            raise ValueError(f"a memory range ends at {end}, past the memory's {size} bytes")
+            raise BadInput(f"a memory range ends at {end}, past the memory's {size} bytes")
 
 
 def freeze(
@@ -111,10 +112,10 @@ def state_from_pages(
     """A state from its changed pages: ``data`` is the ranges' bytes one after another."""
     check_ranges(size, ranges)
     if image is not None and image.minimum > size:
-        raise ValueError(f"the memory must be at least {image.minimum} bytes, got {size}")
+        raise BadInput(f"the memory must be at least {image.minimum} bytes, got {size}")
     total = sum(length for _offset, length in ranges)
     if len(data) != total:
-        raise ValueError(f"{len(data)} bytes of page data for ranges of {total} bytes")
+        raise BadInput(f"{len(data)} bytes of page data for ranges of {total} bytes")
     fd = _memfd(total)
     placed: list[tuple[int, int, int]] = []
     try:

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from mighty._cachedir import atomic_write_bytes, cache_root
+from mighty._errors import BadInput
 
 __all__ = ["ComponentStore", "keep_component"]
 
@@ -34,7 +35,7 @@ class ComponentStore:
     def path_for(self, sha256: str) -> Path:
         """Where the component with this sha256 is (or would be) kept."""
         if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+            raise BadInput(f"not a sha256 hex digest: {sha256!r}")
         return self.directory / f"{sha256}.wasm"
 
     def keep(self, sha256: str, data: bytes) -> Path | None:

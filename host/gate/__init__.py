@@ -13,6 +13,7 @@ from mighty.gate._gate import (
     ResourceKind,
     StaleHandle,
     request_exit,
+    resource_kind,
     unversioned,
 )
 from mighty.gate._scope import UNSCOPED, MissingSlot, Scope, Seed, Slot, Waitable
@@ -36,5 +37,6 @@ __all__ = [
     "StaleHandle",
     "Waitable",
     "request_exit",
+    "resource_kind",
     "unversioned",
 ]

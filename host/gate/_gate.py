@@ -70,6 +70,7 @@ __all__ = [
     "ResourceKind",
     "StaleHandle",
     "request_exit",
+    "resource_kind",
     "unversioned",
 ]
 
@@ -729,6 +730,15 @@ def _resource_drop(type_id: int) -> Callable[[wasmtime.StoreContext, int], None]
 
 
 _KINDS: dict[int, ResourceKind] = {}
+
+
+def resource_kind(interface: str, name: str) -> ResourceKind | None:
+    """The resource kind ``interface``/``name`` that a gate of this process defines, or None
+    (a replayer makes stand-ins of the kinds a trace names)."""
+    for kind in list(_KINDS.values()):
+        if kind.interface == interface and kind.name == name:
+            return kind
+    return None
 
 
 # -- the gate -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 from wasmtime.component._enter import maybe_raise_last_exn
 
-from mighty._errors import ExportNotFound, GuestTrap
+from mighty._errors import Closed, ExportNotFound, GuestTrap
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import (
@@ -34,7 +34,7 @@ from mighty.engine import (
     shielded,
 )
 from mighty.gate import CallHook, Gate, GuestContext, Seed
-from mighty.trace import InstanceRecording, Recorder
+from mighty.instance._recording import Recording, RecordSink
 from mighty.wasi import WASI_POLICY, CaptureOutput, Policy, WasiProvider, outputs
 
 __all__ = ["Instance", "call_once", "default_gate"]
@@ -77,7 +77,7 @@ class Instance:
         policy: Policy | None = None,
         gate: Gate | None = None,
         hooks: Sequence[CallHook] = (),
-        record: Recorder | None = None,
+        record: RecordSink | None = None,
         slots: Iterable[Seed] = (),
         agent: str | None = None,
         agent_name: str | None = None,
@@ -108,7 +108,7 @@ class Instance:
         self._closed = True
         self._gate = gate or default_gate()
         linker = self._gate.linker_for(get_engine(), component.imports, component.origin)
-        self._recording: InstanceRecording | None = None
+        self._recording: Recording | None = None
         if record is not None:
             self._recording = record.attach(
                 component, asdict(self.budget), self.policy, agent=agent, name=agent_name
@@ -156,6 +156,12 @@ class Instance:
         return account.current, account.limit
 
     @property
+    def poisoned(self) -> str | None:
+        """Why the instance refuses further calls (the first failure inside a call), or None
+        while it is usable."""
+        return self._poisoned
+
+    @property
     def context(self) -> GuestContext:
         """The gate's per-instance context (resource tables, provider slots, counters)."""
         return self._ctx
@@ -180,7 +186,7 @@ class Instance:
         the usage of the latest call, failed or not.
         """
         if self._closed:
-            raise ValueError("instance is closed")
+            raise Closed("instance is closed")
         if self._poisoned is not None:
             raise GuestTrap(
                 f"instance is unusable after an earlier failure ({self._poisoned}); "
@@ -295,7 +301,7 @@ class Instance:
         """Note on the component's memory images which pages this instance has written, for
         later instances made with ``prefault`` (learned once per image; returns the pages)."""
         if self._closed:
-            raise ValueError("instance is closed")
+            raise Closed("instance is closed")
         return learn_hot_pages(self._meter.account)
 
     def capture_memory(self, *, exact: bool = False) -> MemoryState:
@@ -303,14 +309,14 @@ class Instance:
         sealed copy of the pages that differ (``exact``: only those, else close ranges merged
         so that the state maps in fewer calls). Instances made with ``memory=`` start from it."""
         if self._closed:
-            raise ValueError("instance is closed")
+            raise Closed("instance is closed")
         return capture_memory(self._meter.account, gap=0 if exact else MAX_GAP)
 
     def restore_memory(self, state: MemoryState) -> None:
         """Make this instance's linear memory hold ``state`` (between calls; same component,
         and the memory already of the state's size). Nothing but the memory changes."""
         if self._closed:
-            raise ValueError("instance is closed")
+            raise Closed("instance is closed")
         restore_memory(self._meter.account, state)
 
     def holdings(self) -> frozenset[tuple[str, int]]:

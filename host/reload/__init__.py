@@ -1,4 +1,7 @@
-"""Hot reload: swap a running agent type's component behind a compatible state schema."""
+"""Hot reload: state schemas, their compatibility rules, and what a swap reports.
+
+The swap itself is ``Runtime.reload`` in ``mighty.agents``, the layer above this one.
+"""
 
 from mighty.reload._schema import (
     Compatibility,
@@ -13,7 +16,6 @@ from mighty.reload._swap import (
     ReloadRefused,
     ReloadReport,
     SwapVerifier,
-    reload_agent_type,
 )
 
 __all__ = [
@@ -27,5 +29,4 @@ __all__ = [
     "SwapVerifier",
     "check_compatible",
     "parse_schema",
-    "reload_agent_type",
 ]

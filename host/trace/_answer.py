@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from mighty._errors import BadInput
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import Component
 from mighty.gate import Binding, Gate, GuestContext, GuestViolation, Handle, request_exit
+from mighty.instance import default_gate
 from mighty.trace._format import TraceReader
 from mighty.trace._recorder import to_refs
 from mighty.trace._replay import (
@@ -118,8 +120,6 @@ def answer_gate(component: Component, base: Gate | None = None) -> Gate:
     """``base`` (default: the default WASI gate) plus stand-ins for every other import of
     ``component``: a stand-in only links; it fails if a call ever reaches it (a ``live`` run
     that leaves the trace on an import nothing here implements, such as ``mighty:agent``)."""
-    from mighty.instance import default_gate
-
     gate = base or default_gate()
     missing = gate.missing(component.imports)
     if not missing:
@@ -154,7 +154,7 @@ class TraceAnswers:
         local: Mapping[tuple[str, str], Callable[[list[Any]], Any]] | None = None,
     ) -> None:
         if policy not in ("strict", "live"):
-            raise ValueError(f"policy must be 'strict' or 'live', got {policy!r}")
+            raise BadInput(f"policy must be 'strict' or 'live', got {policy!r}")
         self.instance = instance
         self.policy: AnswerPolicy = policy
         self._custom_key = key
@@ -252,8 +252,7 @@ class TraceAnswers:
     def _materialize(self, ctx: GuestContext, value: Any) -> Any:
         """A recorded result with every HandleRef turned into a fresh stand-in resource."""
         if isinstance(value, HandleRef):
-            handle = ctx.new(_kind_named(value.interface, value.name), None)
-            ctx._tables[handle.kind.type_id][handle.rep] = _Stub(value)
+            handle = ctx.new(_kind_named(value.interface, value.name), _Stub(value))
             self._stubs[(handle.kind.type_id, handle.rep)] = value
             self._refs[(value.interface, value.name, handle.rep)] = value
             return handle

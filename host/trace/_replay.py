@@ -34,7 +34,7 @@ from typing import Any
 
 import cbor2
 
-from mighty._errors import HostError, MightyError
+from mighty._errors import BadInput, HostError, MightyError
 from mighty._files import FileRefused, read_regular_file
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.budget import DEFAULT_FUEL, DEFAULT_MEMORY, Budget
@@ -46,8 +46,9 @@ from mighty.gate import (
     GuestViolation,
     ResourceKind,
     request_exit,
+    resource_kind,
 )
-from mighty.gate._gate import _KINDS
+from mighty.instance import Instance, default_gate
 from mighty.trace._emit import Refused, emit
 from mighty.trace._errors import TraceInvalid
 from mighty.trace._format import TraceReader
@@ -87,7 +88,7 @@ class ReplayLimits:
     def __post_init__(self) -> None:
         Budget(fuel=self.fuel, memory=self.memory, timeout=self.timeout)  # same validation
         if type(self.component_bytes) is not int or self.component_bytes <= 0:
-            raise ValueError(f"component_bytes must be a positive int, got {self.component_bytes}")
+            raise BadInput(f"component_bytes must be a positive int, got {self.component_bytes}")
 
     def cap(self, recorded: dict[str, Any], offset: int) -> tuple[Budget, bool]:
         """The budget to run under for ``recorded``, and whether the cap lowered it."""
@@ -206,9 +207,9 @@ class _Stub:
 
 
 def _kind_named(interface: str, name: str) -> ResourceKind:
-    for kind in _KINDS.values():
-        if kind.interface == interface and kind.name == name:
-            return kind
+    kind = resource_kind(interface, name)
+    if kind is not None:
+        return kind
     raise NondeterminismError(
         f"the trace names a resource {interface}/{name} that this host does not define",
         instance=0,
@@ -221,9 +222,7 @@ def _kind_named(interface: str, name: str) -> ResourceKind:
 def _materialize(ctx: GuestContext, value: Any) -> Any:
     """A recorded result with every HandleRef turned into a fresh stand-in resource."""
     if isinstance(value, HandleRef):
-        handle = ctx.new(_kind_named(value.interface, value.name), None)
-        ctx._tables[handle.kind.type_id][handle.rep] = _Stub(value)
-        return handle
+        return ctx.new(_kind_named(value.interface, value.name), _Stub(value))
     if isinstance(value, list):
         return [_materialize(ctx, v) for v in value]
     if isinstance(value, tuple):
@@ -423,8 +422,6 @@ def replay_trace(
     there); raising :class:`ReplayAborted` from it ends the replay. ``limits`` caps every
     recorded budget and the component files read (see :class:`ReplayLimits`).
     """
-    from mighty.instance import Instance
-
     with TraceReader(path) as reader:
         groups = _group(reader)
         truncated = reader.truncated
@@ -516,8 +513,6 @@ class _StandIns:
 
 def _replay_gate(component: Component) -> Gate | None:
     """The default gate, plus stand-ins for whatever else the component imports."""
-    from mighty.instance import default_gate
-
     base = default_gate()
     missing = base.missing(component.imports)
     if not missing:

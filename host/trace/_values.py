@@ -53,6 +53,7 @@ from typing import Any
 
 import cbor2
 
+from mighty._errors import WrongType
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.trace._errors import TraceError
 
@@ -122,9 +123,9 @@ class HandleRef:
 
     def __post_init__(self) -> None:
         if type(self.interface) is not str or type(self.name) is not str:
-            raise TypeError("HandleRef interface and name must be str")
+            raise WrongType("HandleRef interface and name must be str")
         if type(self.rep) is not int:
-            raise TypeError(f"HandleRef rep must be an int, got {type(self.rep).__name__}")
+            raise WrongType(f"HandleRef rep must be an int, got {type(self.rep).__name__}")
 
 
 BytesHook = Callable[[bytes, int], Any]

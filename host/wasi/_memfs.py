@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from mighty._errors import BadInput
 from mighty.wasi._paths import FsError, split_path
 
 __all__ = ["ENTRY_COST", "MemFs", "MemNode"]
@@ -59,7 +60,7 @@ class MemFs:
     def _seed(self, path: str, data: bytes) -> None:
         parts = split_path(path)
         if not parts or ".." in parts:
-            raise ValueError(f"MemoryDir file path must be relative and plain, got {path!r}")
+            raise BadInput(f"MemoryDir file path must be relative and plain, got {path!r}")
         node = self.root
         for part in parts[:-1]:
             assert node.children is not None
@@ -67,11 +68,11 @@ class MemFs:
             if child is None:
                 child = self.add(node, part, directory=True)
             if not child.is_dir:
-                raise ValueError(f"MemoryDir path {path!r} goes through a file")
+                raise BadInput(f"MemoryDir path {path!r} goes through a file")
             node = child
         assert node.children is not None
         if parts[-1] in node.children:
-            raise ValueError(f"MemoryDir path {path!r} given twice")
+            raise BadInput(f"MemoryDir path {path!r} given twice")
         self.resize(self.add(node, parts[-1], directory=False), data, 0)
 
     # -- the account --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from mighty._errors import BadInput
 from mighty.wasi._policy import OutputPolicy
 from mighty.wasi._streams import OutputStream
 
@@ -74,9 +75,9 @@ class CaptureOutput(OutputStream):
         permit: int = WRITE_PERMIT,
     ) -> None:
         if cap < 0:
-            raise ValueError(f"capture cap must be >= 0, got {cap}")
+            raise BadInput(f"capture cap must be >= 0, got {cap}")
         if permit <= 0:
-            raise ValueError(f"write permit must be positive, got {permit}")
+            raise BadInput(f"write permit must be positive, got {permit}")
         self.cap = cap
         self.sink = sink
         # Asked once here, not at every check-write: isinstance against a runtime-checkable

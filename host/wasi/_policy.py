@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from mighty._errors import BadInput
+
 __all__ = [
     "DEFAULT_MAX_OPEN",
     "DEFAULT_OUTPUT_CAP",
@@ -40,7 +42,7 @@ class OutputPolicy:
 
     def __post_init__(self) -> None:
         if self.cap < 0:
-            raise ValueError(f"output cap must be >= 0, got {self.cap}")
+            raise BadInput(f"output cap must be >= 0, got {self.cap}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +60,11 @@ class DirGrant:
 
     def __post_init__(self) -> None:
         if not self.guest.startswith("/"):
-            raise ValueError(f"guest path must be absolute, got {self.guest!r}")
+            raise BadInput(f"guest path must be absolute, got {self.guest!r}")
         if "\x00" in self.guest or "\x00" in str(self.host):
-            raise ValueError("paths must not contain NUL")
+            raise BadInput("paths must not contain NUL")
         if self.max_bytes is not None and (type(self.max_bytes) is not int or self.max_bytes < 0):
-            raise ValueError(f"max_bytes must be None or an int >= 0, got {self.max_bytes!r}")
+            raise BadInput(f"max_bytes must be None or an int >= 0, got {self.max_bytes!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ class MemoryDir:
 
     def __post_init__(self) -> None:
         if not self.guest.startswith("/"):
-            raise ValueError(f"guest path must be absolute, got {self.guest!r}")
+            raise BadInput(f"guest path must be absolute, got {self.guest!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +118,17 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.clock not in ("real", "fixed", "virtual"):
-            raise ValueError(f"clock must be real, fixed or virtual, got {self.clock!r}")
+            raise BadInput(f"clock must be real, fixed or virtual, got {self.clock!r}")
         for key, value in self.env:
             if "=" in key or "\x00" in key or "\x00" in value:
-                raise ValueError(f"invalid environment variable {key!r}")
+                raise BadInput(f"invalid environment variable {key!r}")
         guests = [d.guest for d in self.dirs]
         if len(set(guests)) != len(guests):
-            raise ValueError(f"two directories preopened at the same guest path: {guests}")
+            raise BadInput(f"two directories preopened at the same guest path: {guests}")
         if self.max_read <= 0:
-            raise ValueError("max_read must be positive")
+            raise BadInput("max_read must be positive")
         if type(self.max_open) is not int or self.max_open <= 0:
-            raise ValueError(f"max_open must be a positive int, got {self.max_open!r}")
+            raise BadInput(f"max_open must be a positive int, got {self.max_open!r}")
 
     def with_env(self, **env: str) -> Policy:
         """A copy with these environment variables added (or replaced)."""

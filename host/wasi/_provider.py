@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import ModuleType
 
-from mighty._errors import HostError
+from mighty._errors import WrongType
 from mighty.gate import Binding, GuestContext, ResourceKind, Slot
 from mighty.wasi import _cli, _clocks, _filesystem, _io, _logging, _random, _sockets
 from mighty.wasi._policy import Policy
@@ -39,7 +39,7 @@ class WasiProvider:
             policy = Policy()
             ctx.put(WASI_POLICY, policy)
         elif not isinstance(policy, Policy):  # a seed is typed only where Slot.of was checked
-            raise HostError(f"wasi.policy must be a Policy, got {type(policy).__name__}")
+            raise WrongType(f"wasi.policy must be a Policy, got {type(policy).__name__}")
         for module in _MODULES:
             module.setup(ctx, policy)
 

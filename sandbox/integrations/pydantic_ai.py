@@ -41,6 +41,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
 from typing_extensions import TypedDict
 
+from mighty._errors import Misuse
 from mighty.sandbox import Limits, RunResult, Sandbox, Tool
 
 __all__ = ["MAX_RETRY_OUTPUT", "RUN_CODE_DESCRIPTION", "MightyCodeToolset"]
@@ -216,7 +217,7 @@ def _tool_function(local: str, definition: ToolDefinition) -> Callable[..., Any]
     async def call(**kwargs: Any) -> Any:
         current = _CURRENT.get()
         if current is None:
-            raise RuntimeError("a code-mode tool was called outside a run_code call")
+            raise Misuse("a code-mode tool was called outside a run_code call")
         # Arguments left at their default are not sent: pydantic-ai fills in the real default.
         args = {k: v for k, v in kwargs.items() if v is not None or k in required}
         part = ToolCallPart(

@@ -17,7 +17,7 @@ from mighty.agents import (
     AgentCrashed,
     AgentType,
     BreakerSettings,
-    CircuitOpenError,
+    CircuitOpen,
     HandlerFailed,
     MailboxFullError,
     MailboxSettings,
@@ -220,14 +220,14 @@ def test_circuit_breaker_fails_fast_then_probes(kvstore: Component) -> None:
             with pytest.raises(AgentCrashed):
                 rt.ask("kv", "crash", timeout=30)
         opened = time.monotonic()
-        with pytest.raises(CircuitOpenError):
+        with pytest.raises(CircuitOpen):
             rt.ask("kv", "size")
         deadline = opened + 60
         while True:
             try:
                 probe = rt.ask("kv", "size")
                 break
-            except CircuitOpenError:
+            except CircuitOpen:
                 assert time.monotonic() < deadline, "the circuit never let a probe through"
                 time.sleep(0.05)
         assert time.monotonic() - opened >= 1.5  # not before (most of) the cooldown

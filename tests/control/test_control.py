@@ -106,6 +106,7 @@ def test_public_names() -> None:
             "MAX_ADDRESS",
             "MAX_FILE_BYTES",
             "UnknownAgent",
+            "application_ops",
             "read_regular_file",
             "request",
             "runtime_ops",
