@@ -598,6 +598,13 @@ _PRIM_CODES = {"s8": "b", "u8": "B", "s16": "h", "u16": "H", "s32": "i", "u32": 
 _PRIM_CODES.update({"s64": "q", "u64": "Q"})
 
 
+def _int_range(name: str) -> tuple[int, int]:
+    bits = 8 * struct.calcsize(_PRIM_CODES[name])
+    if name[0] == "s":
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
 def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
     """How this import's result reaches wasmtime's result slot. The common results are
     written as bytes: ``Ok`` of nothing (``result<_, E>``, most WASI stream calls) and ``Ok``
@@ -613,6 +620,20 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
             codec.lower_result_into(store, result, _VAL_AT(results_ptr))
 
     wt = codec.sig.result
+    if isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
+        # A bare integer (a clock's instant): the whole slot in one write.
+        lo, hi = _int_range(wt.name)
+        code = _PRIM_CODES[wt.name]
+        pack_slot = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
+        kind = _PRIM_KINDS[wt.name]
+
+        def bare_int(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+            if type(result) is int and lo <= result <= hi:
+                _SLOT_AT(results_ptr).raw = pack_slot(kind, result)
+            else:
+                generic(ctx, store, result, results_ptr)
+
+        return bare_int
     if not isinstance(wt, ResultType):
         return generic
     if wt.ok is None:
@@ -626,13 +647,9 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
         return ok_empty
     ok = wt.ok
     if isinstance(ok, PrimitiveType) and ok.name in _PRIM_KINDS:
-        bits = 8 * struct.calcsize(_PRIM_CODES[ok.name])
-        lo, hi = (
-            (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
-            if ok.name[0] == "s"
-            else (0, (1 << bits) - 1)
-        )
-        pack_int = struct.Struct(f"<B7x{_PRIM_CODES[ok.name]}").pack
+        lo, hi = _int_range(ok.name)
+        code = _PRIM_CODES[ok.name]
+        pack_int = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
         kind = _PRIM_KINDS[ok.name]
 
         def ok_int(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
@@ -640,8 +657,7 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
                 value = result.value
                 if type(value) is int and lo <= value <= hi:
                     box = _val_new(_byref(_ZERO_VAL))
-                    payload = pack_int(kind, value)
-                    ctypes.memmove(box, payload, len(payload))
+                    _SLOT_AT(box).raw = pack_int(kind, value)
                     _SLOT_AT(results_ptr).raw = _RESULT_HEAD(19, True, box)
                     return
             generic(ctx, store, result, results_ptr)
