@@ -159,6 +159,11 @@ class CallHook(Protocol):
 
     ``call()`` runs the implementation (or the next hook). A replayer returns recorded results
     without calling it; a recorder calls it and writes down what came back.
+
+    A hook that only watches may also define ``watch_import(ctx, binding, args, value,
+    failed)``: when it is the only hook, the gate runs the implementation itself and then calls
+    that with the result (``failed`` False) or with the exception it raised (``failed`` True,
+    raised again after). It must do what ``__call__`` would have done around ``call()``.
     """
 
     def __call__(
@@ -433,6 +438,17 @@ def _run_hooked(
     args = reg.lift(ctx, context_ptr, args_ptr, nargs)
     fn = reg.binding.fn
     resolve = reg.resolve
+    if len(hooks) == 1:
+        watch = getattr(hooks[0], "watch_import", None)
+        if watch is not None:
+            # A hook that only watches (the recorder): no closure, no frame around the call.
+            try:
+                result = fn(ctx, *(args if resolve is None else resolve(ctx, args)))
+            except BaseException as exc:
+                watch(ctx, reg.binding, args, exc, True)
+                raise
+            watch(ctx, reg.binding, args, result, False)
+            return result
 
     def call() -> Any:
         return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
@@ -540,15 +556,42 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
                 out.append(conv(ctx, get(at)))
         return out
 
+    if top and top[0] and not any(top[1:]) and all(c is None for c in converters[1:]):
+        # A method with plain arguments (every stream call): its resource, then the rest.
+        rest = [(i * _VAL_SIZE, get) for i, get in enumerate(getters) if i]
+
+        def lift_method(
+            ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int
+        ) -> list[Any]:
+            if nargs != nparams:
+                arity(nargs)
+            out = [_handle_at(context_ptr, _PTR_AT(args_ptr + _PAYLOAD))]
+            for offset, get in rest:
+                out.append(get(args_ptr + offset))
+            return out
+
+        lift = lift_method
+    else:
+        lift = lift_all
+
     def resolve(ctx: GuestContext, values: list[Any]) -> list[Any]:
         return [
             conv(ctx, v) if conv is not None else v
             for conv, v in zip(resolvers, values, strict=True)
         ]
 
-    reg.resolve = resolve if any(r is not None for r in resolvers) else None
+    def resolve_self(ctx: GuestContext, values: list[Any]) -> list[Any]:
+        # A method on a borrowed resource with plain arguments: only the first one to turn.
+        out = list(values)
+        out[0] = _to_object(ctx, out[0])
+        return out
+
+    if resolvers and resolvers[0] is _to_object and all(r is None for r in resolvers[1:]):
+        reg.resolve = resolve_self
+    else:
+        reg.resolve = resolve if any(r is not None for r in resolvers) else None
     reg.to_guest = None if codec.sig.result is None else _guest_converter(codec.sig.result)
-    reg.lift = lift_all
+    reg.lift = lift
     reg.lift_objects = _direct_lifter(param_types, getters, resolvers)
     reg.codec = codec
     reg.lower = lower = _lowerer(codec, reg.to_guest)

@@ -47,7 +47,7 @@ from mighty.trace._values import (
     _check_hashed,
 )
 
-__all__ = ["BlobSink", "Refused", "emit", "emit_into", "head", "text", "uint"]
+__all__ = ["BlobSink", "Refused", "emit", "emit_into", "emit_simple", "head", "text", "uint"]
 
 _CBOR_INT_MAX = 2**64 - 1
 _DOUBLE = struct.Struct(">d")
@@ -165,6 +165,61 @@ class BlobSink:
 
 _HANDLES_ON = 1
 _CANONICAL = 2
+_T_OK_NONE = _T_OK + _NONE
+
+
+def emit_simple(value: Any, blob_min: int) -> bytes | None:
+    """``emit(value, blobs, handles=True)`` for a value one level deep in a record (an import
+    record's args or result) when it has one of the shapes such values mostly have: a flat list
+    of, or an ``Ok`` of, or just one of: a gate Handle, a ``bytes`` shorter than ``blob_min``,
+    an int in the CBOR range, a str, None, a bool. Anything else is None, and the caller takes
+    the general path: this one only skips the walk's dispatch, never decides anything."""
+    t = type(value)
+    if t is list:
+        parts = [_array_head(len(value))]
+        for item in value:
+            part = _simple_item(item, blob_min)
+            if part is None:
+                return None
+            parts.append(part)
+        return b"".join(parts)
+    if t is Ok:
+        inner = value.value
+        if inner is None:
+            return _T_OK_NONE
+        part = _simple_item(inner, blob_min)
+        return None if part is None else _T_OK + part
+    return _simple_item(value, blob_min)
+
+
+def _simple_item(v: Any, blob_min: int) -> bytes | None:
+    t = type(v)
+    if t is Handle:
+        rep = v.rep
+        if type(rep) is int and 0 <= rep <= _CBOR_INT_MAX:
+            return _handle(v.kind.interface, v.kind.name, rep)
+        return None
+    if t is bytes:
+        n = len(v)
+        if n >= blob_min:
+            return None
+        return (_BYTES[n] if n < 256 else head(2, n)) + v
+    if t is int:
+        if 0 <= v < 256:
+            return _UINT[v]
+        if -(2**64) <= v <= _CBOR_INT_MAX:
+            return uint(v)
+        return None
+    if t is str:
+        try:
+            return text(v)
+        except UnicodeEncodeError:
+            return None
+    if v is None:
+        return _NONE
+    if t is bool:
+        return _TRUE if v else _FALSE
+    return None
 
 
 def emit(
