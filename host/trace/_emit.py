@@ -203,12 +203,14 @@ def _simple_item(v: Any, blob_min: int) -> bytes | None:
         n = len(v)
         if n >= blob_min:
             return None
-        return (_BYTES[n] if n < 256 else head(2, n)) + v
+        data: bytes = v
+        return (_BYTES[n] if n < 256 else head(2, n)) + data
     if t is int:
-        if 0 <= v < 256:
-            return _UINT[v]
-        if -(2**64) <= v <= _CBOR_INT_MAX:
-            return uint(v)
+        number: int = v
+        if 0 <= number < 256:
+            return _UINT[number]
+        if -(2**64) <= number <= _CBOR_INT_MAX:
+            return uint(number)
         return None
     if t is str:
         try:
