@@ -17,7 +17,7 @@ from mighty import Component, Instance
 from mighty.abi import Ok, Some, Variant
 from mighty.gate import Handle, ResourceKind
 from mighty.trace import HandleRef, Recorder, TraceError, encode_value, read_trace
-from mighty.trace._emit import BlobSink, Refused, emit, uint
+from mighty.trace._emit import BlobSink, Refused, emit, emit_simple, uint
 from mighty.trace._recorder import to_refs
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with
 from tests.trace.test_values import values
@@ -83,6 +83,25 @@ with_gate_handles = st.recursive(
 def test_gate_handles_encode_as_their_refs(value: Any) -> None:
     """With ``handles``, a gate Handle encodes as the HandleRef that to_refs would make."""
     assert fast(value, 16, handles=True) == reference(to_refs(value), 16)
+
+
+@given(
+    with_gate_handles | st.lists(gate_handles | values, max_size=4), st.sampled_from([0, 5, 4096])
+)
+def test_simple_encoding_is_the_general_one(value: Any, blob_min: int) -> None:
+    """The recorder's one-go encoding of an import's args or result, where it takes the
+    value at all, is byte for byte the general encoder's (and leaves no blob behind)."""
+    simple = emit_simple(value, blob_min)
+    if simple is not None:
+        assert (simple, {}) == fast(value, blob_min, handles=True)
+
+
+def test_simple_encoding_takes_the_print_paths_values() -> None:
+    """The shapes of the hot imports' records are taken (so the fast path is the one used)."""
+    for value in ([Handle(STREAM, 3), b"hello\n"], [Handle(STREAM, 3)], Ok(None), Ok(2**31 - 1)):
+        assert emit_simple(value, 4096) == fast(value, 4096, handles=True)[0]
+    assert emit_simple([b"x" * 4096], 4096) is None  # a blob: the general path
+    assert emit_simple([Name("x")], 4096) is None  # a str subclass: the general path
 
 
 @pytest.mark.parametrize(
