@@ -47,7 +47,17 @@ from mighty.trace._values import (
     _check_hashed,
 )
 
-__all__ = ["BlobSink", "Refused", "emit", "emit_into", "emit_simple", "head", "text", "uint"]
+__all__ = [
+    "BlobSink",
+    "Refused",
+    "canonical_record",
+    "emit",
+    "emit_into",
+    "emit_simple",
+    "head",
+    "text",
+    "uint",
+]
 
 _CBOR_INT_MAX = 2**64 - 1
 _DOUBLE = struct.Struct(">d")
@@ -198,6 +208,16 @@ def _simple_item(v: Any, blob_min: int) -> bytes | None:
         rep = v.rep
         if type(rep) is int and 0 <= rep <= _CBOR_INT_MAX:
             return _handle(v.kind.interface, v.kind.name, rep)
+        return None
+    if t is HandleRef:
+        rep, interface, name = v.rep, v.interface, v.name
+        if (
+            type(rep) is int
+            and 0 <= rep <= _CBOR_INT_MAX
+            and type(interface) is str
+            and type(name) is str
+        ):
+            return _handle(interface, name, rep)
         return None
     if t is bytes:
         n = len(v)
@@ -383,3 +403,32 @@ def _emit_flat(
     for k, item in v.items():
         _emit(k, depth + 2, blobs, handles & _CANONICAL, out)
         _emit(item, depth + 2, blobs, handles, out)
+
+
+_ORDERS: dict[tuple[str, ...], list[tuple[bytes, str]]] = {}
+_NO_BLOBS = 1 << 62
+
+
+def canonical_record(record: dict[str, Any], skip: str) -> bytes | None:
+    """``emit({k: v for k, v in record.items() if k != skip}, canonical=True)`` for a record of
+    text keys whose values ``emit_simple`` takes (the replayer digests every import record),
+    else None. Simple values hold no map, so only the record's own keys need ordering; the
+    order of one set of keys is worked out once."""
+    keys = tuple(k for k in record if k != skip)
+    order = _ORDERS.get(keys)
+    if order is None:
+        if not all(type(k) is str for k in keys):
+            return None
+        order = sorted(((text(k), k) for k in keys), key=_canonical_key)
+        if len(_ORDERS) >= 256:
+            _ORDERS.clear()
+        _ORDERS[keys] = order
+    n = len(order)
+    parts = [_MAP[n] if n < 32 else head(5, n)]
+    for key, name in order:
+        part = emit_simple(record[name], _NO_BLOBS)
+        if part is None:
+            return None
+        parts.append(key)
+        parts.append(part)
+    return b"".join(parts)
