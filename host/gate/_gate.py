@@ -364,6 +364,10 @@ class _Registered:
     to_guest: Callable[[GuestContext, Any], Any] | None = None
     # Writes the result into wasmtime's result slot: ``lower(ctx, store, result, address)``.
     lower: _Lower | None = None
+    # For a ``[method]R.f``: the kind of R, the resource of the binding's own interface that
+    # ``self`` always is (wasmtime checks a handle's type when the guest passes it, and reps
+    # are unique across kinds within an instance, so a wrong one would not be found anyway).
+    self_kind: ResourceKind | None = None
 
 
 _REGISTERED: dict[int, _Registered] = {}
@@ -556,7 +560,14 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
                 out.append(conv(ctx, get(at)))
         return out
 
-    if top and top[0] and not any(top[1:]) and all(c is None for c in converters[1:]):
+    self_kind = reg.self_kind
+    if (
+        self_kind is not None
+        and top
+        and top[0]
+        and not any(top[1:])
+        and all(c is None for c in converters[1:])
+    ):
         # A method with plain arguments (every stream call): its resource, then the rest.
         rest = [(i * _VAL_SIZE, get) for i, get in enumerate(getters) if i]
 
@@ -565,7 +576,7 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
         ) -> list[Any]:
             if nargs != nparams:
                 arity(nargs)
-            out = [_handle_at(context_ptr, _PTR_AT(args_ptr + _PAYLOAD))]
+            out = [Handle(self_kind, _rep_at(context_ptr, _PTR_AT(args_ptr + _PAYLOAD)))]
             for offset, get in rest:
                 out.append(get(args_ptr + offset))
             return out
@@ -592,7 +603,7 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
         reg.resolve = resolve if any(r is not None for r in resolvers) else None
     reg.to_guest = None if codec.sig.result is None else _guest_converter(codec.sig.result)
     reg.lift = lift
-    reg.lift_objects = _direct_lifter(param_types, getters, resolvers)
+    reg.lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
     reg.codec = codec
     reg.lower = lower = _lowerer(codec, reg.to_guest)
     return lower
@@ -713,6 +724,7 @@ def _direct_lifter(
     param_types: Sequence[WitType],
     getters: Sequence[Callable[[int], Any]],
     resolvers: Sequence[_Conv | None],
+    self_kind: ResourceKind | None = None,
 ) -> _Lift:
     """What the implementation takes, in one pass: a top-level resource goes from its rep
     straight to the host object, with no Handle made in between."""
@@ -751,16 +763,25 @@ def _direct_lifter(
 
         return lift_plain
 
-    if direct[0][0] == _BORROW and all(kind == _PLAIN for kind, _ in direct[1:]):
+    if (
+        self_kind is not None
+        and direct[0][0] == _BORROW
+        and all(kind == _PLAIN for kind, _ in direct[1:])
+    ):
         # A method on a borrowed resource with plain arguments (every stream call).
         rest = [(i * _VAL_SIZE, get) for i, (_, get) in enumerate(direct) if i]
+        type_id, kind_name = self_kind.type_id, self_kind.name
 
         def lift_method(
             ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int
         ) -> list[Any]:
             if nargs != nparams:
                 arity(nargs)
-            out = [_object_at(ctx, context_ptr, _PTR_AT(args_ptr + _PAYLOAD), _BORROW)]
+            rep = _rep_at(context_ptr, _PTR_AT(args_ptr + _PAYLOAD))
+            table = ctx._tables.get(type_id)
+            if table is None or rep not in table:
+                raise StaleHandle(f"no live {kind_name} with handle {rep}")
+            out = [table[rep]]
             for offset, get in rest:
                 out.append(get(args_ptr + offset))
             return out
@@ -801,6 +822,20 @@ def _host_at(context_ptr: Any, resource: Any) -> tuple[int, int]:
         raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
     try:
         return _host_type(host), _host_rep(host)
+    finally:
+        _host_delete(host)
+
+
+def _rep_at(context_ptr: Any, resource: Any) -> int:
+    """The rep of the host resource ``resource`` points to, for a caller that knows its type."""
+    host = _VP()
+    error = _any_to_host(context_ptr, resource, _byref(host))
+    if error:
+        err = ctypes.cast(error, _ERROR_PTR)
+        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+    try:
+        rep: int = _host_rep(host)
+        return rep
     finally:
         _host_delete(host)
 
@@ -1022,7 +1057,7 @@ class Gate:
                             _resource_drop(kind.type_id),
                         )
                     for binding in self._bindings.get(interface, {}).values():
-                        _add_func(instance, binding)
+                        _add_func(instance, binding, self._resources.get(interface, {}))
         return linker
 
     def context(
@@ -1054,9 +1089,14 @@ class Gate:
             _detach(key)
 
 
-def _add_func(instance: wc.LinkerInstance, binding: Binding) -> None:
+def _add_func(
+    instance: wc.LinkerInstance, binding: Binding, kinds: Mapping[str, ResourceKind]
+) -> None:
     key = next(_NEXT_BINDING_KEY)
-    _REGISTERED[key] = _Registered(binding)
+    self_kind = None
+    if binding.name.startswith("[method]"):
+        self_kind = kinds.get(binding.name[len("[method]") :].partition(".")[0])
+    _REGISTERED[key] = _Registered(binding, self_kind=self_kind)
     name = binding.name.encode()
     error = _add_func_raw(
         instance.ptr(), ctypes.create_string_buffer(name), len(name), _C_DISPATCH, key, _C_FINALIZE
