@@ -331,10 +331,13 @@ class _CallStore:
     ``ResourceHost.to_any`` and the like), and refuses once the call is over, as wasmtime-py's
     own ``StoreContext`` does."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("host", "host_ref", "ptr")
 
     def __init__(self) -> None:
         self.ptr: int | None = None
+        # The out-parameter of resource lookups during this instance's calls (one at a time).
+        self.host = _VP()
+        self.host_ref = _byref(self.host)
 
     def _context(self) -> Any:
         if self.ptr is None:
@@ -576,7 +579,8 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
         ) -> list[Any]:
             if nargs != nparams:
                 arity(nargs)
-            out = [Handle(self_kind, _rep_at(context_ptr, _PTR_AT(args_ptr + _PAYLOAD)))]
+            rep = _rep_at(ctx.call_store, context_ptr, _PTR_AT(args_ptr + _PAYLOAD))
+            out = [Handle(self_kind, rep)]
             for offset, get in rest:
                 out.append(get(args_ptr + offset))
             return out
@@ -777,7 +781,7 @@ def _direct_lifter(
         ) -> list[Any]:
             if nargs != nparams:
                 arity(nargs)
-            rep = _rep_at(context_ptr, _PTR_AT(args_ptr + _PAYLOAD))
+            rep = _rep_at(ctx.call_store, context_ptr, _PTR_AT(args_ptr + _PAYLOAD))
             table = ctx._tables.get(type_id)
             if table is None or rep not in table:
                 raise StaleHandle(f"no live {kind_name} with handle {rep}")
@@ -826,10 +830,10 @@ def _host_at(context_ptr: Any, resource: Any) -> tuple[int, int]:
         _host_delete(host)
 
 
-def _rep_at(context_ptr: Any, resource: Any) -> int:
+def _rep_at(store: _CallStore, context_ptr: Any, resource: Any) -> int:
     """The rep of the host resource ``resource`` points to, for a caller that knows its type."""
-    host = _VP()
-    error = _any_to_host(context_ptr, resource, _byref(host))
+    host = store.host
+    error = _any_to_host(context_ptr, resource, store.host_ref)
     if error:
         err = ctypes.cast(error, _ERROR_PTR)
         raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
