@@ -306,6 +306,10 @@ class Tool:
         init=False, repr=False, compare=False
     )
     is_async: bool = field(init=False, repr=False, compare=False)
+    positional: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
+    """The parameter names when every one can be passed by position (no ``*args``,
+    keyword-only or ``**kwargs``): a call passing them all by position binds without
+    ``Signature.bind``."""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -331,6 +335,14 @@ class Tool:
         object.__setattr__(self, "signature", signature)
         object.__setattr__(self, "adapters", adapters)
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
+        by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        object.__setattr__(
+            self,
+            "positional",
+            tuple(signature.parameters)
+            if all(p.kind in by_position for p in signature.parameters.values())
+            else None,
+        )
 
     def spec(self) -> dict[str, Any]:
         """What the guest needs to build a stub with the same signature."""
@@ -344,7 +356,12 @@ class Tool:
 
     def bind(self, args: list[Any], kwargs: dict[str, Any]) -> inspect.BoundArguments:
         """Bind and validate; raises TypeError or InvalidArgument."""
-        bound = self.signature.bind(*args, **kwargs)
+        names = self.positional
+        if names is not None and not kwargs and len(args) == len(names):
+            # What Signature.bind gives for every parameter passed by position, made directly.
+            bound = inspect.BoundArguments(self.signature, dict(zip(names, args, strict=True)))
+        else:
+            bound = self.signature.bind(*args, **kwargs)
         for pname, value in list(bound.arguments.items()):
             adapter = self.adapters.get(pname)
             if adapter is None:

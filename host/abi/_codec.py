@@ -905,7 +905,18 @@ class FuncCodec:
                     f"the function returns nothing, got {_describe(value)}", path="result"
                 )
             return
+        self.lower_result_into(store, value, results_ptr[0])
+
+    def lower_result_into(self, store: Any, value: Any, slot: Any) -> None:
+        """``lower_result`` into the result slot itself (a ``wasmtime_component_val_t``), for
+        a caller that holds the slot's address rather than a pointer object."""
+        if self._result is None:
+            if value is not None:
+                raise ArgumentError(
+                    f"the function returns nothing, got {_describe(value)}", path="result"
+                )
+            return
         try:
-            self._result.lower(store, value, results_ptr[0])
+            self._result.lower(store, value, slot)
         except _MismatchError as m:
             raise m.to_error("result") from None

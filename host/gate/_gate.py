@@ -24,9 +24,10 @@ from __future__ import annotations
 import ctypes
 import itertools
 import re
+import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -44,6 +45,7 @@ from mighty.abi import (
     MapType,
     OptionType,
     OwnType,
+    PrimitiveType,
     RecordType,
     ResultType,
     TupleType,
@@ -159,6 +161,11 @@ class CallHook(Protocol):
 
     ``call()`` runs the implementation (or the next hook). A replayer returns recorded results
     without calling it; a recorder calls it and writes down what came back.
+
+    A hook that only watches may also define ``watch_import(ctx, binding, args, value,
+    failed)``: when it is the only hook, the gate runs the implementation itself and then calls
+    that with the result (``failed`` False) or with the exception it raised (``failed`` True,
+    raised again after). It must do what ``__call__`` would have done around ``call()``.
     """
 
     def __call__(
@@ -257,24 +264,62 @@ class GuestContext:
 
 
 # -- the trampoline -------------------------------------------------------------------------
+#
+# The cost of one import is mostly fixed Python and ctypes work, so the trampoline keeps it
+# to the least (measured on the print path: 6.2 us per import before, see benchmarks/README):
+# - wasmtime's pointers arrive as plain ints (our own callback prototype, all ``c_void_p``),
+#   not as four ctypes pointer objects made per call; values are read at their addresses;
+# - the few tiny C functions called per import run without releasing the GIL (``PyDLL``):
+#   each is shorter than a GIL hand-over;
+# - everything that depends only on the import's type (how each argument is read, how the
+#   result is written, the common results' bytes) is decided once, in ``_compile``.
+# Rejected: caching the (type, rep) of a resource by the address of its handle box. wasmtime
+# allocates a fresh box per call and reuses freed addresses, so a cache would hand one call's
+# resource to another.
 
 
-def _raw(name: str, restype: Any, *argtypes: Any) -> Any:
+def _raw(name: str, restype: Any, *argtypes: Any, gil: bool = False) -> Any:
     """Our own prototype of a wasmtime C function (``dll[name]`` is a new function object,
     so wasmtime-py's own prototype stays as it is): pointers as plain ``c_void_p``, which takes
-    ints and ctypes pointers alike, and no Python wrapper frame around the call."""
-    fn = ffi.dll[name]
+    ints and ctypes pointers alike, and no Python wrapper frame around the call. ``gil``: call
+    it without releasing the GIL (only for functions that return at once)."""
+    fn = (_HOLDING_GIL if gil else ffi.dll)[name]
     fn.restype = restype
     fn.argtypes = list(argtypes)
     return fn
 
 
+_HOLDING_GIL = ctypes.PyDLL(ffi.dll._name)
 _VP = ctypes.c_void_p
-_get_data = _raw("wasmtime_context_get_data", _VP, _VP)
-_any_to_host = _raw("wasmtime_component_resource_any_to_host", _VP, _VP, _VP, _VP)
-_host_type = _raw("wasmtime_component_resource_host_type", ctypes.c_uint32, _VP)
-_host_rep = _raw("wasmtime_component_resource_host_rep", ctypes.c_uint32, _VP)
-_host_delete = _raw("wasmtime_component_resource_host_delete", None, _VP)
+_get_data = _raw("wasmtime_context_get_data", _VP, _VP, gil=True)
+_any_to_host = _raw("wasmtime_component_resource_any_to_host", _VP, _VP, _VP, _VP, gil=True)
+_host_type = _raw("wasmtime_component_resource_host_type", ctypes.c_uint32, _VP, gil=True)
+_host_rep = _raw("wasmtime_component_resource_host_rep", ctypes.c_uint32, _VP, gil=True)
+_host_delete = _raw("wasmtime_component_resource_host_delete", None, _VP, gil=True)
+_val_new = _raw("wasmtime_component_val_new", _VP, _VP, gil=True)
+_add_func_raw = _raw(
+    "wasmtime_component_linker_instance_add_func", _VP, _VP, _VP, ctypes.c_size_t, _VP, _VP, _VP
+)
+_byref = ctypes.byref
+_string_at = ctypes.string_at
+
+_VAL = ffi.wasmtime_component_val_t
+_VAL_SIZE = ctypes.sizeof(_VAL)
+_PAYLOAD = _VAL.of.offset
+_VAL_AT = _VAL.from_address
+_PTR_AT = _VP.from_address
+_PAIR_AT = (ctypes.c_uint64 * 2).from_address
+_SLOT_AT = (ctypes.c_char * _VAL_SIZE).from_address
+_ZERO_VAL = _VAL()
+_CONTEXT_PTR = ctypes.POINTER(ffi.wasmtime_context_t)
+_FUNC_TYPE_PTR = ctypes.POINTER(ffi.wasmtime_component_func_type_t)
+_ERROR_PTR = ctypes.POINTER(ffi.wasmtime_error_t)
+assert _VAL_SIZE == 32
+assert _PAYLOAD == 8
+assert ffi.wasmtime_component_valresult_t.val.offset == 8  # type: ignore[attr-defined]  # a field descriptor on the class
+# A list<u8> of up to this many bytes is copied out of wasmtime's value array in one C call
+# and sliced; a longer one is read in place (no copy of 32 bytes per byte).
+_SMALL_LIST = 4096
 
 # Weak: an instance dropped without close() must not keep its store (and memory) alive here.
 # A plain dict of weak references (not a WeakValueDictionary) so that the lookup on every
@@ -308,7 +353,31 @@ def _context_of(context_ptr: Any) -> GuestContext:
     return ctx
 
 
+class _CallStore:
+    """``ctx.call_store`` while an import is served: the store context of that call.
+
+    One per instance, pointed at the call's context when it begins and cleared when it ends
+    (an import never re-enters its own instance). ``ptr`` is the raw context pointer for our
+    own C prototypes; ``_context()`` is the wasmtime-py ``Storelike`` side (for
+    ``ResourceHost.to_any`` and the like), and refuses once the call is over, as wasmtime-py's
+    own ``StoreContext`` does."""
+
+    __slots__ = ("host", "host_ref", "ptr")
+
+    def __init__(self) -> None:
+        self.ptr: int | None = None
+        # The out-parameter of resource lookups during this instance's calls (one at a time).
+        self.host = _VP()
+        self.host_ref = _byref(self.host)
+
+    def _context(self) -> Any:
+        if self.ptr is None:
+            raise ValueError("caller is no longer valid")
+        return ctypes.cast(self.ptr, _CONTEXT_PTR)
+
+
 _Lift = Callable[["GuestContext", Any, Any, int], list[Any]]
+_Lower = Callable[["GuestContext", Any, Any, Any], None]
 
 
 @dataclass(eq=False)
@@ -327,6 +396,12 @@ class _Registered:
     resolve: Callable[[GuestContext, list[Any]], list[Any]] | None = None
     # Turns Handles in the result into guest-owned resources (None: nothing to turn).
     to_guest: Callable[[GuestContext, Any], Any] | None = None
+    # Writes the result into wasmtime's result slot: ``lower(ctx, store, result, address)``.
+    lower: _Lower | None = None
+    # For a ``[method]R.f``: the kind of R, the resource of the binding's own interface that
+    # ``self`` always is (wasmtime checks a handle's type when the guest passes it, and reps
+    # are unique across kinds within an instance, so a wrong one would not be found anyway).
+    self_kind: ResourceKind | None = None
 
 
 _REGISTERED: dict[int, _Registered] = {}
@@ -340,11 +415,11 @@ def _error_ptr(message: str) -> int:
 
 def _dispatch(
     key: int | None,
-    context_ptr: Any,
-    type_ptr: Any,
-    args_ptr: Any,
+    context_ptr: int | None,
+    type_ptr: int | None,
+    args_ptr: int | None,
     nargs: int,
-    results_ptr: Any,
+    results_ptr: int | None,
     _nresults: int,
 ) -> int:
     try:
@@ -352,34 +427,39 @@ def _dispatch(
         ctx = _context_of(context_ptr)
     except KeyError:
         return _error_ptr("mighty: host function called outside a mighty instance")
+    store = ctx.call_store
     try:
-        codec = reg.codec
-        if codec is None:
-            codec = _compile(reg, type_ptr)
+        lower = reg.lower
+        if lower is None:
+            lower = _compile(reg, type_ptr)
         # Resource handles must be resolved through the context of this very call: wasmtime
         # tracks the guest's borrows per call, not per store.
-        store = wasmtime.StoreContext(context_ptr)
-        ctx.call_store = store
+        if type(store) is not _CallStore:
+            store = ctx.call_store = _CallStore()
+        store.ptr = context_ptr
         ctx.calls += 1
-        hooks = ctx.hooks
-        if not hooks:
+        if not ctx.hooks:
             assert reg.lift_objects is not None
             result = reg.binding.fn(ctx, *reg.lift_objects(ctx, context_ptr, args_ptr, nargs))
         else:
-            result = _run_hooked(reg, ctx, hooks, context_ptr, args_ptr, nargs)
-        to_guest = reg.to_guest
-        codec.lower_result(
-            store, result if to_guest is None else to_guest(ctx, result), results_ptr
-        )
-        store._invalidate()
+            result = _run_hooked(reg, ctx, ctx.hooks, context_ptr, args_ptr, nargs)
+        lower(ctx, store, result, results_ptr)
+        store.ptr = None
         return 0
     except GuestExitRequest as exit_request:
+        _end_call(store)
         ctx.exit_code = exit_request.code
         return _exit_error(exit_request.code)
     except BaseException as exc:  # noqa: BLE001 - nothing may unwind into wasmtime
+        _end_call(store)
         if ctx.failure is None:
             ctx.failure = exc
         return _error_ptr(f"mighty: host function {reg.binding.name} failed: {exc!r}")
+
+
+def _end_call(store: Any) -> None:
+    if type(store) is _CallStore:
+        store.ptr = None
 
 
 def _run_hooked(
@@ -396,6 +476,17 @@ def _run_hooked(
     args = reg.lift(ctx, context_ptr, args_ptr, nargs)
     fn = reg.binding.fn
     resolve = reg.resolve
+    if len(hooks) == 1:
+        watch = getattr(hooks[0], "watch_import", None)
+        if watch is not None:
+            # A hook that only watches (the recorder): no closure, no frame around the call.
+            try:
+                result = fn(ctx, *(args if resolve is None else resolve(ctx, args)))
+            except BaseException as exc:
+                watch(ctx, reg.binding, args, exc, True)
+                raise
+            watch(ctx, reg.binding, args, result, False)
+            return result
 
     def call() -> Any:
         return fn(ctx, *(args if resolve is None else resolve(ctx, args)))
@@ -437,7 +528,19 @@ def _exit_error(code: int) -> int:
     return _error_ptr(f"mighty: guest exit {code}")
 
 
-_C_DISPATCH = immortal(ffi.wasmtime_component_func_callback_t(_dispatch))
+# wasmtime-py's own prototype of this callback takes four pointers as ctypes pointer objects
+# (made anew on every call); ours takes them as ints.
+_CALLBACK = ctypes.CFUNCTYPE(
+    ffi.wasmtime_component_func_callback_t._restype_,
+    _VP,
+    _VP,
+    _VP,
+    _VP,
+    ctypes.c_size_t,
+    _VP,
+    ctypes.c_size_t,
+)
+_C_DISPATCH = immortal(_CALLBACK(_dispatch))
 
 
 def _finalize(key: int | None) -> None:
@@ -451,8 +554,8 @@ immortal(wc_linker.resource_dtor_impl)
 immortal(wc_linker.resource_dtor_finalize)
 
 
-def _compile(reg: _Registered, type_ptr: Any) -> FuncCodec:
-    fty = FuncType._from_ptr(type_ptr, owner=object())
+def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
+    fty = FuncType._from_ptr(ctypes.cast(type_ptr, _FUNC_TYPE_PTR), owner=object())
     codec = FuncCodec.from_func_type(fty)
     param_types = [t for _, t in codec.sig.params]
     converters = [_handle_converter(t, _to_handle) for t in param_types]
@@ -464,31 +567,58 @@ def _compile(reg: _Registered, type_ptr: Any) -> FuncCodec:
     # A top-level own/borrow parameter (most WASI calls: the stream, the descriptor) is read
     # straight off wasmtime's value: no ResourceAny/ResourceHost objects, no clone. Resources
     # nested in lists, options and records go through the codec and then the converter.
-    lifters = codec.lifters()
-    nparams = len(lifters)
+    getters = [_getter(t, lift) for t, lift in zip(param_types, codec.lifters(), strict=True)]
+    nparams = len(getters)
     top = [isinstance(t, OwnType | BorrowType) for t in param_types]
 
     def arity(nargs: int) -> None:
         raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
 
     # What hooks see: Handles.
-    steps: list[tuple[Callable[[Any], Any] | None, _Conv | None]] = [
-        (None, None) if is_top else (lift, conv)
-        for is_top, lift, conv in zip(top, lifters, converters, strict=True)
+    steps: list[tuple[Callable[[int], Any] | None, _Conv | None]] = [
+        (None, None) if is_top else (get, conv)
+        for is_top, get, conv in zip(top, getters, converters, strict=True)
     ]
 
     def lift_all(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
         if nargs != nparams:
             arity(nargs)
         out = []
-        for i, (lift, conv) in enumerate(steps):
-            if lift is None:
-                out.append(_handle_at(context_ptr, args_ptr[i].of.resource))
+        for i, (get, conv) in enumerate(steps):
+            at = args_ptr + i * _VAL_SIZE
+            if get is None:
+                out.append(_handle_at(context_ptr, _PTR_AT(at + _PAYLOAD)))
             elif conv is None:
-                out.append(lift(args_ptr[i]))
+                out.append(get(at))
             else:
-                out.append(conv(ctx, lift(args_ptr[i])))
+                out.append(conv(ctx, get(at)))
         return out
+
+    self_kind = reg.self_kind
+    if (
+        self_kind is not None
+        and top
+        and top[0]
+        and not any(top[1:])
+        and all(c is None for c in converters[1:])
+    ):
+        # A method with plain arguments (every stream call): its resource, then the rest.
+        rest = [(i * _VAL_SIZE, get) for i, get in enumerate(getters) if i]
+
+        def lift_method(
+            ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int
+        ) -> list[Any]:
+            if nargs != nparams:
+                arity(nargs)
+            rep = _rep_at(ctx.call_store, context_ptr, _PTR_AT(args_ptr + _PAYLOAD))
+            out = [Handle(self_kind, rep)]
+            for offset, get in rest:
+                out.append(get(args_ptr + offset))
+            return out
+
+        lift = lift_method
+    else:
+        lift = lift_all
 
     def resolve(ctx: GuestContext, values: list[Any]) -> list[Any]:
         return [
@@ -496,38 +626,158 @@ def _compile(reg: _Registered, type_ptr: Any) -> FuncCodec:
             for conv, v in zip(resolvers, values, strict=True)
         ]
 
-    lift_objects = _direct_lifter(param_types, lifters, resolvers)
+    def resolve_self(ctx: GuestContext, values: list[Any]) -> list[Any]:
+        # A method on a borrowed resource with plain arguments: only the first one to turn.
+        out = list(values)
+        out[0] = _to_object(ctx, out[0])
+        return out
 
-    reg.resolve = resolve if any(r is not None for r in resolvers) else None
+    if resolvers and resolvers[0] is _to_object and all(r is None for r in resolvers[1:]):
+        reg.resolve = resolve_self
+    else:
+        reg.resolve = resolve if any(r is not None for r in resolvers) else None
     reg.to_guest = None if codec.sig.result is None else _guest_converter(codec.sig.result)
-    reg.lift = lift_all
-    reg.lift_objects = lift_objects
+    reg.lift = lift
+    reg.lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
     reg.codec = codec
-    return codec
+    reg.lower = lower = _lowerer(codec, reg.to_guest)
+    return lower
+
+
+_INT_AT: dict[str, Any] = {
+    "bool": ctypes.c_bool.from_address,
+    "s8": ctypes.c_int8.from_address,
+    "u8": ctypes.c_uint8.from_address,
+    "s16": ctypes.c_int16.from_address,
+    "u16": ctypes.c_uint16.from_address,
+    "s32": ctypes.c_int32.from_address,
+    "u32": ctypes.c_uint32.from_address,
+    "s64": ctypes.c_int64.from_address,
+    "u64": ctypes.c_uint64.from_address,
+}
+
+
+def _getter(t: WitType, lift: Callable[[Any], Any]) -> Callable[[int], Any]:
+    """Reads one argument of type ``t`` (not a top-level resource) from its value's address:
+    the integers, bools and ``list<u8>`` directly, everything else through its codec."""
+    if isinstance(t, PrimitiveType) and t.name in _INT_AT:
+        at = _INT_AT[t.name]
+        return lambda addr: at(addr + _PAYLOAD).value
+    if isinstance(t, ListType) and t.element == PrimitiveType("u8"):
+        return _bytes_at
+    return lambda addr: lift(_VAL_AT(addr))
+
+
+def _bytes_at(addr: int) -> bytes:
+    """A ``list<u8>`` value: wasmtime hands it over as one 32-byte value per byte."""
+    size, data = _PAIR_AT(addr + _PAYLOAD)
+    if not size:
+        return b""
+    if size <= _SMALL_LIST:
+        return _string_at(data, size * _VAL_SIZE)[_PAYLOAD::_VAL_SIZE]
+    whole = (ctypes.c_char * (size * _VAL_SIZE)).from_address(data)
+    return memoryview(whole).cast("B")[_PAYLOAD::_VAL_SIZE].tobytes()
+
+
+_OK_EMPTY = bytes((19,)) + bytes(7) + b"\x01" + bytes(_VAL_SIZE - 9)
+"""The value ``result`` ``Ok`` with no payload (kind 19, is_ok, no box), as wasmtime lays it."""
+_RESULT_HEAD = struct.Struct("<B7x?7xQ8x").pack
+_PRIM_KINDS = {"s8": 1, "u8": 2, "s16": 3, "u16": 4, "s32": 5, "u32": 6, "s64": 7, "u64": 8}
+_PRIM_CODES = {"s8": "b", "u8": "B", "s16": "h", "u16": "H", "s32": "i", "u32": "I"}
+_PRIM_CODES.update({"s64": "q", "u64": "Q"})
+
+
+def _int_range(name: str) -> tuple[int, int]:
+    bits = 8 * struct.calcsize(_PRIM_CODES[name])
+    if name[0] == "s":
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
+    """How this import's result reaches wasmtime's result slot. The common results are
+    written as bytes: ``Ok`` of nothing (``result<_, E>``, most WASI stream calls) and ``Ok``
+    of an integer (``check-write``'s permit); anything else, or a value that is not one of
+    those exactly, goes through the codec (which checks it and names what is wrong)."""
+
+    def generic(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+        if to_guest is not None:
+            result = to_guest(ctx, result)
+        if results_ptr is None:
+            codec.lower_result(store, result, None)
+        else:
+            codec.lower_result_into(store, result, _VAL_AT(results_ptr))
+
+    wt = codec.sig.result
+    if isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
+        # A bare integer (a clock's instant): the whole slot in one write.
+        lo, hi = _int_range(wt.name)
+        code = _PRIM_CODES[wt.name]
+        pack_slot = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
+        kind = _PRIM_KINDS[wt.name]
+
+        def bare_int(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+            if type(result) is int and lo <= result <= hi:
+                _SLOT_AT(results_ptr).raw = pack_slot(kind, result)
+            else:
+                generic(ctx, store, result, results_ptr)
+
+        return bare_int
+    if not isinstance(wt, ResultType):
+        return generic
+    if wt.ok is None:
+
+        def ok_empty(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+            if type(result) is OkValue and result.value is None:
+                _SLOT_AT(results_ptr).raw = _OK_EMPTY
+            else:
+                generic(ctx, store, result, results_ptr)
+
+        return ok_empty
+    ok = wt.ok
+    if isinstance(ok, PrimitiveType) and ok.name in _PRIM_KINDS:
+        lo, hi = _int_range(ok.name)
+        code = _PRIM_CODES[ok.name]
+        pack_int = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
+        kind = _PRIM_KINDS[ok.name]
+
+        def ok_int(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+            if type(result) is OkValue:
+                value = result.value
+                if type(value) is int and lo <= value <= hi:
+                    box = _val_new(_byref(_ZERO_VAL))
+                    _SLOT_AT(box).raw = pack_int(kind, value)
+                    _SLOT_AT(results_ptr).raw = _RESULT_HEAD(19, True, box)
+                    return
+            generic(ctx, store, result, results_ptr)
+
+        return ok_int
+    return generic
 
 
 def _direct_lifter(
     param_types: Sequence[WitType],
-    lifters: Sequence[Callable[[Any], Any]],
+    getters: Sequence[Callable[[int], Any]],
     resolvers: Sequence[_Conv | None],
+    self_kind: ResourceKind | None = None,
 ) -> _Lift:
     """What the implementation takes, in one pass: a top-level resource goes from its rep
     straight to the host object, with no Handle made in between."""
-    nparams = len(lifters)
+    nparams = len(getters)
 
     def arity(nargs: int) -> None:
         raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
 
     direct: list[tuple[int, Any]] = []
-    for t, lift, conv in zip(param_types, lifters, resolvers, strict=True):
+    for t, get, conv in zip(param_types, getters, resolvers, strict=True):
         if isinstance(t, OwnType):
             direct.append((_OWN, None))
         elif isinstance(t, BorrowType):
             direct.append((_BORROW, None))
         elif conv is None:
-            direct.append((_PLAIN, lift))
+            direct.append((_PLAIN, get))
         else:
-            direct.append((_NESTED, (lift, _handle_converter(t, _to_handle), conv)))
+            direct.append((_NESTED, (get, _handle_converter(t, _to_handle), conv)))
 
     if not direct:
 
@@ -539,27 +789,53 @@ def _direct_lifter(
         return lift_none
 
     if all(kind == _PLAIN for kind, _ in direct):
-        plain = [lift for _, lift in direct]
+        plain = [get for _, get in direct]
 
         def lift_plain(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
             if nargs != nparams:
                 arity(nargs)
-            return [lift(args_ptr[i]) for i, lift in enumerate(plain)]
+            return [get(args_ptr + i * _VAL_SIZE) for i, get in enumerate(plain)]
 
         return lift_plain
+
+    if (
+        self_kind is not None
+        and direct[0][0] == _BORROW
+        and all(kind == _PLAIN for kind, _ in direct[1:])
+    ):
+        # A method on a borrowed resource with plain arguments (every stream call).
+        rest = [(i * _VAL_SIZE, get) for i, (_, get) in enumerate(direct) if i]
+        type_id, kind_name = self_kind.type_id, self_kind.name
+
+        def lift_method(
+            ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int
+        ) -> list[Any]:
+            if nargs != nparams:
+                arity(nargs)
+            rep = _rep_at(ctx.call_store, context_ptr, _PTR_AT(args_ptr + _PAYLOAD))
+            table = ctx._tables.get(type_id)
+            if table is None or rep not in table:
+                raise StaleHandle(f"no live {kind_name} with handle {rep}")
+            out = [table[rep]]
+            for offset, get in rest:
+                out.append(get(args_ptr + offset))
+            return out
+
+        return lift_method
 
     def lift_objects(ctx: GuestContext, context_ptr: Any, args_ptr: Any, nargs: int) -> list[Any]:
         if nargs != nparams:
             arity(nargs)
         out = []
         for i, (kind, how) in enumerate(direct):
+            at = args_ptr + i * _VAL_SIZE
             if kind == _PLAIN:
-                out.append(how(args_ptr[i]))
+                out.append(how(at))
             elif kind == _NESTED:
-                lift, to_handle, to_object = how
-                out.append(to_object(ctx, to_handle(ctx, lift(args_ptr[i]))))
+                get, to_handle, to_object = how
+                out.append(to_object(ctx, to_handle(ctx, get(at))))
             else:
-                out.append(_object_at(ctx, context_ptr, args_ptr[i].of.resource, kind))
+                out.append(_object_at(ctx, context_ptr, _PTR_AT(at + _PAYLOAD), kind))
         return out
 
     return lift_objects
@@ -573,11 +849,11 @@ _Conv = Callable[[GuestContext, Any], Any]
 
 
 def _host_at(context_ptr: Any, resource: Any) -> tuple[int, int]:
-    """(type id, rep) of the host resource in a raw argument value."""
+    """(type id, rep) of the host resource ``resource`` points to (a ResourceAny box)."""
     host = _VP()
-    error = _any_to_host(context_ptr, resource, ctypes.byref(host))
+    error = _any_to_host(context_ptr, resource, _byref(host))
     if error:
-        err = ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t))
+        err = ctypes.cast(error, _ERROR_PTR)
         raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
     try:
         return _host_type(host), _host_rep(host)
@@ -585,8 +861,22 @@ def _host_at(context_ptr: Any, resource: Any) -> tuple[int, int]:
         _host_delete(host)
 
 
+def _rep_at(store: _CallStore, context_ptr: Any, resource: Any) -> int:
+    """The rep of the host resource ``resource`` points to, for a caller that knows its type."""
+    host = store.host
+    error = _any_to_host(context_ptr, resource, store.host_ref)
+    if error:
+        err = ctypes.cast(error, _ERROR_PTR)
+        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+    try:
+        rep: int = _host_rep(host)
+        return rep
+    finally:
+        _host_delete(host)
+
+
 def _handle_at(context_ptr: Any, resource: Any) -> Handle:
-    """The Handle of the host resource in a raw argument value."""
+    """The Handle of the host resource ``resource`` points to."""
     type_id, rep = _host_at(context_ptr, resource)
     kind = _KINDS.get(type_id)
     if kind is None:
@@ -595,7 +885,7 @@ def _handle_at(context_ptr: Any, resource: Any) -> Handle:
 
 
 def _object_at(ctx: GuestContext, context_ptr: Any, resource: Any, kind: int) -> Any:
-    """The host object behind the resource in a raw argument value; an owned one leaves the
+    """The host object behind the resource ``resource`` points to; an owned one leaves the
     instance's table (the guest gave its handle away). Same checks as Handle + ``ctx.get``."""
     type_id, rep = _host_at(context_ptr, resource)
     table = ctx._tables.get(type_id)
@@ -608,11 +898,9 @@ def _object_at(ctx: GuestContext, context_ptr: Any, resource: Any, kind: int) ->
 
 
 def _to_handle(ctx: GuestContext, value: Any) -> Handle:
-    host = value.to_host(ctx.call_store)
-    kind = _KINDS.get(host.type)
-    if kind is None:
-        raise StaleHandle(f"a resource of unknown host type {host.type}")
-    return Handle(kind, host.rep)
+    # A ResourceAny the codec lifted (nested in a list, an option): its box, through the
+    # call's context.
+    return _handle_at(ctx.call_store.ptr, value.ptr())
 
 
 def _to_object(ctx: GuestContext, handle: Handle) -> Any:
@@ -813,7 +1101,7 @@ class Gate:
                             _resource_drop(kind.type_id),
                         )
                     for binding in self._bindings.get(interface, {}).values():
-                        _add_func(instance, binding)
+                        _add_func(instance, binding, self._resources.get(interface, {}))
         return linker
 
     def context(
@@ -846,12 +1134,17 @@ class Gate:
             _detach(key)
 
 
-def _add_func(instance: wc.LinkerInstance, binding: Binding) -> None:
+def _add_func(
+    instance: wc.LinkerInstance, binding: Binding, kinds: Mapping[str, ResourceKind]
+) -> None:
     key = next(_NEXT_BINDING_KEY)
-    _REGISTERED[key] = _Registered(binding)
+    self_kind = None
+    if binding.name.startswith("[method]"):
+        self_kind = kinds.get(binding.name[len("[method]") :].partition(".")[0])
+    _REGISTERED[key] = _Registered(binding, self_kind=self_kind)
     name = binding.name.encode()
-    error = ffi.wasmtime_component_linker_instance_add_func(
+    error = _add_func_raw(
         instance.ptr(), ctypes.create_string_buffer(name), len(name), _C_DISPATCH, key, _C_FINALIZE
     )
     if error:
-        raise wasmtime.WasmtimeError._from_ptr(error)
+        raise wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))

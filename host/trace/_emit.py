@@ -47,7 +47,17 @@ from mighty.trace._values import (
     _check_hashed,
 )
 
-__all__ = ["BlobSink", "Refused", "emit", "emit_into", "head", "text", "uint"]
+__all__ = [
+    "BlobSink",
+    "Refused",
+    "canonical_record",
+    "emit",
+    "emit_into",
+    "emit_simple",
+    "head",
+    "text",
+    "uint",
+]
 
 _CBOR_INT_MAX = 2**64 - 1
 _DOUBLE = struct.Struct(">d")
@@ -165,6 +175,73 @@ class BlobSink:
 
 _HANDLES_ON = 1
 _CANONICAL = 2
+_T_OK_NONE = _T_OK + _NONE
+
+
+def emit_simple(value: Any, blob_min: int) -> bytes | None:
+    """``emit(value, blobs, handles=True)`` for a value one level deep in a record (an import
+    record's args or result) when it has one of the shapes such values mostly have: a flat list
+    of, or an ``Ok`` of, or just one of: a gate Handle, a ``bytes`` shorter than ``blob_min``,
+    an int in the CBOR range, a str, None, a bool. Anything else is None, and the caller takes
+    the general path: this one only skips the walk's dispatch, never decides anything."""
+    t = type(value)
+    if t is list:
+        parts = [_array_head(len(value))]
+        for item in value:
+            part = _simple_item(item, blob_min)
+            if part is None:
+                return None
+            parts.append(part)
+        return b"".join(parts)
+    if t is Ok:
+        inner = value.value
+        if inner is None:
+            return _T_OK_NONE
+        part = _simple_item(inner, blob_min)
+        return None if part is None else _T_OK + part
+    return _simple_item(value, blob_min)
+
+
+def _simple_item(v: Any, blob_min: int) -> bytes | None:
+    t = type(v)
+    if t is Handle:
+        rep = v.rep
+        if type(rep) is int and 0 <= rep <= _CBOR_INT_MAX:
+            return _handle(v.kind.interface, v.kind.name, rep)
+        return None
+    if t is HandleRef:
+        rep, interface, name = v.rep, v.interface, v.name
+        if (
+            type(rep) is int
+            and 0 <= rep <= _CBOR_INT_MAX
+            and type(interface) is str
+            and type(name) is str
+        ):
+            return _handle(interface, name, rep)
+        return None
+    if t is bytes:
+        n = len(v)
+        if n >= blob_min:
+            return None
+        data: bytes = v
+        return (_BYTES[n] if n < 256 else head(2, n)) + data
+    if t is int:
+        number: int = v
+        if 0 <= number < 256:
+            return _UINT[number]
+        if -(2**64) <= number <= _CBOR_INT_MAX:
+            return uint(number)
+        return None
+    if t is str:
+        try:
+            return text(v)
+        except UnicodeEncodeError:
+            return None
+    if v is None:
+        return _NONE
+    if t is bool:
+        return _TRUE if v else _FALSE
+    return None
 
 
 def emit(
@@ -326,3 +403,32 @@ def _emit_flat(
     for k, item in v.items():
         _emit(k, depth + 2, blobs, handles & _CANONICAL, out)
         _emit(item, depth + 2, blobs, handles, out)
+
+
+_ORDERS: dict[tuple[str, ...], list[tuple[bytes, str]]] = {}
+_NO_BLOBS = 1 << 62
+
+
+def canonical_record(record: dict[str, Any], skip: str) -> bytes | None:
+    """``emit({k: v for k, v in record.items() if k != skip}, canonical=True)`` for a record of
+    text keys whose values ``emit_simple`` takes (the replayer digests every import record),
+    else None. Simple values hold no map, so only the record's own keys need ordering; the
+    order of one set of keys is worked out once."""
+    keys = tuple(k for k in record if k != skip)
+    order = _ORDERS.get(keys)
+    if order is None:
+        if not all(type(k) is str for k in keys):
+            return None
+        order = sorted(((text(k), k) for k in keys), key=_canonical_key)
+        if len(_ORDERS) >= 256:
+            _ORDERS.clear()
+        _ORDERS[keys] = order
+    n = len(order)
+    parts = [_MAP[n] if n < 32 else head(5, n)]
+    for key, name in order:
+        part = emit_simple(record[name], _NO_BLOBS)
+        if part is None:
+            return None
+        parts.append(key)
+        parts.append(part)
+    return b"".join(parts)

@@ -337,6 +337,30 @@ class TraceWriter:
                     self._drain()
             self._records += 1
 
+    def _append_payload(self, payload: bytes) -> None:
+        """Append one record already encoded whole, holding no blob-sized byte string (the
+        recorder's fast path for import records; ``_append_parts`` is the general one)."""
+        with self._lock:
+            if self._failed is not None or self._file is None:
+                self._check_open()
+            if len(payload) > MAX_ITEMS:  # MAX_ITEMS < MAX_FRAME: shorter ones pass both
+                self._checked(payload)
+            data = _frame(payload)
+            if self._mode == "record":
+                self._write(data)
+            else:
+                buffer = self._buffer
+                if not buffer:
+                    self._oldest = time.monotonic()
+                buffer.append(data)
+                self._buffered += len(data)
+                if (
+                    self._buffered >= self._buffer_max
+                    or time.monotonic() - self._oldest >= self._interval
+                ):
+                    self._drain()
+            self._records += 1
+
     def _encode_reference(self, record: Mapping[str, Any]) -> tuple[BlobSink, bytes]:
         sink = BlobSink(self._blob_min, self._blobs)
 

@@ -25,7 +25,7 @@ from wasmtime import _ffi as ffi
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import SETTINGS, Component
 from mighty.gate import Binding, GuestContext, GuestExitRequest, GuestViolation, Handle
-from mighty.trace._emit import Refused, head, text, uint
+from mighty.trace._emit import Refused, emit_simple, head, text, uint
 from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, FlushMode, TraceWriter
 from mighty.trace._values import HandleRef
 
@@ -34,7 +34,8 @@ __all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
 
 # Our own prototype (dll[name] is a new function object): c_void_p takes the context pointer
 # as it is, and there is no Python wrapper frame around the call.
-_get_fuel = ffi.dll["wasmtime_context_get_fuel"]
+# It returns at once, so it runs holding the GIL (no hand-over per import).
+_get_fuel = ctypes.PyDLL(ffi.dll._name)["wasmtime_context_get_fuel"]
 _get_fuel.restype = ctypes.c_void_p
 _get_fuel.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 
@@ -238,6 +239,22 @@ class InstanceRecording:
             self._record_import(step, binding, args, result, outcome, self._fuel_used(ctx))
         return result
 
+    def watch_import(
+        self, ctx: GuestContext, binding: Binding, args: Sequence[Any], value: Any, failed: bool
+    ) -> None:
+        """The gate's watching side of ``__call__`` (see ``CallHook``): the same record."""
+        self.step += 1
+        step = self.step
+        if not failed:
+            outcome, result = "ok", value
+        elif isinstance(value, GuestExitRequest):
+            outcome, result = "exit", value.code
+        elif isinstance(value, GuestViolation):
+            outcome, result = "violation", str(value)
+        else:
+            outcome, result = "host_error", repr(value)
+        self._record_import(step, binding, args, result, outcome, self._fuel_used(ctx))
+
     def _record_import(
         self, step: int, binding: Binding, args: Sequence[Any], result: Any, outcome: str, fuel: int
     ) -> None:
@@ -246,6 +263,32 @@ class InstanceRecording:
             mid = (binding, _K_IF + text(binding.interface) + _K_FN + text(binding.name) + _K_ARGS)
             self._mids[id(binding)] = mid
         values = list(args)
+        writer = self.recorder._writer
+        # Most import records hold only handles, short bytes and small ints: encoded here in
+        # one go, byte for byte what _append_parts writes (tests/trace/test_emit.py).
+        blob_min = writer._blob_min
+        head_args = emit_simple(values, blob_min)
+        if head_args is not None:
+            res = emit_simple(result, blob_min)
+            if res is not None:
+                writer._append_payload(
+                    b"".join(
+                        (
+                            self._head,
+                            uint(step),
+                            mid[1],
+                            head_args,
+                            _K_RES,
+                            res,
+                            _K_OUT,
+                            text(outcome),
+                            _K_FUEL,
+                            uint(fuel),
+                            self._tail,
+                        )
+                    )
+                )
+                return
         try:
             # Byte for byte the dict below through TraceWriter.append (tests/trace/test_emit.py).
             self.recorder._writer._append_parts(
@@ -272,7 +315,10 @@ class InstanceRecording:
             )
 
     def _fuel_used(self, ctx: GuestContext) -> int:
-        error = _get_fuel(ctx.call_store._context(), self._left_ref)
+        store = ctx.call_store
+        # The gate's call store has the raw context pointer; any other Storelike its own.
+        ptr = getattr(store, "ptr", None)
+        error = _get_fuel(ptr if ptr is not None else store._context(), self._left_ref)
         if error:
             ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
             return -1

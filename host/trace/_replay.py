@@ -49,7 +49,7 @@ from mighty.gate import (
     resource_kind,
 )
 from mighty.instance import Instance, default_gate
-from mighty.trace._emit import Refused, emit
+from mighty.trace._emit import Refused, canonical_record, emit
 from mighty.trace._errors import TraceInvalid
 from mighty.trace._format import TraceReader
 from mighty.trace._recorder import to_refs
@@ -301,7 +301,8 @@ class _Replayer:
                 got=got,
             )
         self.imports += 1
-        self.digest.update(_canonical(_plain(record)))
+        fast = canonical_record(record, "@")
+        self.digest.update(fast if fast is not None else _canonical(_plain(record)))
         self.notify(
             "import",
             record["s"],

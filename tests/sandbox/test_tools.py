@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from mighty.sandbox import Limits, Sandbox, Tool
+from mighty.sandbox._tools import InvalidArgument
 from tests.sandbox._helpers import assert_clean, failed, json_values
 
 pytestmark = pytest.mark.slow
@@ -191,3 +194,37 @@ def test_tool_arguments_round_trip(box: Sandbox, value: object) -> None:
     result = box.run("result = echo(v)", {"v": value})
     assert result.ok, result.error
     assert result.value == value
+
+
+def two(a: int, b: int = 2) -> int:
+    return a + b
+
+
+def mixed(a: int, /, b: str, *, c: int = 0) -> str:
+    return f"{a}{b}{c}"
+
+
+def varargs(*items: int) -> int:
+    return len(items)
+
+
+@given(
+    st.sampled_from([two, mixed, varargs]),
+    st.lists(st.integers() | st.text(max_size=3), max_size=4),
+    st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(), max_size=2),
+)
+def test_bind_is_signature_bind(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Binding a call (the direct path for all-positional calls included) gives what
+    ``Signature.bind`` gives, or the same kind of refusal."""
+    tool = Tool(fn)
+    try:
+        expected = tool.signature.bind(*args, **kwargs).arguments
+    except TypeError:
+        with pytest.raises((TypeError, InvalidArgument)):
+            tool.bind(args, kwargs)
+        return
+    try:
+        got = tool.bind(args, kwargs).arguments
+    except InvalidArgument:
+        return  # bound alike, then refused by the type hints
+    assert list(got) == list(expected)

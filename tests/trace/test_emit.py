@@ -17,7 +17,7 @@ from mighty import Component, Instance
 from mighty.abi import Ok, Some, Variant
 from mighty.gate import Handle, ResourceKind
 from mighty.trace import HandleRef, Recorder, TraceError, encode_value, read_trace
-from mighty.trace._emit import BlobSink, Refused, emit, uint
+from mighty.trace._emit import BlobSink, Refused, canonical_record, emit, emit_simple, uint
 from mighty.trace._recorder import to_refs
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with
 from tests.trace.test_values import values
@@ -83,6 +83,49 @@ with_gate_handles = st.recursive(
 def test_gate_handles_encode_as_their_refs(value: Any) -> None:
     """With ``handles``, a gate Handle encodes as the HandleRef that to_refs would make."""
     assert fast(value, 16, handles=True) == reference(to_refs(value), 16)
+
+
+@given(
+    with_gate_handles | st.lists(gate_handles | values, max_size=4), st.sampled_from([0, 5, 4096])
+)
+def test_simple_encoding_is_the_general_one(value: Any, blob_min: int) -> None:
+    """The recorder's one-go encoding of an import's args or result, where it takes the
+    value at all, is byte for byte the general encoder's (and leaves no blob behind)."""
+    simple = emit_simple(value, blob_min)
+    if simple is not None:
+        assert (simple, {}) == fast(value, blob_min, handles=True)
+
+
+refs = st.builds(HandleRef, st.text(max_size=5), st.text(max_size=5), st.integers(0, 2**70))
+
+
+@given(st.dictionaries(st.text(max_size=4), refs | values | st.lists(refs | values, max_size=3)))
+def test_canonical_record_is_the_canonical_encoding(record: dict[str, Any]) -> None:
+    """The replayer's digest of a record, where the fast path takes it, is the canonical
+    encoding of the record without its offset key."""
+    fast_bytes = canonical_record(record, "@")
+    if fast_bytes is not None:
+        plain = {k: v for k, v in record.items() if k != "@"}
+        assert fast_bytes == emit(plain, canonical=True)
+
+
+def test_canonical_record_takes_import_records() -> None:
+    """A replayed import record (HandleRefs, bytes, ints, text) takes the fast path."""
+    record = {
+        "k": "import", "i": 1, "s": 7, "if": "wasi:io/streams",
+        "fn": "[method]output-stream.write", "args": [HandleRef("wasi:io/streams", "output-stream", 3), b"hi\n"],
+        "res": Ok(None), "out": "ok", "fuel": 123456, "@": 999,
+    }  # fmt: skip
+    plain = {k: v for k, v in record.items() if k != "@"}
+    assert canonical_record(record, "@") == emit(plain, canonical=True)
+
+
+def test_simple_encoding_takes_the_print_paths_values() -> None:
+    """The shapes of the hot imports' records are taken (so the fast path is the one used)."""
+    for value in ([Handle(STREAM, 3), b"hello\n"], [Handle(STREAM, 3)], Ok(None), Ok(2**31 - 1)):
+        assert emit_simple(value, 4096) == fast(value, 4096, handles=True)[0]
+    assert emit_simple([b"x" * 4096], 4096) is None  # a blob: the general path
+    assert emit_simple([Name("x")], 4096) is None  # a str subclass: the general path
 
 
 @pytest.mark.parametrize(
