@@ -104,8 +104,6 @@ class Budget:
         return replace(self, **changes)
 
 
-
-
 _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
     ctypes.c_size_t,
     ctypes.POINTER(ffi.wasmtime_context_t),

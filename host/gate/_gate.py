@@ -37,7 +37,7 @@ from wasmtime import component as wc
 from wasmtime.component import _linker as wc_linker
 from wasmtime.component._types import FuncType
 
-from mighty._errors import HostError, MissingImports
+from mighty._errors import Closed, HostError, MissingImports
 from mighty.abi import (
     BorrowType,
     FuncCodec,
@@ -372,7 +372,7 @@ class _CallStore:
 
     def _context(self) -> Any:
         if self.ptr is None:
-            raise ValueError("caller is no longer valid")
+            raise Closed("caller is no longer valid (the import's call is over)")
         return ctypes.cast(self.ptr, _CONTEXT_PTR)
 
 
