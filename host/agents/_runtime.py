@@ -105,7 +105,7 @@ from mighty.agents._types import (
     NoProc,
     Refused,
 )
-from mighty.budget import Budget
+from mighty.budget import DEFAULT_TIMEOUT, Budget
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Seed, Slot
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
@@ -115,6 +115,9 @@ if TYPE_CHECKING:
     from mighty.telemetry import Telemetry
 
 __all__ = ["AgentProcess", "AgentStats", "RemoteRouter", "Runtime"]
+
+# How much longer than the target's per-message budget a host ask waits by default.
+_ASK_GRACE = 1.0
 
 _BATCH = 16
 _INTERFACE = "mighty:agent/host"
@@ -1159,12 +1162,35 @@ class Runtime:
         self.send_raw(to, name, encode_body(body), sender=sender, timeout=timeout)
 
     def ask(
-        self, to: str, name: str, body: Any = None, *, timeout: float = 5.0, sender: str = HOST
+        self,
+        to: str,
+        name: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        sender: str = HOST,
     ) -> Any:
-        """Send and wait for the reply body (decoded)."""
+        """Send and wait for the reply body (decoded), at most ``timeout`` seconds.
+
+        By default (None) the ask waits as long as the target's handler may run (its type's
+        per-message budget) plus a second, so the asker hears how the message ended (the
+        reply, or the crash when the budget runs out), not a timeout while it still runs; and
+        the ask may take the shortest path (:meth:`AgentProcess.run_here`). An agent on
+        another node: the default budget's timeout plus a second."""
+        if timeout is None:
+            timeout = self._ask_timeout(to)
         return decode_body(
             self.ask_raw(to, name, encode_body(body), timeout=timeout, sender=sender)
         )
+
+    def _ask_timeout(self, to: str) -> float:
+        router, local = self._remote(to)
+        if router is None:
+            try:
+                return self.process(local).type.budget.timeout + _ASK_GRACE
+            except NoProc:
+                pass  # the ask itself says so
+        return DEFAULT_TIMEOUT + _ASK_GRACE
 
     def ask_future(
         self, to: str, name: str, body: Any = None, *, sender: str = HOST

@@ -187,9 +187,9 @@ def test_off_means_no_trace_context(echo_agent: Component) -> None:
         process = rt.process(rt.spawn("echo"))
         original = process.deliver
 
-        def spy(envelope, timeout=None):  # type: ignore[no-untyped-def]
+        def spy(envelope, timeout=None, **how):  # type: ignore[no-untyped-def]
             seen.append(envelope.trace)
-            original(envelope, timeout)
+            original(envelope, timeout, **how)
 
         process.deliver = spy  # type: ignore[method-assign]
         rt.ask(process.address, "x", 1)
