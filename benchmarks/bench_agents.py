@@ -4,9 +4,11 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 
 - per-message overhead: a host `ask` to the WAT echo agent through the runtime (mailbox,
   scheduler, protocol, future) vs calling its `handle` export directly on an Instance (target
-  <= 1.3x). Twice: with a per-message budget timeout (1 s) within the ask's timeout (5 s), so
-  the asking thread runs the idle agent's turn itself (``AgentProcess.run_here``), and with
-  the default budget (10 s, longer than the ask may wait), which goes through a worker.
+  <= 1.3x). Three times: with a per-message budget timeout (1 s) within the ask's timeout, so
+  the asking thread runs the idle agent's turn itself (``AgentProcess.run_here``); with the
+  defaults (budget 10 s, an ask waiting for the budget plus a second: in place too, since the
+  ask default changed; an older tree's 5 s default went through a worker); and with the
+  default budget and an explicit 5 s ask timeout (shorter than the budget: via a worker).
 - guest-to-guest ping-pong: asks between two CPython agents, round trips per second (target
   >= 8,000), with a 4 s budget (asks run in place) and with the default one (via workers).
 - one-way sends from the host to 100 WAT echo agents on 2 workers: messages handled per second
@@ -98,7 +100,9 @@ def _cpu(fn: Callable[[], object], repeat: int) -> float:
     return (time.process_time() - started) / repeat
 
 
-def _ask_seconds(echo: Component, budget: Budget, repeat: int) -> list[float]:
+def _ask_seconds(
+    echo: Component, budget: Budget, repeat: int, timeout: float | None = None
+) -> list[float]:
     """[direct ``handle`` call, host ask through the runtime]: wall medians, then CPU means."""
     message = {"name": "x", "body": b"\x01"}
     with Runtime(workers=2) as rt:
@@ -110,7 +114,11 @@ def _ask_seconds(echo: Component, budget: Budget, repeat: int) -> list[float]:
             return direct.call("handle", "host", message)
 
         def ask() -> object:
-            return rt.ask(address, "x", 1)
+            return (
+                rt.ask(address, "x", 1)
+                if timeout is None
+                else rt.ask(address, "x", 1, timeout=timeout)
+            )
 
         floor = median(samples(call, repeat=repeat))
         via = median(samples(ask, repeat=repeat))
@@ -167,10 +175,12 @@ def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[An
     _, pingpong = _pingpong()
     repeat, trips, count = (500, 200, 2000) if quick else (3000, 500, 5000)
     here, default = Budget(timeout=1.0), Budget()
-    runs: dict[str, list[Any]] = {k: [] for k in ("here", "worker", "pp_here", "pp", "send")}
+    keys = ("here", "default", "worker", "pp_here", "pp", "send")
+    runs: dict[str, list[Any]] = {k: [] for k in keys}
     for _ in range(rounds):
         runs["here"].append(_ask_seconds(echo, here, repeat))
-        runs["worker"].append(_ask_seconds(echo, default, repeat))
+        runs["default"].append(_ask_seconds(echo, default, repeat))
+        runs["worker"].append(_ask_seconds(echo, default, repeat, timeout=5.0))
         runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), trips))
         runs["pp"].append(_pingpong_rate(pingpong, default, trips))
         runs["send"].append(_send_rates(echo, count))
@@ -182,7 +192,8 @@ def message_rows(runs: dict[str, list[Any]]) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for key, label in (
         ("here", "budget 1 s: run in place"),
-        ("worker", "default budget: via a worker"),
+        ("default", "default budget and ask timeout"),
+        ("worker", "default budget, ask timeout 5 s: via a worker"),
     ):
         floor, via, floor_cpu, via_cpu = (median([r[i] for r in runs[key]]) for i in range(4))
         rows.append(
