@@ -144,6 +144,15 @@ class ClusterSupervisor:
             self.supervisor.start()
         finally:
             self._adopting = False
+        # A node that died while the children were adopted: its membership event may have come
+        # before their handles were ours (and so found nothing to report). Look once more, now
+        # that every handle is: its children are reported as on a dead node (a report that
+        # came twice is about a replaced incarnation the second time, and ignored).
+        with self._lock:
+            handles = list(self._handles.items())
+        live = set(self.node.live_nodes())
+        for gone in sorted({self._where(n, h) for n, h in handles} - live):
+            self._membership(gone, False)
         return self
 
     def detach(self) -> None:

@@ -11,6 +11,7 @@ import time
 import cbor2
 import nats
 import nats.js.errors
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -223,3 +224,53 @@ def _reset(url: str) -> None:
             await nc.close()
 
     asyncio.run(go())
+
+
+def test_a_node_dying_during_the_adoption_is_seen_after_it(
+    nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover finds a child running on node t, and t dies right after it looked (its death
+    announced before the child's handle was adopted, so the announcement found nothing to
+    report): once the adoption is over, the supervisor reports the child as on a dead node,
+    which restarts it, instead of leaving it to the dead node."""
+    from mighty.cluster import ClusterSupervisor
+
+    plan = ClusterSupervisorModel.model_validate(
+        {"node": "a", "children": [{"name": "e3", "type": "echo", "node": "t"}]}
+    )
+    _ra, node_a = nodes("a")
+    _rb, node_b = nodes("b")
+    _rt, _node_t = nodes("t")
+    assert node_b.wait_for(["a", "t"], 10)
+    first = ClusterSupervisor.from_model(node_a, plan).start()
+    assert first.where()["e3"].startswith("t:")
+    first.detach()  # as a holder that lost its lease: e3 runs on, unsupervised
+    _until(lambda: node_b.whereis("e3") is not None)
+    # t "dies" the moment after the adoption looked at it: from then on b counts it dead.
+    real = type(node_b).live_nodes
+    dead: set[str] = set()
+
+    def live(node: object) -> list[str]:
+        return [n for n in real(node) if n not in dead]  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(node_b), "live_nodes", live)
+    original_running = ClusterSupervisor._running
+
+    def running(self: ClusterSupervisor, child: object) -> object:
+        try:
+            return original_running(self, child)  # type: ignore[arg-type]
+        finally:
+            dead.add("t")
+
+    monkeypatch.setattr(ClusterSupervisor, "_running", running)
+    second = ClusterSupervisor.from_model(node_b, plan)
+    reports: list[tuple[str, bool, str]] = []
+
+    def child_exited(name: str, *, crashed: bool, reason: str = "", handle: object = None) -> None:
+        reports.append((name, crashed, reason))  # the restart itself is the Supervisor's
+
+    monkeypatch.setattr(second.supervisor, "child_exited", child_exited)
+    second.adopt()
+    assert second.adopted == ["e3"]  # found running on t, as the race has it
+    assert reports == [("e3", True, "node t is down")]
+    second.detach()
