@@ -55,24 +55,34 @@ class ClusterChild:
 class RemoteChild:
     """The supervisor's handle on a child running on some node."""
 
-    def __init__(self, node: Node, address: str) -> None:
+    def __init__(self, node: Node, address: str, name: str | None = None) -> None:
         self.node = node
         self.address = address
+        self.name = name
+        """Its cluster-wide name: a child that migrated is found by it where it lives now."""
         self.detached = False
         """Its supervisor let go of it (another node supervises it now): stop leaves it."""
 
     @property
+    def current(self) -> str:
+        """The child's address now: where its name was last registered (a live migration
+        moves it), else the address it was started at."""
+        owner = self.node.last_owner(self.name) if self.name is not None else None
+        return owner or self.address
+
+    @property
     def where(self) -> str:
-        return self.address.partition(":")[0]
+        return self.current.partition(":")[0]
 
     def stop(self) -> None:
         if self.detached:
             return
-        if self.where in self.node.live_nodes():
+        address = self.current
+        if address.partition(":")[0] in self.node.live_nodes():
             try:
-                self.node.stop_on(self.address)
+                self.node.stop_on(address)
             except AgentError as exc:
-                _log.info("stopping %s: %s", self.address, exc.message)
+                _log.info("stopping %s: %s", address, exc.message)
 
 
 class ClusterSupervisor:
@@ -194,7 +204,7 @@ class ClusterSupervisor:
                 name=child.name,
                 supervise=(self.local_intensity, self.local_period),
             )
-            handle = RemoteChild(self.node, address)
+            handle = RemoteChild(self.node, address, child.name)
             with self._lock:
                 self._handles[child.name] = handle
             return handle
@@ -215,7 +225,7 @@ class ClusterSupervisor:
         if where not in self.node.live_nodes():
             self.node.forget_names_of(where)  # a dead node's claim: the child starts afresh
             return None
-        handle = RemoteChild(self.node, owner)
+        handle = RemoteChild(self.node, owner, child.name)
         with self._lock:
             self._handles[child.name] = handle
             self.adopted.append(child.name)

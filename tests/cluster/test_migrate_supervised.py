@@ -132,3 +132,29 @@ def test_a_cluster_supervisors_child_migrates_and_its_nodes_die(
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
             node.close()
+
+
+def test_a_moved_child_is_stopped_where_it_lives(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """The cluster supervisor stops a child that migrated on the node it moved to, also when
+    the node it started on is dead (the handle follows the child's name, not its first
+    address)."""
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b", "t")]
+    (a, node_a), (_b, _node_b), (t, node_t) = made
+    try:
+        assert all(n.wait_for(["a", "b", "t"], 10) for _, n in made)
+        supervisor = ClusterSupervisor(node_t, [ClusterChild("ctr", "counter", node="a")]).start()
+        moved = node_a.migrate("ctr", "b").new_address
+        _until(lambda: node_t.whereis("ctr") == moved, "the name did not follow")
+        a.shutdown(drain=False, timeout=2)
+        node_a.close()
+        _until(lambda: "a" not in node_t.live_nodes(), "a not seen dead")
+        supervisor.stop()
+        _until(lambda: node_t.whereis("ctr") is None, "the moved child still runs on b")
+        with pytest.raises(AgentError):
+            t.ask(moved, "get", timeout=5)
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
