@@ -321,21 +321,25 @@ class TraceWriter:
             if sink.pending:
                 self._push(sink, payload)
                 return
-            data = _frame(payload)
-            if self._mode == "record":
-                self._write(data)
-            else:
-                buffer = self._buffer
-                if not buffer:
-                    self._oldest = time.monotonic()
-                buffer.append(data)
-                self._buffered += len(data)
-                if (
-                    self._buffered >= self._buffer_max
-                    or time.monotonic() - self._oldest >= self._interval
-                ):
-                    self._drain()
-            self._records += 1
+            self._emit(_frame(payload))
+
+    def _emit(self, data: bytes) -> None:
+        """Write one framed record now (``flush="record"``) or buffer it, draining the buffer
+        when it is full or its oldest record is older than the interval (under the lock)."""
+        if self._mode == "record":
+            self._write(data)
+        else:
+            buffer = self._buffer
+            if not buffer:
+                self._oldest = time.monotonic()
+            buffer.append(data)
+            self._buffered += len(data)
+            if (
+                self._buffered >= self._buffer_max
+                or time.monotonic() - self._oldest >= self._interval
+            ):
+                self._drain()
+        self._records += 1
 
     def _append_payload(self, payload: bytes) -> None:
         """Append one record already encoded whole, holding no blob-sized byte string (the
@@ -345,21 +349,7 @@ class TraceWriter:
                 self._check_open()
             if len(payload) > MAX_ITEMS:  # MAX_ITEMS < MAX_FRAME: shorter ones pass both
                 self._checked(payload)
-            data = _frame(payload)
-            if self._mode == "record":
-                self._write(data)
-            else:
-                buffer = self._buffer
-                if not buffer:
-                    self._oldest = time.monotonic()
-                buffer.append(data)
-                self._buffered += len(data)
-                if (
-                    self._buffered >= self._buffer_max
-                    or time.monotonic() - self._oldest >= self._interval
-                ):
-                    self._drain()
-            self._records += 1
+            self._emit(_frame(payload))
 
     def _encode_reference(self, record: Mapping[str, Any]) -> tuple[BlobSink, bytes]:
         sink = BlobSink(self._blob_min, self._blobs)
