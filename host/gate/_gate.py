@@ -687,6 +687,15 @@ _PRIM_CODES = {"s8": "b", "u8": "B", "s16": "h", "u16": "H", "s32": "i", "u32": 
 _PRIM_CODES.update({"s64": "q", "u64": "Q"})
 
 
+def _int_slot(name: str) -> tuple[int, int, int, Callable[[int, int], bytes]]:
+    """(lowest, highest, value kind, packer of a whole value slot) of integer type ``name``:
+    the slot is its kind byte, padding, then the integer, zero-filled to the slot's size."""
+    lo, hi = _int_range(name)
+    code = _PRIM_CODES[name]
+    pack = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
+    return lo, hi, _PRIM_KINDS[name], pack
+
+
 def _int_range(name: str) -> tuple[int, int]:
     bits = 8 * struct.calcsize(_PRIM_CODES[name])
     if name[0] == "s":
@@ -711,10 +720,7 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
     wt = codec.sig.result
     if isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
         # A bare integer (a clock's instant): the whole slot in one write.
-        lo, hi = _int_range(wt.name)
-        code = _PRIM_CODES[wt.name]
-        pack_slot = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
-        kind = _PRIM_KINDS[wt.name]
+        lo, hi, kind, pack_slot = _int_slot(wt.name)
 
         def bare_int(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
             if type(result) is int and lo <= result <= hi:
@@ -736,10 +742,7 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
         return ok_empty
     ok = wt.ok
     if isinstance(ok, PrimitiveType) and ok.name in _PRIM_KINDS:
-        lo, hi = _int_range(ok.name)
-        code = _PRIM_CODES[ok.name]
-        pack_int = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack
-        kind = _PRIM_KINDS[ok.name]
+        lo, hi, kind, pack_int = _int_slot(ok.name)
 
         def ok_int(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
             if type(result) is OkValue:
