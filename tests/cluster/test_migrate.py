@@ -26,6 +26,7 @@ def test_migrate_under_a_stream_of_sends(counter: Component, nats_server: NatsSe
     made = [_node(nats_server.url, n, counter) for n in ("a", "b", "t")]
     (a, node_a), (b, _), (t, node_t) = made
     try:
+        assert node_a.wait_for(["b", "t"], 10) and node_t.wait_for(["a", "b"], 10)
         local = a.spawn("counter", name="ctr")
         assert a.ask(local, "incr", {"by": 100})["count"] == 100
         acked = {"a-local": 0, "t-name": 0, "t-address": 0}
@@ -92,6 +93,7 @@ def test_a_failed_migration_leaves_the_agent_where_it_was(
     made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
     (a, node_a), (b, node_b) = made
     try:
+        assert node_a.wait_for(["b"], 10)  # b's heartbeat seen: it is live for a
         local = a.spawn("counter")
         a.ask(local, "incr", {"by": 5})
         with pytest.raises(MigrationFailed, match="no node 'zz'"):
