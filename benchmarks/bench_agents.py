@@ -12,7 +12,8 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 - guest-to-guest ping-pong: asks between two CPython agents, round trips per second (target
   >= 8,000), with a 4 s budget (asks run in place) and with the default one (via workers).
 - one-way sends from the host to 100 WAT echo agents on 2 workers: messages handled per second
-  (target >= 25,000), against direct ``handle`` calls on one thread in the same run.
+  (target >= 25,000), against direct ``handle`` calls on one thread in the same run; and the
+  same sends on 1 worker (two workers must not handle fewer: light work stays on one worker).
 - ``--against REV``: the message rows above also for the tree at git revision REV (its
   ``host/`` unpacked into a temporary directory, run in a child process), for an A/B in one
   run. ``--messages`` runs only the message rows.
@@ -138,12 +139,12 @@ def _pingpong_rate(component: Component, budget: Budget, rounds: int) -> list[fl
         return [rounds / wall, rounds / cpu]
 
 
-def _send_rates(echo: Component, count: int) -> list[float]:
-    """[direct ``handle`` calls per second on one thread, host sends to 100 agents on 2
-    workers handled per second (from the first send until every mailbox is empty), the same
-    two per CPU second]."""
+def _send_rates(echo: Component, count: int, workers: int = 2) -> list[float]:
+    """[direct ``handle`` calls per second on one thread, host sends to 100 agents on
+    ``workers`` workers handled per second (from the first send until every mailbox is empty),
+    the same two per CPU second]."""
     message = {"name": "x", "body": b"\x01"}
-    with Runtime(workers=2) as rt:
+    with Runtime(workers=workers) as rt:
         direct = Instance(echo, gate=rt.gate)
         for _ in range(100):
             direct.call("handle", "host", message)
@@ -175,7 +176,7 @@ def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[An
     _, pingpong = _pingpong()
     repeat, trips, count = (500, 200, 2000) if quick else (3000, 500, 5000)
     here, default = Budget(timeout=1.0), Budget()
-    keys = ("here", "default", "worker", "pp_here", "pp", "send")
+    keys = ("here", "default", "worker", "pp_here", "pp", "send", "send_1")
     runs: dict[str, list[Any]] = {k: [] for k in keys}
     for _ in range(rounds):
         runs["here"].append(_ask_seconds(echo, here, repeat))
@@ -184,6 +185,7 @@ def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[An
         runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), trips))
         runs["pp"].append(_pingpong_rate(pingpong, default, trips))
         runs["send"].append(_send_rates(echo, count))
+        runs["send_1"].append(_send_rates(echo, count, workers=1))
     return runs
 
 
@@ -232,6 +234,22 @@ def message_rows(runs: dict[str, list[Any]]) -> list[dict[str, object]]:
             "target": ">= 25000 handled/s",
         }
     )
+    if runs.get("send_1"):
+        one = median([r[1] for r in runs["send_1"]])
+        rows.append(
+            {
+                "name": "one-way host sends to 100 agents: 2 workers / 1 worker",
+                "ratio": round(
+                    median(
+                        [a[1] / b[1] for a, b in zip(runs["send"], runs["send_1"], strict=True)]
+                    ),
+                    2,
+                ),
+                "two_workers_per_s": round(sends),
+                "one_worker_per_s": round(one),
+                "target": ">= 1 (a second worker must not cost)",
+            }
+        )
     return rows
 
 

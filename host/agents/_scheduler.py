@@ -9,11 +9,24 @@ A worker whose agent is blocked in an ``ask`` is not doing work: while it waits,
 may start a compensating worker (up to ``max_workers``) so that the agent being asked can run
 even when every regular worker is waiting. Without this, N agents asking N others would
 deadlock N workers.
+
+Light work stays on one worker. Only the guest's own code runs without the GIL; the rest of a
+message (the runtime, the codec, host functions) is Python. An agent whose messages do little
+guest work (its runnable says ``light``: the runtime's measure is fuel per message) gains
+nothing from a second worker, which only adds a GIL handoff at every guest call: with 100 such
+agents, two workers handled 14-18k messages/s where one handled 25k. So a light agent made
+runnable while another worker is running light work does not wake an idle worker; that worker
+gets to it, oldest first across the queues (a parked worker's queue included). One idle worker
+watches: when a running message has gone on for ``PATIENCE`` (a long host call, a sleep, a
+guest that ran longer than it used to), it joins, so a queued agent waits at most about that
+long for a stuck worker. A heavy or new agent (or any runnable that does not say) wakes an idle
+worker at once, as before, and heavy work runs on every worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -24,11 +37,15 @@ from typing import Protocol
 
 from mighty._errors import BadInput
 
-__all__ = ["Runnable", "Scheduler", "WorkerStats"]
+__all__ = ["PATIENCE", "Runnable", "Scheduler", "WorkerStats"]
 
 _log = logging.getLogger(__name__)
-# Which scheduler the current thread works for (set on its workers only).
+# Which scheduler the current thread works for, and as which worker (set on its workers only).
 _LOCAL = threading.local()
+
+PATIENCE = 0.005
+"""Seconds a running light message goes on before an idle worker joins in (see above)."""
+_IDLE_WAIT = 0.5
 
 
 class Runnable(Protocol):
@@ -37,6 +54,11 @@ class Runnable(Protocol):
 
         Should not raise: a failure in a turn is the agent's to handle (the runtime makes it a
         crash). If it raises anyway, the worker logs it and goes on; the agent is dropped.
+
+        A runnable may also have a ``light`` attribute: True when its recent messages did
+        little work outside the GIL, so that running it beside other light work on a second
+        worker would not pay (see the module note). Without one it counts as heavy. And a
+        ``started`` one: when its current message began (``time.monotonic``).
         """
 
 
@@ -54,6 +76,17 @@ class WorkerStats:
     """The address of the agent it runs now, if any."""
 
 
+def _light(agent: Runnable | None) -> bool:
+    return agent is not None and getattr(agent, "light", False) is True
+
+
+def _began(agent: Runnable | None, since: float) -> float:
+    """When the runnable's current message began (its ``started``, if it has one and it is
+    within this batch), else when its batch did."""
+    started = getattr(agent, "started", None)
+    return started if isinstance(started, float) and started > since else since
+
+
 class Scheduler:
     """A pool of worker threads running :class:`Runnable` agents."""
 
@@ -63,12 +96,22 @@ class Scheduler:
         self.workers = workers
         self.max_workers = max_workers if max_workers is not None else workers * 8
         self._lock = threading.Condition()
-        self._queues: list[deque[Runnable]] = []
+        # Each entry is (order of arrival, runnable): the oldest head across queues goes first.
+        self._queues: list[deque[tuple[int, Runnable]]] = []
+        self._order = itertools.count()
         self._stats: list[WorkerStats] = []
         self._current: list[Runnable | None] = []
+        # When each worker's batch began (None: not in one), and whether it waits in an ask.
+        # Written by the worker itself without the lock (one store each); read under it.
+        self._since: list[float | None] = []
+        self._asking: list[bool] = []
         self._steals: dict[tuple[int, int], int] = {}
         self._threads: list[threading.Thread] = []
         self._idle = 0
+        # Idle workers that know work is queued and look again within PATIENCE.
+        self._watching = 0
+        # Heavy runnables queued (a held-back worker looks for them past the light ones).
+        self._heavy = 0
         self._blocked = 0
         # Idle workers whose turn a calling thread took (see borrow): they stay idle.
         self._borrowed = 0
@@ -82,6 +125,8 @@ class Scheduler:
         self._queues.append(deque())
         self._stats.append(WorkerStats(f"worker-{index}"))
         self._current.append(None)
+        self._since.append(None)
+        self._asking.append(False)
         thread = threading.Thread(
             target=self._work, args=(index,), name=f"mighty-worker-{index}", daemon=True
         )
@@ -95,9 +140,15 @@ class Scheduler:
                 return
             queue = self._queues[self._next % len(self._queues)]
             self._next += 1
-            queue.append(agent)
+            queue.append((next(self._order), agent))
+            if not _light(agent):
+                self._heavy += 1
             self._maybe_compensate()
-            if self._idle:  # a worker waits: wake one (the others are busy, and will look)
+            # A worker waits: wake one (the others are busy, and will look), unless the agent
+            # is light and a worker running light work will get to it (one watcher is enough).
+            if self._idle and (
+                not _light(agent) or self._watching == 0 or self._helps(-1, time.monotonic())
+            ):
                 self._lock.notify()
 
     def _maybe_compensate(self) -> None:
@@ -110,6 +161,31 @@ class Scheduler:
             and any(self._queues)
         ):
             self._add_worker()
+
+    def _helps(self, index: int, now: float) -> bool:
+        """Whether worker ``index`` (-1: an idle one) taking light work now would pay (lock
+        held): no other worker runs light work that is moving on (a light agent whose current
+        message, or batch, began less than PATIENCE ago)."""
+        current = self._current
+        asking = self._asking
+        for i, since in enumerate(self._since):
+            if i == index or since is None or asking[i]:
+                continue
+            agent = current[i]
+            if _light(agent) and now - _began(agent, since) < PATIENCE:
+                return False
+        return True
+
+    def _patience(self, index: int, now: float) -> float:
+        """How long a watcher sleeps before it looks again (lock held)."""
+        started = [
+            _began(self._current[i], since)
+            for i, since in enumerate(self._since)
+            if i != index and since is not None and not self._asking[i] and _light(self._current[i])
+        ]
+        if not started:
+            return PATIENCE
+        return min(PATIENCE, max(PATIENCE / 8, max(started) + PATIENCE - now))
 
     def on_worker(self) -> bool:
         """Whether the calling thread is one of this scheduler's workers."""
@@ -133,8 +209,11 @@ class Scheduler:
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
         """Mark the current worker as waiting (in an ask) for the duration of the block."""
+        index: int | None = getattr(_LOCAL, "index", None) if self.on_worker() else None
         with self._lock:
             self._blocked += 1
+            if index is not None:
+                self._asking[index] = True
             self._maybe_compensate()
             self._lock.notify_all()
         try:
@@ -142,45 +221,113 @@ class Scheduler:
         finally:
             with self._lock:
                 self._blocked -= 1
+                if index is not None:
+                    self._asking[index] = False
 
     def _take(self, index: int) -> Runnable | None:
-        own = self._queues[index]
-        if own:
-            return own.popleft()
-        victim = max(range(len(self._queues)), key=lambda i: len(self._queues[i]))
-        if self._queues[victim]:
+        """The next runnable for worker ``index`` (lock held), or None: nothing queued, or
+        only light work that a running worker will get to.
+
+        The oldest head among its own queue and the queues of workers not running a batch
+        (parked, idle, asking), else the oldest of the busiest other queue (a steal). When
+        that one is light and held back, the oldest heavy one of any queue.
+        """
+        queues = self._queues
+        since = self._since
+        best = queues[index] if queues[index] else None
+        victim = index
+        for i, queue in enumerate(queues):
+            if (
+                i != index
+                and queue
+                and (since[i] is None or self._asking[i])
+                and (best is None or queue[0][0] < best[0][0])
+            ):
+                best, victim = queue, i
+        if best is None:
+            victim = max(range(len(queues)), key=lambda i: len(queues[i]))
+            best = queues[victim]
+            if not best:
+                return None
+        agent = best[0][1]
+        if _light(agent) and not self._helps(index, time.monotonic()):
+            # Held back; but the oldest heavy agent queued anywhere may run here.
+            return self._take_heavy(index) if self._heavy else None
+        best.popleft()
+        if not _light(agent):
+            self._heavy -= 1
+        if victim != index:
             self._stats[index].steals += 1
             pair = (victim, index)
             self._steals[pair] = self._steals.get(pair, 0) + 1
-            return self._queues[victim].popleft()
-        return None
+        return agent
+
+    def _take_heavy(self, index: int) -> Runnable | None:
+        """Take the oldest heavy runnable of any queue (lock held; ``_heavy`` > 0)."""
+        found: tuple[int, int, int] | None = None  # (order, queue, position)
+        for i, queue in enumerate(self._queues):
+            for position, (order, agent) in enumerate(queue):
+                if not _light(agent):
+                    if found is None or order < found[0]:
+                        found = (order, i, position)
+                    break  # the oldest heavy one of this queue
+        if found is None:
+            self._heavy = 0  # a runnable's lightness changed while it was queued
+            return None
+        _, victim, position = found
+        queue = self._queues[victim]
+        agent = queue[position][1]
+        del queue[position]
+        self._heavy -= 1
+        if victim != index:
+            self._stats[index].steals += 1
+            pair = (victim, index)
+            self._steals[pair] = self._steals.get(pair, 0) + 1
+        return agent
 
     def _work(self, index: int) -> None:
         _LOCAL.scheduler = self
+        _LOCAL.index = index
+        queues = self._queues
+        again: Runnable | None = None
         while True:
             with self._lock:
+                if again is not None:
+                    queues[index].append((next(self._order), again))
+                    if not _light(again):
+                        self._heavy += 1
                 agent = self._take(index)
+                if agent is None:
+                    # Running until now (between batches it still counts as running its last
+                    # agent, so that a watcher does not take that gap for a free worker).
+                    self._since[index] = None
+                    self._current[index] = None
                 while agent is None:
                     if self._stopping:
                         return
                     self._idle += 1
-                    self._lock.wait(timeout=0.5)
+                    if any(queues):
+                        # Held back: light work that a running worker gets to. Look again.
+                        self._watching += 1
+                        self._lock.wait(self._patience(index, time.monotonic()))
+                        self._watching -= 1
+                    else:
+                        self._lock.wait(_IDLE_WAIT)
                     self._idle -= 1
                     agent = self._take(index)
-            self._current[index] = agent
+                self._current[index] = agent
+                self._since[index] = time.monotonic()
+            again = None
             try:
-                handled, again = agent.run_batch()
+                handled, more = agent.run_batch()
             except Exception:  # noqa: BLE001 -- a worker outlives any one agent's bug
                 _log.exception("worker %d: a turn raised; the agent was dropped", index)
                 continue
-            finally:
-                self._current[index] = None
             stats = self._stats[index]
             stats.batches += 1
             stats.messages += handled
-            if again:
-                with self._lock:
-                    self._queues[index].append(agent)
+            if more:
+                again = agent  # back in line (under the lock the next take holds)
 
     def stats(self) -> list[WorkerStats]:
         with self._lock:
@@ -219,6 +366,7 @@ class Scheduler:
             self._stopping = True
             for queue in self._queues:
                 queue.clear()
+            self._heavy = 0
             self._lock.notify_all()
             threads = list(self._threads)
         for thread in threads:

@@ -48,7 +48,7 @@ from mighty._errors import (
 )
 from mighty._usage import Usage
 from mighty.budget._scope import CallScope, CancelScope
-from mighty.engine import MemoryAccount, SignalShield, get_engine, immortal
+from mighty.engine import MemoryAccount, SignalShield, get_engine, immortal, quick_call
 from mighty.gate import UNSCOPED, GuestContext, GuestViolation, HostFunctionFailed
 
 __all__ = [
@@ -153,6 +153,14 @@ def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
         return _stop(f"mighty: epoch check failed: {exc!r}")
 
 
+# Fuel and the epoch deadline are set and read around every call: without the GIL released.
+_ERROR_P = ctypes.POINTER(ffi.wasmtime_error_t)
+_set_fuel = quick_call("wasmtime_context_set_fuel", _ERROR_P, ctypes.c_void_p, ctypes.c_uint64)
+_get_fuel = quick_call("wasmtime_context_get_fuel", _ERROR_P, ctypes.c_void_p, ctypes.c_void_p)
+_set_epoch_deadline = quick_call(
+    "wasmtime_context_set_epoch_deadline", None, ctypes.c_void_p, ctypes.c_uint64
+)
+
 # Kept for the life of the process: every store's epoch callback points at it.
 _C_ON_EPOCH = immortal(_EPOCH_CALLBACK_T(_on_epoch))
 _NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
@@ -214,10 +222,12 @@ class Meter:
             err = state.error("cancel", before_start=True)
             err.usage = Usage(0, self.account.current, 0.0)
             raise err
-        store = self.store
-        store.set_fuel(budget.fuel)
+        context = self.store._context()
+        error = _set_fuel(context, budget.fuel)
+        if error:
+            raise wasmtime.WasmtimeError._from_ptr(error)
         self.account.start_call(budget.memory)
-        store.set_epoch_deadline(1)
+        _set_epoch_deadline(context, 1)
         if ctx is not None:
             ctx.failure = None
             ctx.exit_code = None
@@ -299,10 +309,11 @@ class Meter:
 
     def _usage(self, budget: Budget, started: float) -> Usage:
         wall = _now() - started
-        try:
-            left = self.store.get_fuel()
-        except wasmtime.WasmtimeError:
-            left = 0
+        fuel = ctypes.c_uint64()
+        error = _get_fuel(self.store._context(), ctypes.byref(fuel))
+        if error:
+            ffi.wasmtime_error_delete(error)
+        left = fuel.value if not error else 0
         return Usage(fuel=budget.fuel - left, memory_peak=self.account.peak, wall_time=wall)
 
     def _translate(

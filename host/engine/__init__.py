@@ -11,7 +11,7 @@ from mighty.engine._memory import (
     live_memories,
     restore_memory,
 )
-from mighty.engine._native import immortal
+from mighty.engine._native import immortal, quick_call
 from mighty.engine._signals import SignalShield, shielded
 from mighty.engine._state import MAX_GAP, MemoryState, state_from_pages
 from mighty.engine._store import ComponentStore
@@ -34,6 +34,7 @@ __all__ = [
     "instantiating_into",
     "learn_hot_pages",
     "live_memories",
+    "quick_call",
     "restore_memory",
     "shielded",
     "state_from_pages",
