@@ -43,8 +43,10 @@ _log = logging.getLogger(__name__)
 # Which scheduler the current thread works for, and as which worker (set on its workers only).
 _LOCAL = threading.local()
 
-PATIENCE = 0.005
-"""Seconds a running light message goes on before an idle worker joins in (see above)."""
+PATIENCE = 0.02
+"""Seconds a running light message goes on before an idle worker joins in (see above). Four
+of CPython's GIL switch intervals (5 ms): a thread that holds the GIL (a sender's loop) keeps a
+light message waiting for about one interval, which is not a stuck message."""
 _IDLE_WAIT = 0.5
 
 
