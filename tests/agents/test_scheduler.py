@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from mighty import Component
 from mighty.agents import AgentType, Runtime
@@ -234,9 +235,81 @@ def test_a_heavy_agent_queued_behind_light_ones_runs_on_the_idle_worker() -> Non
         scheduler.schedule(heavy)
         assert heavy.done.wait(WAIT)  # while the light message still runs
         assert not any(job.done.is_set() for job in held)
+        gate.set()
+        for job in held:
+            assert job.done.wait(WAIT)
+        assert sorted(name for name, _, _ in log) == sorted(
+            ["light", "heavy"] + [job.name for job in held]
+        )
     finally:
         gate.set()
         scheduler.stop()
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Agents of every kind made runnable while others hold their workers (a message that
+    moves on, or one stuck), released in any order: at every step no agent runs two turns at
+    once and each agent's turns so far ran in order; at the end every turn ran exactly once."""
+
+    @initialize(workers=st.integers(1, 3))
+    def start(self, workers: int) -> None:
+        self.scheduler = Scheduler(workers)
+        self.log: list[tuple[str, int, str]] = []
+        self.jobs: list[tuple[Job, int]] = []
+        self.gates: list[threading.Event] = []
+
+    @rule(light=st.sampled_from([True, False, None]), batches=st.integers(1, 4))
+    def add(self, light: bool | None, batches: int) -> None:
+        job = Job(f"a{len(self.jobs)}", self.log, light=light, batches=batches)
+        self.jobs.append((job, batches))
+        self.scheduler.schedule(job)
+
+    @rule(light=st.sampled_from([True, False, None]), fresh=st.booleans())
+    def add_holding(self, light: bool | None, fresh: bool) -> None:
+        gate = threading.Event()
+        self.gates.append(gate)
+        job = Job(
+            f"h{len(self.jobs)}",
+            self.log,
+            light=light,
+            step=lambda _: gate.wait(WAIT) and None,
+            fresh=fresh,
+        )
+        self.jobs.append((job, 1))
+        self.scheduler.schedule(job)
+
+    @rule(which=st.integers(0, 7))
+    def release(self, which: int) -> None:
+        held = [gate for gate in self.gates if not gate.is_set()]
+        if held:
+            held[which % len(held)].set()
+
+    @invariant()
+    def turns_in_order_never_at_once(self) -> None:
+        for job, _ in self.jobs:
+            assert not job.overlapped
+            turns = [turn for name, turn, _ in list(self.log) if name == job.name]
+            assert turns == list(range(len(turns)))
+
+    def teardown(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        try:
+            for gate in self.gates:
+                gate.set()
+            for job, batches in self.jobs:
+                assert job.done.wait(WAIT)
+                assert [turn for name, turn, _ in self.log if name == job.name] == list(
+                    range(batches)
+                )
+            total = sum(batches for _, batches in self.jobs)
+            assert sum(s.messages for s in self.scheduler.stats()) == total
+        finally:
+            self.scheduler.stop()
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=40, stateful_step_count=12)
 
 
 # A loop at the top of the echo agent's handle: 30,000 rounds, about 210,000 fuel.
