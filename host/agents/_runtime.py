@@ -120,9 +120,11 @@ __all__ = ["AgentProcess", "AgentStats", "RemoteRouter", "Runtime"]
 _ASK_GRACE = 1.0
 
 _BATCH = 16
-# Fuel per message under which an agent's work is light: about 10-100 us of guest code, less
-# than the Python around a message, so a second worker would not pay (see the scheduler).
+# An agent's work is light when its messages take under this fuel (about 10-100 us of guest
+# code, less than the Python around a message) and this wall time each (longer with little
+# fuel: it waits, for I/O, a sleep, an ask): a second worker would not pay (see the scheduler).
 _LIGHT_FUEL = 100_000
+_LIGHT_WALL = 0.0005
 _INTERFACE = "mighty:agent/host"
 _PROCESS: Slot[AgentProcess] = Slot("agent.process")
 """The agent an instance serves: ``mighty:agent/host`` answers as that agent (seeded by
@@ -243,8 +245,9 @@ class AgentProcess:
     # The signal that interrupted the guest in a turn run by ``run_here``, if one did.
     _interrupted: int | None = None
     light: bool = False
-    """Its last turn's messages did little guest work (fuel): the scheduler keeps such agents
-    on one worker while another runs light work (see mighty.agents._scheduler)."""
+    """Its last turn's messages did little guest work (fuel) and did not wait (wall time): the
+    scheduler keeps such agents on one worker while another runs light work (see
+    mighty.agents._scheduler)."""
 
     # -- life ------------------------------------------------------------------------------
 
@@ -475,7 +478,7 @@ class AgentProcess:
         ``_scheduled`` is cleared when there is no more to do; the caller reports a crash
         (``_exit``) once it holds no run lock of its own.
         """
-        handled = fuel = 0
+        handled, fuel, wall = 0, 0, 0.0
         exit_reason: str | None = None
         turns = _TURNS
         turns.depth += 1
@@ -516,17 +519,18 @@ class AgentProcess:
                         error.__cause__ = exc
                         exit_reason = self._crashed(envelope, error)
                     outcome = CRASHED if exit_reason is not None else self._outcome
-                    fuel += self._fuel
                     if span is not None:
                         assert telemetry is not None
                         telemetry.handle_end(span, self.type.name, outcome, self._fuel)
+                    took = time.monotonic() - started
+                    fuel, wall = fuel + self._fuel, wall + took
                     self.recent.append(
                         (
                             envelope.name,
                             envelope.sender,
                             outcome,
                             started,
-                            time.monotonic() - started,
+                            took,
                             self._fuel,
                             envelope.body if self.runtime.introspect else None,
                         )
@@ -540,7 +544,7 @@ class AgentProcess:
                 # Stopped meanwhile (stop timed out, or was called from this turn).
                 self._close_instance()
         if handled:
-            self.light = fuel < _LIGHT_FUEL * handled
+            self.light = fuel < _LIGHT_FUEL * handled and wall < _LIGHT_WALL * handled
         with self._state:
             # A paused mailbox (hot swap in progress) is woken again when it resumes.
             more = self.alive and self.mailbox.ready()

@@ -12,9 +12,10 @@ deadlock N workers.
 
 Light work stays on one worker. Only the guest's own code runs without the GIL; the rest of a
 message (the runtime, the codec, host functions) is Python. An agent whose messages do little
-guest work (its runnable says ``light``: the runtime's measure is fuel per message) gains
-nothing from a second worker, which only adds a GIL handoff at every guest call: with 100 such
-agents, two workers handled 14-18k messages/s where one handled 25k. So a light agent made
+guest work (its runnable says ``light``: the runtime's measure is fuel and wall time per
+message; one that waits, for I/O or a sleep, is not light) gains nothing from a second worker,
+which only adds a GIL handoff at every guest call: with 100 such agents, two workers handled
+14-18k messages/s where one handled 25k. So a light agent made
 runnable while another worker is running light work does not wake an idle worker; that worker
 gets to it, oldest first across the queues (a parked worker's queue included). One idle worker
 watches: when a running message has gone on for ``PATIENCE`` (a long host call, a sleep, a
