@@ -16,12 +16,13 @@ guest work (its runnable says ``light``: the runtime's measure is fuel and wall 
 message; one that waits, for I/O or a sleep, is not light) gains nothing from a second worker,
 which only adds a GIL handoff at every guest call: with 100 such agents, two workers handled
 14-18k messages/s where one handled 25k. So a light agent made
-runnable while another worker is running light work does not wake an idle worker; that worker
-gets to it, oldest first across the queues (a parked worker's queue included). One idle worker
-watches: when a running message has gone on for ``PATIENCE`` (a long host call, a sleep, a
-guest that ran longer than it used to), it joins, so a queued agent waits at most about that
-long for a stuck worker. A heavy or new agent (or any runnable that does not say) wakes an idle
-worker at once, as before, and heavy work runs on every worker.
+runnable behind others (a backlog) while another worker is running light work does not wake
+an idle worker; that worker gets to it, oldest first across the queues (a parked worker's queue
+included). One queued alone starts at once (an ask's round trip: the wait is what it costs).
+One idle worker watches: when a running message has gone on for ``PATIENCE`` (a long host
+call, a sleep, a guest that ran longer than it used to), it joins, so a queued agent waits at
+most about that long for a stuck worker. A heavy or new agent (or any runnable that does not
+say) wakes an idle worker at once, as before, and heavy work runs on every worker.
 """
 
 from __future__ import annotations
@@ -144,15 +145,24 @@ class Scheduler:
             queue = self._queues[self._next % len(self._queues)]
             self._next += 1
             queue.append((next(self._order), agent))
-            if not _light(agent):
+            light = getattr(agent, "light", False) is True
+            if not light:
                 self._heavy += 1
             self._maybe_compensate()
             # A worker waits: wake one (the others are busy, and will look), unless the agent
-            # is light and a worker running light work will get to it (one watcher is enough).
+            # is light, queued behind others, and a worker running light work will get to it
+            # (one watcher is enough).
             if self._idle and (
-                not _light(agent) or self._watching == 0 or self._helps(-1, time.monotonic())
+                not light
+                or self._watching == 0
+                or self._backlog() == 1
+                or self._helps(-1, time.monotonic())
             ):
                 self._lock.notify()
+
+    def _backlog(self) -> int:
+        """Runnables queued (lock held)."""
+        return sum(map(len, self._queues))
 
     def _maybe_compensate(self) -> None:
         # The cheap tests first: most calls find no worker blocked.
@@ -229,7 +239,8 @@ class Scheduler:
 
     def _take(self, index: int) -> Runnable | None:
         """The next runnable for worker ``index`` (lock held), or None: nothing queued, or
-        only light work that a running worker will get to.
+        only a backlog of light work that a running worker will get to (a light agent queued
+        alone starts at once: no backlog, so the wait, not the GIL, is what it would cost).
 
         The oldest head among its own queue and the queues of workers not running a batch
         (parked, idle, asking), else the oldest of the busiest other queue (a steal). When
@@ -253,11 +264,12 @@ class Scheduler:
             if not best:
                 return None
         agent = best[0][1]
-        if _light(agent) and not self._helps(index, time.monotonic()):
+        light = getattr(agent, "light", False) is True
+        if light and self._backlog() > 1 and not self._helps(index, time.monotonic()):
             # Held back; but the oldest heavy agent queued anywhere may run here.
             return self._take_heavy(index) if self._heavy else None
         best.popleft()
-        if not _light(agent):
+        if not light:
             self._heavy -= 1
         if victim != index:
             self._stats[index].steals += 1
@@ -318,8 +330,10 @@ class Scheduler:
                         self._lock.wait(_IDLE_WAIT)
                     self._idle -= 1
                     agent = self._take(index)
-                self._current[index] = agent
-                self._since[index] = time.monotonic()
+            # Outside the lock (a sender's schedule may wait for it): between batches both
+            # still name the last agent, so a watcher sees this worker running all along.
+            self._current[index] = agent
+            self._since[index] = time.monotonic()
             again = None
             try:
                 handled, more = agent.run_batch()

@@ -81,7 +81,7 @@ def _holding(gate: threading.Event, entered: threading.Event) -> Callable[[Job],
 
 
 def test_light_work_waits_for_the_worker_running_light_work() -> None:
-    """While a light agent's message moves on, light agents made runnable are not started on
+    """While a light agent's message moves on, a backlog of light agents is not started on
     the idle worker: the running one takes them after, oldest first, across both queues."""
     log: list[tuple[str, int, str]] = []
     gate, entered = threading.Event(), threading.Event()
@@ -91,8 +91,9 @@ def test_light_work_waits_for_the_worker_running_light_work() -> None:
         scheduler.schedule(first)
         assert entered.wait(WAIT)
         others = [Job(f"j{i}", log, light=True) for i in range(10)]
-        for job in others:
-            scheduler.schedule(job)
+        with scheduler._lock:  # queued all at once: a backlog before any worker looks
+            for job in others:
+                scheduler.schedule(job)
         # Three patience periods: a watcher looked and held back each time.
         time.sleep(PATIENCE * 3)
         assert [name for name, _, _ in log] == []
@@ -150,6 +151,23 @@ def test_heavy_work_runs_on_both_workers_at_once() -> None:
             assert not barrier.broken
         finally:
             scheduler.stop()
+
+
+def test_a_light_agent_queued_alone_starts_at_once() -> None:
+    """No backlog: a light agent made runnable while a light message moves on starts on the
+    idle worker at once (an ask through a worker does not wait for the other's turn)."""
+    log: list[tuple[str, int, str]] = []
+    gate, entered = threading.Event(), threading.Event()
+    scheduler = Scheduler(2)
+    try:
+        scheduler.schedule(Job("first", log, light=True, step=_holding(gate, entered)))
+        assert entered.wait(WAIT)
+        alone = Job("alone", log, light=True)
+        scheduler.schedule(alone)
+        assert alone.done.wait(WAIT)  # while ``first`` still holds its worker
+    finally:
+        gate.set()
+        scheduler.stop()
 
 
 def test_a_heavy_agent_is_not_held_back_by_light_work() -> None:
@@ -230,8 +248,9 @@ def test_a_heavy_agent_queued_behind_light_ones_runs_on_the_idle_worker() -> Non
         scheduler.schedule(Job("light", log, light=True, step=_holding(gate, entered)))
         assert entered.wait(WAIT)
         held = [Job(f"l{i}", log, light=True) for i in range(5)]  # in both queues
-        for job in held:
-            scheduler.schedule(job)
+        with scheduler._lock:  # a backlog before any worker looks
+            for job in held:
+                scheduler.schedule(job)
         heavy = Job("heavy", log, light=False)
         scheduler.schedule(heavy)
         assert heavy.done.wait(WAIT)  # while the light message still runs
