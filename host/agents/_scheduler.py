@@ -247,6 +247,8 @@ class Scheduler:
         that one is light and held back, the oldest heavy one of any queue.
         """
         queues = self._queues
+        if not any(queues):
+            return None
         since = self._since
         best = queues[index] if queues[index] else None
         victim = index
