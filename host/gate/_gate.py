@@ -297,6 +297,11 @@ _host_type = _raw("wasmtime_component_resource_host_type", ctypes.c_uint32, _VP,
 _host_rep = _raw("wasmtime_component_resource_host_rep", ctypes.c_uint32, _VP, gil=True)
 _host_delete = _raw("wasmtime_component_resource_host_delete", None, _VP, gil=True)
 _val_new = _raw("wasmtime_component_val_new", _VP, _VP, gil=True)
+_val_clone = _raw("wasmtime_component_val_clone", None, _VP, _VP, gil=True)
+_val_delete = _raw("wasmtime_component_val_delete", None, _VP, gil=True)
+_vallist_new = _raw(
+    "wasmtime_component_vallist_new", None, _VP, ctypes.c_size_t, ctypes.c_char_p, gil=True
+)
 _add_func_raw = _raw(
     "wasmtime_component_linker_instance_add_func", _VP, _VP, _VP, ctypes.c_size_t, _VP, _VP, _VP
 )
@@ -310,6 +315,10 @@ _VAL_AT = _VAL.from_address
 _PTR_AT = _VP.from_address
 _PAIR_AT = (ctypes.c_uint64 * 2).from_address
 _SLOT_AT = (ctypes.c_char * _VAL_SIZE).from_address
+_BYTE_AT = (ctypes.c_char * 1).from_address
+_ENTRY_SIZE = ctypes.sizeof(ffi.wasmtime_component_valrecord_entry_t)
+_ENTRY_VAL = ffi.wasmtime_component_valrecord_entry_t.val.offset
+_RECORD_DATA = _PAYLOAD + ffi.wasmtime_component_valrecord_t.data.offset  # type: ignore[attr-defined]  # a field descriptor on the class
 _ZERO_VAL = _VAL()
 _CONTEXT_PTR = ctypes.POINTER(ffi.wasmtime_context_t)
 _FUNC_TYPE_PTR = ctypes.POINTER(ffi.wasmtime_component_func_type_t)
@@ -378,6 +387,7 @@ class _CallStore:
 
 _Lift = Callable[["GuestContext", Any, Any, int], list[Any]]
 _Lower = Callable[["GuestContext", Any, Any, Any], None]
+_Serve = Callable[["GuestContext", Any, Any, Any, int, Any], None]
 
 
 @dataclass(eq=False)
@@ -398,6 +408,9 @@ class _Registered:
     to_guest: Callable[[GuestContext, Any], Any] | None = None
     # Writes the result into wasmtime's result slot: ``lower(ctx, store, result, address)``.
     lower: _Lower | None = None
+    # The call no hook watches, in one frame where the import's shape allows: lift the
+    # arguments into what the implementation takes, run it, lower its result.
+    serve: _Serve | None = None
     # For a ``[method]R.f``: the kind of R, the resource of the binding's own interface that
     # ``self`` always is (wasmtime checks a handle's type when the guest passes it, and reps
     # are unique across kinds within an instance, so a wrong one would not be found anyway).
@@ -424,14 +437,18 @@ def _dispatch(
 ) -> int:
     try:
         reg = _REGISTERED[key or 0]
-        ctx = _context_of(context_ptr)
+        # _context_of, inline (one frame fewer on every import).
+        found = _CONTEXTS[_get_data(context_ptr) or 0]()
+        if found is None:
+            raise KeyError("the instance is gone")
+        ctx = found
     except KeyError:
         return _error_ptr("mighty: host function called outside a mighty instance")
     store = ctx.call_store
     try:
-        lower = reg.lower
-        if lower is None:
-            lower = _compile(reg, type_ptr)
+        serve = reg.serve
+        if serve is None:
+            serve = _compile(reg, type_ptr)
         # Resource handles must be resolved through the context of this very call: wasmtime
         # tracks the guest's borrows per call, not per store.
         if type(store) is not _CallStore:
@@ -439,11 +456,11 @@ def _dispatch(
         store.ptr = context_ptr
         ctx.calls += 1
         if not ctx.hooks:
-            assert reg.lift_objects is not None
-            result = reg.binding.fn(ctx, *reg.lift_objects(ctx, context_ptr, args_ptr, nargs))
+            serve(ctx, store, context_ptr, args_ptr, nargs, results_ptr)
         else:
+            assert reg.lower is not None
             result = _run_hooked(reg, ctx, ctx.hooks, context_ptr, args_ptr, nargs)
-        lower(ctx, store, result, results_ptr)
+            reg.lower(ctx, store, result, results_ptr)
         store.ptr = None
         return 0
     except GuestExitRequest as exit_request:
@@ -554,7 +571,7 @@ immortal(wc_linker.resource_dtor_impl)
 immortal(wc_linker.resource_dtor_finalize)
 
 
-def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
+def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
     fty = FuncType._from_ptr(ctypes.cast(type_ptr, _FUNC_TYPE_PTR), owner=object())
     codec = FuncCodec.from_func_type(fty)
     param_types = [t for _, t in codec.sig.params]
@@ -638,10 +655,13 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Lower:
         reg.resolve = resolve if any(r is not None for r in resolvers) else None
     reg.to_guest = None if codec.sig.result is None else _guest_converter(codec.sig.result)
     reg.lift = lift
-    reg.lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
+    reg.lift_objects = lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
     reg.codec = codec
     reg.lower = lower = _lowerer(codec, reg.to_guest)
-    return lower
+    reg.serve = serve = _server(
+        reg.binding.fn, lift_objects, lower, param_types, getters, resolvers, reg.self_kind
+    )
+    return serve
 
 
 _INT_AT: dict[str, Any] = {
@@ -718,6 +738,14 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
             codec.lower_result_into(store, result, _VAL_AT(results_ptr))
 
     wt = codec.sig.result
+    if (
+        isinstance(wt, RecordType)
+        and wt.fields
+        and all(isinstance(t, PrimitiveType) and t.name in _PRIM_KINDS for _, t in wt.fields)
+    ):
+        return _int_record_lowerer(codec, wt, generic)
+    if isinstance(wt, ListType) and wt.element == PrimitiveType("u8"):
+        return _bytes_lowerer(generic)
     if isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
         # A bare integer (a clock's instant): the whole slot in one write.
         lo, hi, kind, pack_slot = _int_slot(wt.name)
@@ -756,6 +784,174 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
 
         return ok_int
     return generic
+
+
+class _Template:
+    """A value lowered once by the codec and kept (freed with this object), to be cloned."""
+
+    def __init__(self, codec: FuncCodec, value: Any) -> None:
+        self.val = _VAL()
+        codec.lower_result_into(None, value, self.val)
+        self.address = ctypes.addressof(self.val)
+
+    def __del__(self) -> None:
+        _val_delete(_byref(self.val))
+
+
+def _int_record_lowerer(codec: FuncCodec, wt: RecordType, generic: _Lower) -> _Lower:
+    """A record whose fields are all integers (``wasi:clocks`` ``datetime``): one C call
+    clones a template lowered once (its field names are C byte vectors wasmtime frees with
+    the value, so each result needs its own), then each field's integer is written in place.
+    A value that is not exactly a dict of in-range ints goes through the codec."""
+    names = tuple(name for name, _ in wt.fields)
+    template = _Template(codec, dict.fromkeys(names, 0))
+    fields = []
+    for i, (name, t) in enumerate(wt.fields):
+        assert isinstance(t, PrimitiveType)
+        lo, hi = _int_range(t.name)
+        at = _INT_AT[t.name]
+        fields.append((name, lo, hi, at, i * _ENTRY_SIZE + _ENTRY_VAL + _PAYLOAD))
+    count = len(names)
+    source = template.address
+
+    def int_record(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+        if type(result) is dict and len(result) == count:
+            values = []
+            for name, lo, hi, _, _ in fields:
+                value = result.get(name)
+                if type(value) is not int or not lo <= value <= hi:
+                    break
+                values.append(value)
+            else:
+                _val_clone(source, results_ptr)
+                entries = _PTR_AT(results_ptr + _RECORD_DATA).value or 0
+                for (_, _, _, at, offset), value in zip(fields, values, strict=True):
+                    at(entries + offset).value = value
+                return
+        generic(ctx, store, result, results_ptr)
+
+    int_record.template = template  # type: ignore[attr-defined]  # kept as long as the lowerer
+    return int_record
+
+
+# Element slots of a list<u8>: kind u8 (2) and padding, payload at 8, for up to _SMALL_LIST.
+_U8_SLOTS = (bytes((2,)) + bytes(_VAL_SIZE - 1)) * _SMALL_LIST
+_LIST_KIND = bytes((13,))
+
+
+def _bytes_lowerer(generic: _Lower) -> _Lower:
+    """A ``list<u8>`` result (``get-random-bytes``, a read) given as ``bytes`` of up to
+    ``_SMALL_LIST``: the element slots built in one buffer, copied by one C call."""
+
+    def bytes_list(ctx: GuestContext, store: Any, result: Any, results_ptr: Any) -> None:
+        if type(result) is bytes:
+            size = len(result)
+            if size <= _SMALL_LIST:
+                slots = bytearray(_U8_SLOTS[: size * _VAL_SIZE])
+                slots[_PAYLOAD::_VAL_SIZE] = result
+                _vallist_new(results_ptr + _PAYLOAD, size, bytes(slots))
+                _BYTE_AT(results_ptr).raw = _LIST_KIND
+                return
+        generic(ctx, store, result, results_ptr)
+
+    return bytes_list
+
+
+def _server(
+    fn: Callable[..., Any],
+    lift_objects: _Lift,
+    lower: _Lower,
+    param_types: Sequence[WitType],
+    getters: Sequence[Callable[[int], Any]],
+    resolvers: Sequence[_Conv | None],
+    self_kind: ResourceKind | None,
+) -> _Serve:
+    """The unhooked call in one frame for the common shapes (no arguments; one or two plain
+    ones; a method on a borrowed resource with up to one plain argument), each doing the same
+    checks as ``lift_objects``; anything else calls ``lift_objects``."""
+    nparams = len(getters)
+
+    def arity(nargs: int) -> None:
+        raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+
+    plain = [
+        not isinstance(t, OwnType | BorrowType) and conv is None
+        for t, conv in zip(param_types, resolvers, strict=True)
+    ]
+    if nparams == 0:
+
+        def serve_none(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs:
+                arity(nargs)
+            lower(ctx, store, fn(ctx), res)
+
+        return serve_none
+    if nparams == 1 and plain[0]:
+        get0 = getters[0]
+
+        def serve_one(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs != 1:
+                arity(nargs)
+            lower(ctx, store, fn(ctx, get0(args_ptr)), res)
+
+        return serve_one
+    if nparams == 2 and all(plain):
+        get0, get1 = getters
+
+        def serve_two(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs != 2:
+                arity(nargs)
+            lower(ctx, store, fn(ctx, get0(args_ptr), get1(args_ptr + _VAL_SIZE)), res)
+
+        return serve_two
+    if (
+        self_kind is not None
+        and nparams <= 2
+        and isinstance(param_types[0], BorrowType)
+        and all(plain[1:])
+    ):
+        # A method on a borrowed resource (every stream call): its rep read through the
+        # call's context, the object looked up in the instance's table of that kind.
+        type_id, kind_name = self_kind.type_id, self_kind.name
+        get_arg = getters[1] if nparams == 2 else None
+
+        def serve_method(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs != nparams:
+                arity(nargs)
+            host = store.host
+            error = _any_to_host(context_ptr, _PTR_AT(args_ptr + _PAYLOAD), store.host_ref)
+            if error:
+                err = ctypes.cast(error, _ERROR_PTR)
+                raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+            try:
+                rep = _host_rep(host)
+            finally:
+                _host_delete(host)
+            try:
+                obj = ctx._tables[type_id][rep]
+            except KeyError:
+                raise StaleHandle(f"no live {kind_name} with handle {rep}") from None
+            if get_arg is None:
+                lower(ctx, store, fn(ctx, obj), res)
+            else:
+                lower(ctx, store, fn(ctx, obj, get_arg(args_ptr + _VAL_SIZE)), res)
+
+        return serve_method
+
+    def serve_any(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        lower(ctx, store, fn(ctx, *lift_objects(ctx, context_ptr, args_ptr, nargs)), res)
+
+    return serve_any
 
 
 def _direct_lifter(
