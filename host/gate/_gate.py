@@ -320,6 +320,7 @@ _ENTRY_SIZE = ctypes.sizeof(ffi.wasmtime_component_valrecord_entry_t)
 _ENTRY_VAL = ffi.wasmtime_component_valrecord_entry_t.val.offset
 _RECORD_DATA = _PAYLOAD + ffi.wasmtime_component_valrecord_t.data.offset  # type: ignore[attr-defined]  # a field descriptor on the class
 _ZERO_VAL = _VAL()
+_ZERO_REF = ctypes.addressof(_ZERO_VAL)
 _CONTEXT_PTR = ctypes.POINTER(ffi.wasmtime_context_t)
 _FUNC_TYPE_PTR = ctypes.POINTER(ffi.wasmtime_component_func_type_t)
 _ERROR_PTR = ctypes.POINTER(ffi.wasmtime_error_t)
@@ -776,7 +777,9 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
             if type(result) is OkValue:
                 value = result.value
                 if type(value) is int and lo <= value <= hi:
-                    box = _val_new(_byref(_ZERO_VAL))
+                    # val_new moves its source into the box and zeroes it: the source must
+                    # be a zero slot written after, never a kept one.
+                    box = _val_new(_ZERO_REF)
                     _SLOT_AT(box).raw = pack_int(kind, value)
                     _SLOT_AT(results_ptr).raw = _RESULT_HEAD(19, True, box)
                     return

@@ -83,6 +83,23 @@ def test_fast_lowering_is_the_codecs(sig: FuncSig, value: Any) -> None:
     assert _through(_lowerer(codec, None), codec, value) == _through(generic, codec, value)
 
 
+@pytest.mark.parametrize("sig", SIGS, ids=str)
+@given(
+    seen=st.lists(values | st.builds(Ok, st.integers(0, 300)) | st.integers(-300, 300), max_size=8)
+)
+def test_a_lowerer_used_again_is_the_codecs(sig: FuncSig, seen: list[Any]) -> None:
+    """One lowerer serving many results, each value twice (what it keeps from one result for
+    the next, e.g. an Ok(int) payload ready to box, changes nothing): the codec's answers."""
+    codec = FuncCodec(sig)
+    lower = _lowerer(codec, None)
+
+    def generic(_ctx: Any, store: Any, result: Any, address: int) -> None:
+        codec.lower_result_into(store, result, _VAL.from_address(address))
+
+    for value in seen + seen:
+        assert _through(lower, codec, value) == _through(generic, codec, value)
+
+
 @pytest.mark.parametrize(
     ("sig", "value"),
     [
