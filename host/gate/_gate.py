@@ -909,6 +909,19 @@ def _server(
             lower(ctx, store, fn(ctx), res)
 
         return serve_none
+    first = param_types[0] if param_types else None
+    if nparams == 1 and isinstance(first, PrimitiveType) and first.name in _INT_AT:
+        # One integer (get-random-bytes' length): read in place, no getter frame.
+        int_at = _INT_AT[first.name]
+
+        def serve_int(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs != 1:
+                arity(nargs)
+            lower(ctx, store, fn(ctx, int_at(args_ptr + _PAYLOAD).value), res)
+
+        return serve_int
     if nparams == 1 and plain[0]:
         get0 = getters[0]
 
@@ -937,35 +950,7 @@ def _server(
         and isinstance(param_types[0], BorrowType)
         and all(plain[1:])
     ):
-        # A method on a borrowed resource (every stream call): its rep read through the
-        # call's context, the object looked up in the instance's table of that kind.
-        type_id, kind_name = self_kind.type_id, self_kind.name
-        get_arg = getters[1] if nparams == 2 else None
-
-        def serve_method(
-            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
-        ) -> None:
-            if nargs != nparams:
-                arity(nargs)
-            host = store.host
-            error = _any_to_host(context_ptr, _PTR_AT(args_ptr + _PAYLOAD), store.host_ref)
-            if error:
-                err = ctypes.cast(error, _ERROR_PTR)
-                raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
-            try:
-                rep = _host_rep(host)
-            finally:
-                _host_delete(host)
-            try:
-                obj = ctx._tables[type_id][rep]
-            except KeyError:
-                raise StaleHandle(f"no live {kind_name} with handle {rep}") from None
-            if get_arg is None:
-                lower(ctx, store, fn(ctx, obj), res)
-            else:
-                lower(ctx, store, fn(ctx, obj, get_arg(args_ptr + _VAL_SIZE)), res)
-
-        return serve_method
+        return _method_server(fn, lower, getters, self_kind, arity)
 
     def serve_any(
         ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
@@ -973,6 +958,46 @@ def _server(
         lower(ctx, store, fn(ctx, *lift_objects(ctx, context_ptr, args_ptr, nargs)), res)
 
     return serve_any
+
+
+def _method_server(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    getters: Sequence[Callable[[int], Any]],
+    self_kind: ResourceKind,
+    arity: Callable[[int], None],
+) -> _Serve:
+    """A method on a borrowed resource with at most one plain argument (every stream call):
+    its rep read through the call's context, the object looked up in the instance's table of
+    that kind, the same checks as ``lift_objects``."""
+    type_id, kind_name = self_kind.type_id, self_kind.name
+    nparams = len(getters)
+    get_arg = getters[1] if nparams == 2 else None
+
+    def serve_method(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs != nparams:
+            arity(nargs)
+        host = store.host
+        error = _any_to_host(context_ptr, _PTR_AT(args_ptr + _PAYLOAD), store.host_ref)
+        if error:
+            err = ctypes.cast(error, _ERROR_PTR)
+            raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+        try:
+            rep = _host_rep(host)
+        finally:
+            _host_delete(host)
+        try:
+            obj = ctx._tables[type_id][rep]
+        except KeyError:
+            raise StaleHandle(f"no live {kind_name} with handle {rep}") from None
+        if get_arg is None:
+            lower(ctx, store, fn(ctx, obj), res)
+        else:
+            lower(ctx, store, fn(ctx, obj, get_arg(args_ptr + _VAL_SIZE)), res)
+
+    return serve_method
 
 
 def _direct_lifter(
