@@ -807,8 +807,9 @@ class _Template:
         codec.lower_result_into(None, value, self.val)
         self.address = ctypes.addressof(self.val)
 
-    def __del__(self) -> None:
-        _val_delete(_byref(self.val))
+    def __del__(self, delete: Any = _val_delete, ref: Any = _byref) -> None:
+        # Bound at definition: at interpreter exit the module's globals may be gone first.
+        delete(ref(self.val))
 
 
 def _int_record_lowerer(codec: FuncCodec, wt: RecordType, generic: _Lower) -> _Lower:
