@@ -87,6 +87,7 @@ from mighty.agents._output import (
     Stream,
     stream_level,
 )
+from mighty.agents._reply import Reply
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._store import SnapshotStore
 from mighty.agents._swap import reload_agent_type
@@ -1177,20 +1178,7 @@ class Runtime:
         reply, or the crash when the budget runs out), not a timeout while it still runs; and
         the ask may take the shortest path (:meth:`AgentProcess.run_here`). An agent on
         another node: the default budget's timeout plus a second."""
-        if timeout is None:
-            timeout = self._ask_timeout(to)
-        return decode_body(
-            self.ask_raw(to, name, encode_body(body), timeout=timeout, sender=sender)
-        )
-
-    def _ask_timeout(self, to: str) -> float:
-        router, local = self._remote(to)
-        if router is None:
-            try:
-                return self.process(local).type.budget.timeout + _ASK_GRACE
-            except NoProc:
-                pass  # the ask itself says so
-        return DEFAULT_TIMEOUT + _ASK_GRACE
+        return decode_body(self._ask(to, name, encode_body(body), timeout, sender, (), None))
 
     def ask_future(
         self, to: str, name: str, body: Any = None, *, sender: str = HOST
@@ -1224,10 +1212,28 @@ class Runtime:
         chain: tuple[str, ...] = (),
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
     ) -> bytes | None:
-        router, to = self._remote(to)
+        return self._ask(to, name, body, timeout, sender, chain, wait)
+
+    def _ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        timeout: float | None,
+        sender: str,
+        chain: tuple[str, ...],
+        wait: Callable[[Future[bytes | None], float], bytes | None] | None,
+    ) -> bytes | None:
+        """``ask_raw``; ``timeout`` None: the target's budget plus a grace (see ``ask``)."""
+        router, local = self._remote(to)
         if router is not None:
-            future = router.ask(to, name, body, sender=sender, timeout=timeout, chain=chain)
-            return self._await_reply(to, name, future, None, timeout, wait)
+            if timeout is None:
+                timeout = DEFAULT_TIMEOUT + _ASK_GRACE
+            future = router.ask(local, name, body, sender=sender, timeout=timeout, chain=chain)
+            return self._await_reply(local, name, future, None, timeout, wait)
+        process = self.process(local)
+        if timeout is None:
+            timeout = process.type.budget.timeout + _ASK_GRACE
         # The calling thread may run the target's turn itself (AgentProcess.run_here), except
         # on the main thread, outside any turn, with a wait of the caller's own: that wait
         # watches for signals, which must not interrupt the guest.
@@ -1238,23 +1244,16 @@ class Runtime:
         )
         telemetry = self.telemetry
         if telemetry is None:
-            future, breaker = self.deliver_ask(
-                to, name, body, sender=sender, chain=chain, timeout=timeout, here=here
+            future, breaker = self._deliver_ask(
+                process, name, body, sender, chain, timeout, None, here, Reply
             )
-            return self._await_reply(to, name, future, breaker, timeout, wait)
-        span = telemetry.ask_begin(self.process(to).address, name, sender)
+            return self._await_reply(local, name, future, breaker, timeout, wait)
+        span = telemetry.ask_begin(process.address, name, sender)
         try:
-            future, breaker = self.deliver_ask(
-                to,
-                name,
-                body,
-                sender=sender,
-                chain=chain,
-                timeout=timeout,
-                trace=telemetry.carry(span),
-                here=here,
+            future, breaker = self._deliver_ask(
+                process, name, body, sender, chain, timeout, telemetry.carry(span), here, Reply
             )
-            result = self._await_reply(to, name, future, breaker, timeout, wait)
+            result = self._await_reply(local, name, future, breaker, timeout, wait)
         except BaseException as exc:
             telemetry.ask_end(span, exc)
             raise
@@ -1307,12 +1306,29 @@ class Runtime:
         turn itself instead (see ``AgentProcess.run_here``); the future is then settled on
         return, and an ask answered later than ``timeout`` is an AskTimeout all the same.
         """
-        process = self.process(to)
-        if process.address in chain and name != INSPECT:
+        return self._deliver_ask(
+            self.process(to), name, body, sender, chain, timeout, trace, here, Future
+        )
+
+    def _deliver_ask(
+        self,
+        process: AgentProcess,
+        name: str,
+        body: bytes,
+        sender: str,
+        chain: tuple[str, ...],
+        timeout: float | None,
+        trace: Any,
+        here: bool,
+        reply: Callable[[], Future[bytes | None]],
+    ) -> tuple[Future[bytes | None], Any]:
+        """``deliver_ask`` to ``process``, its future made by ``reply`` (``Reply`` for the
+        runtime's own asks, whose futures never leave it)."""
+        if chain and process.address in chain and name != INSPECT:
             path = " -> ".join((*chain, process.address))
             raise AskCycle(f"ask cycle: {path}")
         breaker = self._check_breaker(process.address)
-        future: Future[bytes | None] = Future()
+        future = reply()
         envelope = Envelope(sender, name, body, future, asker_chain=chain, trace=trace)
         if not here or timeout is None or process.type.budget.timeout > timeout:
             process.deliver(envelope, timeout)
@@ -1321,7 +1337,7 @@ class Runtime:
         process.deliver(envelope, timeout, here=deadline)
         if future.done() and time.monotonic() > deadline:
             # Run in place and answered past the asker's deadline: the reply is too late.
-            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s")
+            raise AskTimeout(f"no reply from {process.address} to {name!r} within {timeout:g} s")
         return future, breaker
 
     def send_raw(
