@@ -59,18 +59,32 @@ class Reply(Future[bytes | None]):
         return True
 
     def set_result(self, result: bytes | None) -> None:
-        self._settle((True, result))
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._settle((False, exception))
-
-    def _settle(self, outcome: _Outcome) -> None:
+        # set_result and set_exception each settle inline (no helper frame): an ask run in
+        # place settles here on its own thread, a microsecond counts.
         with self._lock:
             if self._outcome is not None:
                 raise InvalidStateError(f"{self!r} is already settled")
-            self._outcome = outcome
+            self._outcome = (True, result)
             event, callbacks = self._event, self._callbacks
             self._callbacks = None
+        if event is not None or callbacks is not None:
+            self._wake(event, callbacks)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with self._lock:
+            if self._outcome is not None:
+                raise InvalidStateError(f"{self!r} is already settled")
+            self._outcome = (False, exception)
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = None
+        if event is not None or callbacks is not None:
+            self._wake(event, callbacks)
+
+    def _wake(
+        self,
+        event: threading.Event | None,
+        callbacks: list[Callable[[Future[bytes | None]], object]] | None,
+    ) -> None:
         if event is not None:
             event.set()
         for callback in callbacks or ():
@@ -80,9 +94,6 @@ class Reply(Future[bytes | None]):
                 _log.exception("exception calling callback for %r", self)
 
     def _wait(self, timeout: float | None) -> _Outcome:
-        outcome = self._outcome
-        if outcome is not None:
-            return outcome
         with self._lock:
             outcome = self._outcome
             if outcome is None:
@@ -97,14 +108,16 @@ class Reply(Future[bytes | None]):
         return outcome
 
     def result(self, timeout: float | None = None) -> bytes | None:
-        ok, value = self._wait(timeout)
+        outcome = self._outcome
+        ok, value = self._wait(timeout) if outcome is None else outcome
         if ok:
             return value  # type: ignore[return-value]  # set_result's bytes | None
         assert isinstance(value, BaseException)
         raise value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        ok, value = self._wait(timeout)
+        outcome = self._outcome
+        ok, value = self._wait(timeout) if outcome is None else outcome
         return None if ok else value  # type: ignore[return-value]  # set_exception's
 
     def add_done_callback(self, fn: Callable[[Future[bytes | None]], object]) -> None:
