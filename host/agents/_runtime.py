@@ -556,7 +556,8 @@ class AgentProcess:
         ask). A crash in the turn is reported to the supervisor from here when this thread
         holds no other run lock, else by a worker. A signal on the main thread interrupts the
         guest as a direct call would: the agent crashes and the caller gets the signal's
-        exception.
+        exception. Asks made in that turn may run their targets in place too (nested up to
+        :data:`_NESTED_TURNS`), each ending by ``deadline`` as well.
         """
         turns = _TURNS
         # Nested in a turn run in place for an ask: that ask's deadline bounds this one too.
@@ -1365,7 +1366,7 @@ class Runtime:
             process.deliver(envelope, timeout)
             return future, breaker
         now = time.monotonic()
-        deadline = now + within if timeout is None else now + timeout
+        deadline = now + (within if timeout is None else timeout)
         process.deliver(envelope, timeout, here=now + within)
         if time.monotonic() > deadline and future.done():
             # Run in place and answered past the asker's deadline: the reply is too late.
@@ -1520,8 +1521,9 @@ def _guest_ask_wait(scope: Scope, requested: float) -> tuple[float, float]:
     passed). A shorter ``timeout`` is the asker's own: the turn runs in place only when it ends
     within it, otherwise a worker runs it and the asker stops waiting at its timeout.
     """
-    # ``type() is``, not isinstance: Scope is an ABC, whose isinstance is a Python frame.
-    if type(scope) is not CallScope or scope.is_paused:
+    # ``type() is``, not isinstance: Scope is an ABC, whose isinstance is a Python frame. A
+    # paused scope's deadline is where it stood when the pause began: the wait is shorter then.
+    if type(scope) is not CallScope:
         return requested, requested
     left = max(0.0, scope.deadline - time.monotonic())
     if requested < left:

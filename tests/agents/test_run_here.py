@@ -232,3 +232,43 @@ def test_a_guest_ask_waits_no_longer_than_its_own_deadline(
         assert wait <= left
         assert within == pytest.approx(wait + _HERE_GRACE)  # cut to its deadline, plus grace
     assert within <= max(requested, left + _HERE_GRACE) + 1e-6
+
+
+# A message named "ping" never ends (its budget's deadline stops it).
+_SPIN_ON_PING = """
+      (if (i32.and (i32.eq (local.get 3) (i32.const 4))
+                   (i32.eq (i32.load8_u (local.get 2)) (i32.const 0x70)))
+        (then (loop $forever (br $forever))))"""
+
+
+@pytest.fixture(scope="module")
+def ping_spinner(wat: Callable[[str], bytes]) -> Component:
+    text = (ROOT / "tests" / "fixtures" / "echo_agent.wat").read_text()
+    return Component.load(wat(text.replace(_HANDLE, _HANDLE + _SPIN_ON_PING)))
+
+
+def test_a_guest_ask_waits_until_its_own_deadline_or_its_own_timeout(
+    pingpong: Component, ping_spinner: Component
+) -> None:
+    """Asked without a timeout, the asker stops at its own deadline (a crash, as a deadline
+    always was); with a shorter timeout it hears ``Timeout`` and goes on. Either way the
+    target's turn (by a worker: its budget outlasts the wait) ends by its own budget."""
+    events: list[AgentEvent] = []
+    with Runtime(workers=2, on_event=events.append) as rt:
+        rt.register(AgentType("pa", pingpong, budget=Budget(timeout=0.5)))
+        rt.register(AgentType("pb", ping_spinner, budget=Budget(timeout=1.5)))
+        rt.register(AgentType("pc", pingpong, budget=Budget(timeout=10.0)))
+        spinner = rt.spawn("pb")
+        rt.spawn("pa", name="a")
+        with pytest.raises(AgentCrashed, match="deadline"):
+            rt.ask("a", "start", {"peer": spinner, "rounds": 1}, timeout=30)
+        rt.spawn("pc", name="c")
+        with pytest.raises(HandlerFailed, match="Timeout"):
+            rt.ask("c", "start", {"peer": spinner, "rounds": 1, "timeout": 0.1}, timeout=30)
+        assert rt.process("c").stats.crashes == 0  # it heard the timeout and went on
+        deadline = time.monotonic() + 30
+        while not [e for e in events if e.kind == "agent.crashed" and e.address == spinner]:
+            assert time.monotonic() < deadline, "the spinning target was never stopped"
+            time.sleep(0.01)
+        # Both pings reached the spinner by a worker (none ran on this thread).
+        assert sum(w.messages for w in rt.worker_stats()) >= 1
