@@ -796,14 +796,14 @@ def _settle(
 ) -> bool:
     """Settle an ask's future once; False when it had no future or was settled already."""
     future = envelope.reply
-    if future is None or future.done():
+    if future is None:
         return False
-    try:
+    try:  # a settled future refuses with InvalidStateError: no done() first
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(value)
-    except InvalidStateError:  # settled by another thread just now (shutdown vs the worker)
+    except InvalidStateError:  # settled already (by another thread: shutdown vs the worker)
         return False
     return True
 
