@@ -3,8 +3,8 @@
 An ask run in place (``AgentProcess.run_here``) is settled and read on one thread, within
 microseconds; ``concurrent.futures.Future`` made and settled there cost about 3.5 us of a 40 us
 ask (its ``Condition`` is an ``RLock`` plus half a dozen bound methods, made for every future,
-and notified on every settle). :class:`Reply` keeps one plain lock and makes an event only
-when a thread actually has to wait (the ask went through a worker, or was drained by a
+and notified on every settle). :class:`Reply` keeps one plain lock and makes a second one
+only when a thread actually has to wait (the ask went through a worker, or was drained by a
 shutdown or a migration on another thread).
 
 It is a ``Future`` for everything the runtime and its waits do with a reply (``done``,
@@ -40,7 +40,9 @@ class Reply(Future[bytes | None]):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._outcome: _Outcome | None = None
-        self._event: threading.Event | None = None
+        # Made (held) by the first thread that has to wait, released by the settle: waiting is
+        # one C-level acquire, where threading.Event's wait and set run a Condition in Python.
+        self._gate: threading.Lock | None = None
         self._callbacks: list[Callable[[Future[bytes | None]], object]] | None = None
 
     def cancel(self) -> bool:
@@ -65,28 +67,28 @@ class Reply(Future[bytes | None]):
             if self._outcome is not None:
                 raise InvalidStateError(f"{self!r} is already settled")
             self._outcome = (True, result)
-            event, callbacks = self._event, self._callbacks
+            gate, callbacks = self._gate, self._callbacks
             self._callbacks = None
-        if event is not None or callbacks is not None:
-            self._wake(event, callbacks)
+        if gate is not None or callbacks is not None:
+            self._wake(gate, callbacks)
 
     def set_exception(self, exception: BaseException | None) -> None:
         with self._lock:
             if self._outcome is not None:
                 raise InvalidStateError(f"{self!r} is already settled")
             self._outcome = (False, exception)
-            event, callbacks = self._event, self._callbacks
+            gate, callbacks = self._gate, self._callbacks
             self._callbacks = None
-        if event is not None or callbacks is not None:
-            self._wake(event, callbacks)
+        if gate is not None or callbacks is not None:
+            self._wake(gate, callbacks)
 
     def _wake(
         self,
-        event: threading.Event | None,
+        gate: threading.Lock | None,
         callbacks: list[Callable[[Future[bytes | None]], object]] | None,
     ) -> None:
-        if event is not None:
-            event.set()
+        if gate is not None:
+            gate.release()
         for callback in callbacks or ():
             try:
                 callback(self)
@@ -96,13 +98,16 @@ class Reply(Future[bytes | None]):
     def _wait(self, timeout: float | None) -> _Outcome:
         with self._lock:
             outcome = self._outcome
-            if outcome is None:
-                if self._event is None:
-                    self._event = threading.Event()
-                event = self._event
+            if outcome is None and self._gate is None:
+                self._gate = threading.Lock()
+                self._gate.acquire()
+            gate = self._gate
         if outcome is None:
-            if not event.wait(timeout):
+            assert gate is not None
+            wait = -1 if timeout is None else min(max(0.0, timeout), threading.TIMEOUT_MAX)
+            if not gate.acquire(timeout=wait):
                 raise TimeoutError
+            gate.release()  # open for every other wait, now and later
             outcome = self._outcome
             assert outcome is not None
         return outcome

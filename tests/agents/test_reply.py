@@ -88,3 +88,19 @@ def test_a_call_scope_waits_for_a_reply() -> None:
     assert scope.wait(reply, 30)
     assert isinstance(reply.exception(0), KeyError)
     assert not reply.cancel()
+
+
+def test_every_waiter_wakes_and_a_timed_out_wait_can_wait_again() -> None:
+    reply = Reply()
+    with pytest.raises(TimeoutError):
+        reply.result(0.01)  # the first wait times out: the next ones still wake
+    heard: list[bytes | None] = []
+    waiters = [threading.Thread(target=lambda: heard.append(reply.result(30))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    reply.set_result(b"all")
+    for waiter in waiters:
+        waiter.join(30)
+    assert heard == [b"all"] * 3
+    assert reply.result(0) == b"all"
+    assert reply.exception(None) is None
