@@ -123,10 +123,22 @@ class SignalShield:
         context. A signal that came after ``fn``'s last check still counts: it is raised after
         ``fn`` returned.
         """
-        if _get_ident() != _MAIN_IDENT or (_State.depth and self._listener is None):
-            # Nothing to do: Python runs handlers on the main thread only, and an open shield
-            # already defers them there (a shield without a listener adds nothing to it).
-            return fn(*args, **kwargs)
+        if _get_ident() != _MAIN_IDENT:
+            return fn(*args, **kwargs)  # Python runs handlers on the main thread only
+        listener = self._listener
+        if _State.depth:
+            # Nested: the outermost shield defers the handlers and keeps what they raise; this
+            # one only adds its listener for the while (what __enter__/__exit__ do, inline).
+            if listener is None:
+                return fn(*args, **kwargs)
+            listeners = _State.listeners
+            listeners.append(listener)
+            _State.depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _State.depth -= 1
+                listeners.remove(listener)
         try:
             with self:
                 result = fn(*args, **kwargs)
