@@ -5,7 +5,10 @@ full again and 10 ms more, as an agent's spaced-out runs find it) and 60 back to
 the per-run time by part (take an instance, the call: guest and mighty's Python around it,
 release); Monty (pydantic-monty, a fresh session from its subprocess worker pool) when it is
 installed (`pip install pydantic-monty`); native subprocess p50; runs per second with 1 and 2
-threads; per-call overhead of a tool-calling loop. The machine's load average is printed too.
+threads; per-call overhead of a tool-calling loop, then the same loop timed inside one run
+(beside the guest's raw import with pre-encoded arguments and a guest function), and the floor of
+any call on a worker thread (a bare round trip between two threads, through locks and through
+pipes). The machine's load average is printed too.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import time
 
 from _common import p, report, samples
 
-from mighty.sandbox import Sandbox
+from mighty.sandbox import Limits, Sandbox
 from mighty.sandbox._api import _encode_inputs
+
+Row = dict[str, object]
 
 
 def add(a: int, b: int) -> int:
@@ -175,7 +180,121 @@ def main() -> None:
                 "per_call_overhead_us": round(per_call * 1e6, 1),
             }
         )
+    rows.extend(_tool_call_parts(100))
+    rows.extend(_handoff_floor())
     report(rows)
+
+
+_IN_RUN = """
+import time
+from wit_world.imports import tools as _t
+_p = b'{{"args":[1,1],"kwargs":{{}}}}'
+def add2(a, b):
+    return a + b
+_c = time.perf_counter
+for i in range(10):  # the first calls touch fresh pages of the instance: not in the figures
+    add(i, 1)
+    _t.call('add', _p)
+    add2(i, 1)
+t0 = _c()
+for i in range({n}):
+    add(i, 1)
+t1 = _c()
+for i in range({n}):
+    _t.call('add', _p)
+t2 = _c()
+for i in range({n}):
+    add2(i, 1)
+t3 = _c()
+result = [t1 - t0, t2 - t1, t3 - t2]
+"""
+
+
+def _tool_call_parts(n: int) -> list[Row]:
+    """Where a sync call goes, timed inside one run by the guest's clock (no run start or pool
+    refill in the figure): the loop of tool calls, the guest's raw import with the arguments
+    encoded once (no stub, no JSON in the guest), and the same loop on a guest function; each
+    run starts on a full pool (no refill running beside it)."""
+    code = _IN_RUN.format(n=n)
+    stub: list[float] = []
+    raw: list[float] = []
+    with Sandbox(tools=[add], pool=1, limits=Limits(tool_calls=2 * n + 20)) as sandbox:
+        for index in range(33):
+            _wait_full(sandbox, 1)
+            result = sandbox.run(code)
+            assert result.ok, result.error
+            calls, imports, plain = result.value
+            if index >= 3:
+                stub.append((calls - plain) / n)
+                raw.append((imports - plain) / n)
+    us = lambda xs: round(statistics.median(xs) * 1e6, 1)  # noqa: E731
+    return [
+        {
+            "name": f"sync tool call in one run ({n} calls, 30 runs)",
+            "per_call_us": us(stub),
+            "raw_import_pre_encoded_us": us(raw),
+            "stub_share_us": round(us(stub) - us(raw), 1),
+            "target_us": 60,
+        }
+    ]
+
+
+def _handoff_floor() -> list[Row]:
+    """The floor of any sync call on a worker thread: a bare round trip between two Python
+    threads, through two locks (futex wake-ups) and through two pipes (sync wake-ups)."""
+
+    def locks(rounds: int) -> float:
+        go, back = threading.Lock(), threading.Lock()
+        go.acquire()
+        back.acquire()
+
+        def peer() -> None:
+            for _ in range(rounds):
+                go.acquire()
+                back.release()
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            go.release()
+            back.acquire()
+        took = time.perf_counter() - started
+        thread.join()
+        return took / rounds
+
+    def pipes(rounds: int) -> float:
+        go_r, go_w = os.pipe()
+        back_r, back_w = os.pipe()
+
+        def peer() -> None:
+            for _ in range(rounds):
+                os.read(go_r, 1)
+                os.write(back_w, b"x")
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            os.write(go_w, b"x")
+            os.read(back_r, 1)
+        took = time.perf_counter() - started
+        thread.join()
+        for fd in (go_r, go_w, back_r, back_w):
+            os.close(fd)
+        return took / rounds
+
+    lock_times = [locks(2000) for _ in range(7)]
+    pipe_times = [pipes(2000) for _ in range(7)]
+    return [
+        {
+            "name": "floor: thread round trip (2000 each, 7 x)",
+            "locks_p50_us": round(statistics.median(lock_times) * 1e6, 1),
+            "locks_max_us": round(max(lock_times) * 1e6, 1),
+            "pipes_p50_us": round(statistics.median(pipe_times) * 1e6, 1),
+            "pipes_max_us": round(max(pipe_times) * 1e6, 1),
+        }
+    ]
 
 
 if __name__ == "__main__":
