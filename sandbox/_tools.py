@@ -1139,33 +1139,38 @@ class _Workers:
     def _work(self) -> None:
         wake, woken = os.pipe()
         slot: list[Any] = [woken, None]
+        with self._lock:
+            job = self._next(slot)
         while True:
-            with self._lock:
-                job: _Job | None = None
-                while self._queue and job is None:
-                    job = self._queue.popleft()
-                    if job.state != "queued":
-                        job = None  # abandoned while it waited
-                    else:
-                        job.state = "running"
-                if job is None:
-                    self._idle.append(slot)
             if job is None:
                 os.read(wake, 1)  # blocks (the GIL released) until a job is handed over
                 job, slot[1] = slot[1], None
                 assert job is not None
             outcome = _call_sync(job.tool, job.bound, job.depth)
             job.release()  # first: the caller may start its next call as soon as it wakes
+            done = job
             with self._lock:
-                if job.state == "stuck":
+                if done.state == "stuck":
                     self._stuck -= 1
-                job.outcome = outcome
-                job.state = "over"
-                if job.bell is not None:
-                    job.bell.ring()  # under the lock: the bell is not closed meanwhile
-            then = job.then
-            if then is not None:
-                then(outcome)
+                done.outcome = outcome
+                done.state = "over"
+                # The next job, or this thread idle, before the caller is woken: once the
+                # bell rings this thread only goes to sleep, and the caller gets the GIL.
+                job = self._next(slot)
+                if done.bell is not None:
+                    done.bell.ring()  # under the lock: the bell is not closed meanwhile
+            if done.then is not None:
+                done.then(outcome)
+
+    def _next(self, slot: list[Any]) -> _Job | None:
+        """Under the lock: the next queued job for this thread, else the thread is idle."""
+        while self._queue:
+            job = self._queue.popleft()
+            if job.state == "queued":  # else abandoned while it waited
+                job.state = "running"
+                return job
+        self._idle.append(slot)
+        return None
 
 
 _WORKERS = _Workers(MAX_TOOL_THREADS)
