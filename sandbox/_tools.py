@@ -1099,9 +1099,9 @@ class _Workers:
                 slot[1] = job
             else:
                 self._queue.append(job)
-            if self._threads < self.size:
-                self._threads += 1
-                threading.Thread(target=self._work, name="mighty-tool", daemon=True).start()
+                if self._threads < self.size:  # else it waits for a thread to come free
+                    self._threads += 1
+                    threading.Thread(target=self._work, name="mighty-tool", daemon=True).start()
         if slot is not None:
             os.write(slot[0], b"\0")  # the thread's pipe lives as long as the thread: forever
         return job

@@ -249,3 +249,15 @@ def test_a_bell_wakes_its_sleeper_and_can_be_closed() -> None:
     bell.ring()
     bell.close()
     assert bell.closed
+
+
+def test_calls_one_after_another_share_one_thread(interpreter: object) -> None:
+    """A thread is started only for a call no idle thread can take: a run's calls one after
+    another reuse one (a thread goes idle before it wakes its caller)."""
+    with Sandbox(tools=[two], pool=0) as sandbox:
+        assert sandbox.run("two(0, 0)").ok  # a thread exists from here on
+        before = _WORKERS.threads()
+        result = sandbox.run("result = [two(i, i)[0] for i in range(50)]")
+        assert result.ok, result.error
+        assert result.value == list(range(50))
+        assert _WORKERS.threads() == before
