@@ -266,6 +266,7 @@ def _tool_call_parts(n: int) -> list[Row]:
     try:
         tools_module.ToolHost.call = at_once  # type: ignore[method-assign]
         stub_floor, raw_floor = _in_run(n)
+        sizes = _payload_sizes()
         tools_module.ToolHost.call = on_this_thread  # type: ignore[method-assign]
         stub_inline, raw_inline = _in_run(n)
     finally:
@@ -285,7 +286,41 @@ def _tool_call_parts(n: int) -> list[Row]:
             "hand_off_share_us": us(stub - stub_inline),
         }
     )
+    rows.append({"name": "floor: the import by argument size (host at once)", **sizes})
     return rows
+
+
+_SIZES = """
+import time
+from wit_world.imports import tools as _t
+_c = time.perf_counter
+def median(payload):
+    times = []
+    for i in range(40):
+        t0 = _c()
+        _t.call('add', payload)
+        times.append(_c() - t0)
+    return sorted(times)[20]
+result = [median(b'x' * size) for size in (1, 1000, 10000)]
+"""
+
+
+def _payload_sizes() -> dict[str, object]:
+    """The raw import's cost by the size of its ``list<u8>`` argument (the host answering at
+    once): wasmtime's component values carry a ``list<u8>`` as one value per byte."""
+    runs: list[list[float]] = []
+    with Sandbox(tools=[add], pool=0, limits=Limits(tool_calls=200)) as sandbox:
+        for _ in range(10):
+            result = sandbox.run(_SIZES)
+            assert result.ok, result.error
+            runs.append(result.value)
+    medians = [statistics.median(run[i] for run in runs) for i in range(3)]
+    return {
+        "bytes_1_us": round(medians[0] * 1e6, 1),
+        "bytes_1000_us": round(medians[1] * 1e6, 1),
+        "bytes_10000_us": round(medians[2] * 1e6, 1),
+        "ns_per_byte": round((medians[2] - medians[0]) / 9999 * 1e9, 1),
+    }
 
 
 def _handoff_floor() -> list[Row]:
