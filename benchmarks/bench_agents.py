@@ -10,7 +10,11 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
   ask default changed; an older tree's 5 s default went through a worker); and with the
   default budget and an explicit 5 s ask timeout (shorter than the budget: via a worker).
 - guest-to-guest ping-pong: asks between two CPython agents, round trips per second (target
-  >= 8,000), with a 4 s budget (asks run in place) and with the default one (via workers).
+  >= 8,000), with a 4 s budget and with the default one (the SDK's ask without a timeout waits
+  the asker's own deadline, and a target whose budget ends within half a second of it runs in
+  place: both in place), and with the default budget and an explicit 5 s ask timeout (shorter
+  than the target's budget: via workers). An older tree's SDK default was 5 s, so its default
+  row went via workers; ``--against`` builds the guest from this tree's SDK for both trees.
 - one-way sends from the host to 100 WAT echo agents on 2 workers: messages handled per second
   (target >= 25,000), against direct ``handle`` calls on one thread in the same run; and the
   same sends on 1 worker (two workers must not handle fewer: light work stays on one worker).
@@ -126,15 +130,23 @@ def _ask_seconds(
         return [floor, via, _cpu(call, repeat), _cpu(ask, repeat)]
 
 
-def _pingpong_rate(component: Component, budget: Budget, rounds: int) -> list[float]:
-    """[round trips per wall second, per CPU second] between two CPython agents."""
+def _pingpong_rate(
+    component: Component, budget: Budget, rounds: int, timeout: float | None = None
+) -> list[float]:
+    """[round trips per wall second, per CPU second] between two CPython agents (``timeout``:
+    the guest's ask timeout, None for the SDK's default)."""
     with Runtime(workers=2) as rt:
         rt.register(AgentType("pp", component, budget=budget))
         rt.spawn("pp", name="a")
         rt.spawn("pp", name="b")
-        rt.ask("a", "start", {"peer": "b", "rounds": 50}, timeout=60)
+        start = (
+            {"peer": "b", "rounds": 50}
+            if timeout is None
+            else {"peer": "b", "rounds": 50, "timeout": timeout}
+        )
+        rt.ask("a", "start", start, timeout=60)
         started, cpu = time.perf_counter(), time.process_time()
-        rt.ask("a", "start", {"peer": "b", "rounds": rounds}, timeout=60)
+        rt.ask("a", "start", {**start, "rounds": rounds}, timeout=60)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         return [rounds / wall, rounds / cpu]
 
@@ -176,7 +188,7 @@ def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[An
     _, pingpong = _pingpong()
     repeat, trips, count = (500, 200, 2000) if quick else (3000, 500, 5000)
     here, default = Budget(timeout=1.0), Budget()
-    keys = ("here", "default", "worker", "pp_here", "pp", "send", "send_1")
+    keys = ("here", "default", "worker", "pp_here", "pp", "pp_worker", "send", "send_1")
     runs: dict[str, list[Any]] = {k: [] for k in keys}
     for _ in range(rounds):
         runs["here"].append(_ask_seconds(echo, here, repeat))
@@ -184,6 +196,7 @@ def message_runs(quick: bool = False, rounds: int = ROUNDS) -> dict[str, list[An
         runs["worker"].append(_ask_seconds(echo, default, repeat, timeout=5.0))
         runs["pp_here"].append(_pingpong_rate(pingpong, Budget(timeout=4.0), trips))
         runs["pp"].append(_pingpong_rate(pingpong, default, trips))
+        runs["pp_worker"].append(_pingpong_rate(pingpong, default, trips, timeout=5.0))
         runs["send"].append(_send_rates(echo, count))
         runs["send_1"].append(_send_rates(echo, count, workers=1))
     return runs
@@ -210,7 +223,11 @@ def message_rows(runs: dict[str, list[Any]]) -> list[dict[str, object]]:
                 "target": "<= 1.3",
             }
         )
-    for key, label in (("pp_here", "budget 4 s: in place"), ("pp", "default budget")):
+    for key, label in (
+        ("pp_here", "budget 4 s: in place"),
+        ("pp", "default budget and ask timeout: in place"),
+        ("pp_worker", "default budget, ask timeout 5 s: via workers"),
+    ):
         rate, rate_cpu = (median([r[i] for r in runs[key]]) for i in range(2))
         rows.append(
             {

@@ -5,7 +5,10 @@ full again and 10 ms more, as an agent's spaced-out runs find it) and 60 back to
 the per-run time by part (take an instance, the call: guest and mighty's Python around it,
 release); Monty (pydantic-monty, a fresh session from its subprocess worker pool) when it is
 installed (`pip install pydantic-monty`); native subprocess p50; runs per second with 1 and 2
-threads; per-call overhead of a tool-calling loop. The machine's load average is printed too.
+threads; per-call overhead of a tool-calling loop, then the same loop timed inside one run
+(beside the guest's raw import with pre-encoded arguments and a guest function), and the floor of
+any call on a worker thread (a bare round trip between two threads, through locks and through
+pipes). The machine's load average is printed too.
 """
 
 from __future__ import annotations
@@ -16,11 +19,16 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from _common import p, report, samples
 
-from mighty.sandbox import Sandbox
+import mighty.sandbox._tools as tools_module
+from mighty.abi import Ok
+from mighty.sandbox import Limits, Sandbox
 from mighty.sandbox._api import _encode_inputs
+
+Row = dict[str, object]
 
 
 def add(a: int, b: int) -> int:
@@ -175,7 +183,202 @@ def main() -> None:
                 "per_call_overhead_us": round(per_call * 1e6, 1),
             }
         )
+    rows.extend(_tool_call_parts(100))
+    rows.extend(_handoff_floor())
     report(rows)
+
+
+_IN_RUN = """
+import time
+from wit_world.imports import tools as _t
+_p = b'{{"args":[1,1],"kwargs":{{}}}}'
+def add2(a, b):
+    return a + b
+_c = time.perf_counter
+for i in range(10):  # the first calls touch fresh pages of the instance: not in the figures
+    add(i, 1)
+    _t.call('add', _p)
+    add2(i, 1)
+stub, raw, plain = [], [], []
+for i in range({n}):
+    # The three, one after another, each timed alone: a preemption (this machine is shared)
+    # lands in one sample, which the medians leave out.
+    t0 = _c()
+    add(i, 1)
+    t1 = _c()
+    _t.call('add', _p)
+    t2 = _c()
+    add2(i, 1)
+    t3 = _c()
+    stub.append(t1 - t0)
+    raw.append(t2 - t1)
+    plain.append(t3 - t2)
+result = [sorted(x)[len(x) // 2] for x in (stub, raw, plain)]
+"""
+
+
+def _in_run(n: int) -> tuple[float, float]:
+    """Per-call seconds (the median over 30 runs of each run's median call) of the stub and of
+    the raw import, each minus a guest function's call (and the clock's). No pool: each run
+    makes its instance before it starts, so no refill runs beside the calls (it competes for
+    the CPU and the GIL)."""
+    code = _IN_RUN.format(n=n)
+    stub: list[float] = []
+    raw: list[float] = []
+    with Sandbox(tools=[add], pool=0, limits=Limits(tool_calls=2 * n + 20)) as sandbox:
+        for index in range(33):
+            result = sandbox.run(code)
+            assert result.ok, result.error
+            calls, imports, plain = result.value
+            if index >= 3:
+                stub.append(calls - plain)
+                raw.append(imports - plain)
+    return statistics.median(stub), statistics.median(raw)
+
+
+def _tool_call_parts(n: int) -> list[Row]:
+    """Where a sync call goes, timed call by call inside a run by the guest's clock (no run
+    start or pool refill in the figure): a tool call, the guest's raw import with the arguments
+    encoded once (no stub, no JSON in the guest), and a call of a guest function. Then
+    the floors, with the host's side of the call replaced: answering at once (what is left is
+    the guest's import and the gate), and the tool run on the calling thread (no hand-off to a
+    worker, so no timeout: never what the sandbox does)."""
+    us = lambda x: round(x * 1e6, 1)  # noqa: E731
+    stub, raw = _in_run(n)
+    rows: list[Row] = [
+        {
+            "name": f"sync tool call in one run ({n} calls, 30 runs)",
+            "per_call_us": us(stub),
+            "raw_import_pre_encoded_us": us(raw),
+            "stub_share_us": us(stub - raw),
+            "target_us": 60,
+        }
+    ]
+    real_call = tools_module.ToolHost.call
+
+    def at_once(host: Any, ctx: Any, name: str, payload: bytes) -> Ok:
+        return Ok(b"2")
+
+    def on_this_thread(host: Any, ctx: Any, name: str, payload: bytes) -> Any:
+        tool, bound = host._prepare(name, payload)
+        return tools_module._call_sync(tool, bound, 1)
+
+    try:
+        tools_module.ToolHost.call = at_once  # type: ignore[method-assign]
+        stub_floor, raw_floor = _in_run(n)
+        sizes = _payload_sizes()
+        tools_module.ToolHost.call = on_this_thread  # type: ignore[method-assign]
+        stub_inline, raw_inline = _in_run(n)
+    finally:
+        tools_module.ToolHost.call = real_call  # type: ignore[method-assign]
+    rows.append(
+        {
+            "name": "floor: the host answers at once",
+            "per_call_us": us(stub_floor),
+            "raw_import_us": us(raw_floor),
+        }
+    )
+    rows.append(
+        {
+            "name": "floor: the tool on the calling thread",
+            "per_call_us": us(stub_inline),
+            "raw_import_us": us(raw_inline),
+            "hand_off_share_us": us(stub - stub_inline),
+        }
+    )
+    rows.append({"name": "floor: the import by argument size (host at once)", **sizes})
+    return rows
+
+
+_SIZES = """
+import time
+from wit_world.imports import tools as _t
+_c = time.perf_counter
+def median(payload):
+    times = []
+    for i in range(40):
+        t0 = _c()
+        _t.call('add', payload)
+        times.append(_c() - t0)
+    return sorted(times)[20]
+result = [median(b'x' * size) for size in (1, 1000, 10000)]
+"""
+
+
+def _payload_sizes() -> dict[str, object]:
+    """The raw import's cost by the size of its ``list<u8>`` argument (the host answering at
+    once): wasmtime's component values carry a ``list<u8>`` as one value per byte."""
+    runs: list[list[float]] = []
+    with Sandbox(tools=[add], pool=0, limits=Limits(tool_calls=200)) as sandbox:
+        for _ in range(10):
+            result = sandbox.run(_SIZES)
+            assert result.ok, result.error
+            runs.append(result.value)
+    medians = [statistics.median(run[i] for run in runs) for i in range(3)]
+    return {
+        "bytes_1_us": round(medians[0] * 1e6, 1),
+        "bytes_1000_us": round(medians[1] * 1e6, 1),
+        "bytes_10000_us": round(medians[2] * 1e6, 1),
+        "ns_per_byte": round((medians[2] - medians[0]) / 9999 * 1e9, 1),
+    }
+
+
+def _handoff_floor() -> list[Row]:
+    """The floor of any sync call on a worker thread: a bare round trip between two Python
+    threads, through two locks (futex wake-ups) and through two pipes (sync wake-ups)."""
+
+    def locks(rounds: int) -> float:
+        go, back = threading.Lock(), threading.Lock()
+        go.acquire()
+        back.acquire()
+
+        def peer() -> None:
+            for _ in range(rounds):
+                go.acquire()
+                back.release()
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            go.release()
+            back.acquire()
+        took = time.perf_counter() - started
+        thread.join()
+        return took / rounds
+
+    def pipes(rounds: int) -> float:
+        go_r, go_w = os.pipe()
+        back_r, back_w = os.pipe()
+
+        def peer() -> None:
+            for _ in range(rounds):
+                os.read(go_r, 1)
+                os.write(back_w, b"x")
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            os.write(go_w, b"x")
+            os.read(back_r, 1)
+        took = time.perf_counter() - started
+        thread.join()
+        for fd in (go_r, go_w, back_r, back_w):
+            os.close(fd)
+        return took / rounds
+
+    lock_times = [locks(2000) for _ in range(7)]
+    pipe_times = [pipes(2000) for _ in range(7)]
+    return [
+        {
+            "name": "floor: thread round trip (2000 each, 7 x)",
+            "locks_p50_us": round(statistics.median(lock_times) * 1e6, 1),
+            "locks_max_us": round(max(lock_times) * 1e6, 1),
+            "pipes_p50_us": round(statistics.median(pipe_times) * 1e6, 1),
+            "pipes_max_us": round(max(pipe_times) * 1e6, 1),
+        }
+    ]
 
 
 if __name__ == "__main__":

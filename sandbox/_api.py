@@ -489,6 +489,7 @@ class _Live:
 
     def close(self) -> None:
         self.instance.close()
+        self.host.close()
 
     def warm(self) -> None:
         """Run the interpreter's start-up and one constant run now, off any caller's path."""

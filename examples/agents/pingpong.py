@@ -15,8 +15,9 @@ class PingPong(Agent):
     @on("start")
     def start(self, body, sender):
         peer, rounds = body["peer"], body.get("rounds", 3)
+        timeout = body.get("timeout")  # None: as long as this message's own deadline allows
         for n in range(rounds):
-            reply = ask(peer, "ping", {"n": n})
+            reply = ask(peer, "ping", {"n": n}, timeout=timeout)
             if reply["pong"] == n:
                 self.pongs += 1
         return {"rounds": rounds, "pongs": self.pongs}

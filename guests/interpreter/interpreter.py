@@ -243,7 +243,59 @@ def _call_tool(name: str, args: list[object], kwargs: dict[str, object]) -> obje
     except Err as failure:
         error = failure.value
         raise ToolError(name, error.kind, error.message) from None
-    return json.loads(answer)
+    return _loads(answer)
+
+
+# The fast path of a sync call whose arguments are all scalars (the stub checks their exact
+# types: a subclass goes the long way): the arguments need no check of their shape, so they are
+# written by the C encoder alone, and the result is read by the C scanner alone. In this
+# interpreter every Python-level call costs microseconds; this path makes the fewest. It writes
+# the very bytes `_encode_call` would.
+_SCALARS = frozenset({int, str, float, bool, type(None)})
+_running_loop = asyncio._get_running_loop
+
+
+def _not_scalar(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not a scalar")
+
+
+_encode_scalars = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, _not_scalar, json.encoder.encode_basestring, None, ":", ",", False, False, False
+)
+_scan_result = json.decoder.JSONDecoder().scan_once
+
+
+def _call_scalars(name: str, args: tuple[object, ...], kwargs: dict[str, object] | None) -> object:
+    try:
+        text = "".join(_encode_scalars(args, 0))
+        if kwargs is None:
+            text = '{"args":' + text + ',"kwargs":{}}'
+        else:
+            text = '{"args":' + text + ',"kwargs":' + "".join(_encode_scalars(kwargs, 0)) + "}"
+        payload = text.encode()
+    except (TypeError, ValueError):  # NaN, a lone surrogate: the long way says it right
+        return _call_tool(name, list(args), kwargs or {})
+    if len(payload) > _MAX_TOOL_DATA:
+        return _call_tool(name, list(args), kwargs or {})
+    try:
+        answer = tools.call(name, payload)
+    except Err as failure:
+        error = failure.value
+        raise ToolError(name, error.kind, error.message) from None
+    return _loads(answer)
+
+
+def _loads(data: bytes) -> object:
+    """``json.loads`` of a tool's result: the C scanner alone when the bytes are compact UTF-8
+    JSON (the host writes them so), else ``json.loads`` itself (its errors, its leniency)."""
+    try:
+        text = data.decode()
+        value, end = _scan_result(text, 0)
+        if end == len(text):
+            return value
+    except (ValueError, StopIteration):
+        pass
+    return json.loads(data)
 
 
 # -- async tools ----------------------------------------------------------------------------
@@ -312,7 +364,7 @@ class _ToolLoop(asyncio.BaseEventLoop):
             if isinstance(outcome, Err):
                 future.set_exception(ToolError(name, outcome.value.kind, outcome.value.message))
             else:
-                future.set_result(json.loads(outcome.value))
+                future.set_result(_loads(outcome.value))
 
     def _write_to_self(self) -> None:
         pass  # no other thread can wake this loop
@@ -374,7 +426,15 @@ def _stub(spec: dict[str, object]) -> object:
     source = _direct_source(name, params, pieces) or (
         f"def {name}({', '.join(pieces)}):\n    return _invoke({name!r}, [{', '.join(collect)}])\n"
     )
-    scope: dict[str, object] = {"_MISSING": _MISSING, "_invoke": _invoke, "_dispatch": _dispatch}
+    scope: dict[str, object] = {
+        "_MISSING": _MISSING,
+        "_invoke": _invoke,
+        "_dispatch": _dispatch,
+        "_mighty_fast": _call_scalars,
+        "_mighty_loop": _running_loop,
+        "_mighty_scalars": _SCALARS,
+        "_mighty_type": type,
+    }
     exec(compile(source, f"<tool {name}>", "exec"), scope)  # noqa: S102 - names were checked
     func = scope[name]
     func.__doc__ = str(spec.get("doc") or "")  # type: ignore[attr-defined]
@@ -387,18 +447,28 @@ def _direct_source(name: str, params: list[dict[str, str]], pieces: list[str]) -
     without defaults and keyword-only ones (the common case, and pydantic-ai's). Else None."""
     positional: list[str] = []
     keywords: list[str] = []
+    kwonly: list[str] = []
     optional: list[str] = []
     for param in params:
         pname, kind = param["name"], param["kind"]
         if kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and "default" not in param:
             positional.append(pname)
         elif kind == "KEYWORD_ONLY":
+            kwonly.append(pname)
             keywords.append(f"{pname!r}: {pname}")
             if "default" in param:
                 optional.append(pname)
         else:
             return None
     lines = [f"def {name}({', '.join(pieces)}):"]
+    # Outside async code, with scalar arguments (an omitted optional one is _MISSING, not a
+    # scalar): the fast path, no list or dict built for `_dispatch`.
+    if not any(p["name"].startswith("_mighty_") for p in params):  # else they hide the helpers
+        checks = "".join(f" and _mighty_type({p}) in _mighty_scalars" for p in positional + kwonly)
+        packed = f"({', '.join(positional)}{',' if len(positional) == 1 else ''})"
+        named = f"{{{', '.join(keywords)}}}" if keywords else "None"
+        lines.append(f"    if _mighty_loop() is None{checks}:")
+        lines.append(f"        return _mighty_fast({name!r}, {packed}, {named})")
     lines.append(f"    _mighty_kw = {{{', '.join(keywords)}}}")
     lines.extend(f"    if {o} is _MISSING:\n        del _mighty_kw[{o!r}]" for o in optional)
     lines.append(f"    return _dispatch({name!r}, [{', '.join(positional)}], _mighty_kw)")

@@ -41,6 +41,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import os
 import signal
 import threading
@@ -87,6 +88,7 @@ from mighty.agents._output import (
     Stream,
     stream_level,
 )
+from mighty.agents._reply import Reply
 from mighty.agents._scheduler import Scheduler, WorkerStats
 from mighty.agents._store import SnapshotStore
 from mighty.agents._swap import reload_agent_type
@@ -105,8 +107,8 @@ from mighty.agents._types import (
     NoProc,
     Refused,
 )
-from mighty.budget import DEFAULT_TIMEOUT, Budget
-from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Seed, Slot
+from mighty.budget import DEFAULT_TIMEOUT, Budget, CallScope
+from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Scope, Seed, Slot
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
 from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
@@ -360,7 +362,8 @@ class AgentProcess:
     def _flush_output(self) -> None:
         """The turn is over: a partial line of stdout or stderr is a line now."""
         for splitter in self._splitters:
-            splitter.flush()
+            if splitter._partial:  # most turns write nothing: no call for them
+                splitter.flush()
 
     def _refusal(self) -> str:
         return "it was stopped for good" if self._retired else "the runtime is shutting down"
@@ -566,11 +569,15 @@ class AgentProcess:
         ask). A crash in the turn is reported to the supervisor from here when this thread
         holds no other run lock, else by a worker. A signal on the main thread interrupts the
         guest as a direct call would: the agent crashes and the caller gets the signal's
-        exception.
+        exception. Asks made in that turn may run their targets in place too (nested up to
+        :data:`_NESTED_TURNS`), each ending by ``deadline`` as well.
         """
+        turns = _TURNS
+        # Nested in a turn run in place for an ask: that ask's deadline bounds this one too.
+        deadline = min(deadline, turns.limit)
         if self.instance is None or self.type.budget.timeout > deadline - time.monotonic():
             return False
-        depth = _TURNS.depth
+        depth = turns.depth
         if depth >= _NESTED_TURNS:
             return False
         scheduler = self.runtime.scheduler
@@ -590,6 +597,7 @@ class AgentProcess:
             if not idle:
                 return False
             self._interrupted = None
+            outer, turns.limit = turns.limit, deadline
             try:
                 _, more, exit_reason = self._turn(1)
             except BaseException:
@@ -600,6 +608,8 @@ class AgentProcess:
                 _settle(envelope, error=AgentCrashed(f"{self.address}: interrupted"))
                 self._wake()
                 raise
+            finally:
+                turns.limit = outer
         finally:
             if borrowed:
                 scheduler.give_back()
@@ -763,6 +773,9 @@ class AgentProcess:
 class _Turns(threading.local):
     depth = 0
     """How many agents' turns the current thread is inside (nested by ``run_here``)."""
+    limit = math.inf
+    """The deadline of the innermost ask whose turn this thread runs in place (``run_here``):
+    a turn nested in it must end by then too."""
 
 
 _TURNS = _Turns()
@@ -796,14 +809,14 @@ def _settle(
 ) -> bool:
     """Settle an ask's future once; False when it had no future or was settled already."""
     future = envelope.reply
-    if future is None or future.done():
+    if future is None:
         return False
-    try:
+    try:  # a settled future refuses with InvalidStateError: no done() first
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(value)
-    except InvalidStateError:  # settled by another thread just now (shutdown vs the worker)
+    except InvalidStateError:  # settled already (by another thread: shutdown vs the worker)
         return False
     return True
 
@@ -1190,20 +1203,8 @@ class Runtime:
         reply, or the crash when the budget runs out), not a timeout while it still runs; and
         the ask may take the shortest path (:meth:`AgentProcess.run_here`). An agent on
         another node: the default budget's timeout plus a second."""
-        if timeout is None:
-            timeout = self._ask_timeout(to)
-        return decode_body(
-            self.ask_raw(to, name, encode_body(body), timeout=timeout, sender=sender)
-        )
-
-    def _ask_timeout(self, to: str) -> float:
-        router, local = self._remote(to)
-        if router is None:
-            try:
-                return self.process(local).type.budget.timeout + _ASK_GRACE
-            except NoProc:
-                pass  # the ask itself says so
-        return DEFAULT_TIMEOUT + _ASK_GRACE
+        data = self._ask(to, name, b"" if body is None else cbor2.dumps(body), timeout, sender)
+        return cbor2.loads(data) if data else None
 
     def ask_future(
         self, to: str, name: str, body: Any = None, *, sender: str = HOST
@@ -1237,10 +1238,33 @@ class Runtime:
         chain: tuple[str, ...] = (),
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
     ) -> bytes | None:
-        router, to = self._remote(to)
+        return self._ask(to, name, body, timeout, sender, chain, wait)
+
+    def _ask(
+        self,
+        to: str,
+        name: str,
+        body: bytes,
+        timeout: float | None,
+        sender: str,
+        chain: tuple[str, ...] = (),
+        wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
+        within: float | None = None,
+    ) -> bytes | None:
+        """``ask_raw``; ``timeout`` None: the target's budget plus a grace (see ``ask``).
+
+        ``within``: how long the target's turn may take when this thread runs it in place
+        (default ``timeout``; a guest's ask without a timeout of its own allows a little past
+        its wait, see ``AgentHostProvider``)."""
+        router, local = (None, to) if self.router is None else self._remote(to)
         if router is not None:
-            future = router.ask(to, name, body, sender=sender, timeout=timeout, chain=chain)
-            return self._await_reply(to, name, future, None, timeout, wait)
+            if timeout is None:
+                timeout = DEFAULT_TIMEOUT + _ASK_GRACE
+            future = router.ask(local, name, body, sender=sender, timeout=timeout, chain=chain)
+            return self._await_reply(local, name, future, None, timeout, wait)
+        process = self.process(local)
+        if timeout is None:
+            timeout = process.type.budget.timeout + _ASK_GRACE
         # The calling thread may run the target's turn itself (AgentProcess.run_here), except
         # on the main thread, outside any turn, with a wait of the caller's own: that wait
         # watches for signals, which must not interrupt the guest.
@@ -1251,23 +1275,27 @@ class Runtime:
         )
         telemetry = self.telemetry
         if telemetry is None:
-            future, breaker = self.deliver_ask(
-                to, name, body, sender=sender, chain=chain, timeout=timeout, here=here
+            future, breaker = self._deliver_ask(
+                process, name, body, sender, chain, timeout, None, here, Reply, within
             )
-            return self._await_reply(to, name, future, breaker, timeout, wait)
-        span = telemetry.ask_begin(self.process(to).address, name, sender)
+            if wait is None and breaker is None and future.done():  # answered in place
+                return future.result()
+            return self._await_reply(local, name, future, breaker, timeout, wait)
+        span = telemetry.ask_begin(process.address, name, sender)
         try:
-            future, breaker = self.deliver_ask(
-                to,
+            future, breaker = self._deliver_ask(
+                process,
                 name,
                 body,
-                sender=sender,
-                chain=chain,
-                timeout=timeout,
-                trace=telemetry.carry(span),
-                here=here,
+                sender,
+                chain,
+                timeout,
+                telemetry.carry(span),
+                here,
+                Reply,
+                within,
             )
-            result = self._await_reply(to, name, future, breaker, timeout, wait)
+            result = self._await_reply(local, name, future, breaker, timeout, wait)
         except BaseException as exc:
             telemetry.ask_end(span, exc)
             raise
@@ -1320,21 +1348,42 @@ class Runtime:
         turn itself instead (see ``AgentProcess.run_here``); the future is then settled on
         return, and an ask answered later than ``timeout`` is an AskTimeout all the same.
         """
-        process = self.process(to)
-        if process.address in chain and name != INSPECT:
+        return self._deliver_ask(
+            self.process(to), name, body, sender, chain, timeout, trace, here, Future
+        )
+
+    def _deliver_ask(
+        self,
+        process: AgentProcess,
+        name: str,
+        body: bytes,
+        sender: str,
+        chain: tuple[str, ...],
+        timeout: float | None,
+        trace: Any,
+        here: bool,
+        reply: Callable[[], Future[bytes | None]],
+        within: float | None = None,
+    ) -> tuple[Future[bytes | None], Any]:
+        """``deliver_ask`` to ``process``, its future made by ``reply`` (``Reply`` for the
+        runtime's own asks, whose futures never leave it); ``within`` as in ``_ask``."""
+        if chain and process.address in chain and name != INSPECT:
             path = " -> ".join((*chain, process.address))
             raise AskCycle(f"ask cycle: {path}")
-        breaker = self._check_breaker(process.address)
-        future: Future[bytes | None] = Future()
+        breaker = self._check_breaker(process.address) if self._breakers else None
+        future = reply()
         envelope = Envelope(sender, name, body, future, asker_chain=chain, trace=trace)
-        if not here or timeout is None or process.type.budget.timeout > timeout:
+        if within is None:
+            within = timeout
+        if not here or within is None or process.type.budget.timeout > within:
             process.deliver(envelope, timeout)
             return future, breaker
-        deadline = time.monotonic() + timeout
-        process.deliver(envelope, timeout, here=deadline)
-        if future.done() and time.monotonic() > deadline:
+        now = time.monotonic()
+        deadline = now + (within if timeout is None else timeout)
+        process.deliver(envelope, timeout, here=now + within)
+        if time.monotonic() > deadline and future.done():
             # Run in place and answered past the asker's deadline: the reply is too late.
-            raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s")
+            raise AskTimeout(f"no reply from {process.address} to {name!r} within {timeout:g} s")
         return future, breaker
 
     def send_raw(
@@ -1470,6 +1519,31 @@ def _process(ctx: GuestContext) -> AgentProcess:
     return process
 
 
+_HERE_GRACE = 0.5
+"""How far past the asker's own deadline the target's turn may end when a guest's ask without
+a timeout of its own runs it in place (so that equal budgets qualify)."""
+
+
+def _guest_ask_wait(scope: Scope, requested: float) -> tuple[float, float]:
+    """(how long a guest's ask waits, how long the target's turn may take in place).
+
+    An asking agent waits no longer than its own deadline (its wait stops there anyway): a
+    ``timeout`` at or beyond it (the SDK's default, none, sends the most ``timeout-ms`` holds)
+    is cut to it, and the target's turn may then run in place if its budget ends within
+    :data:`_HERE_GRACE` of that deadline (the asker stops when the turn returns, its deadline
+    passed). A shorter ``timeout`` is the asker's own: the turn runs in place only when it ends
+    within it, otherwise a worker runs it and the asker stops waiting at its timeout.
+    """
+    # ``type() is``, not isinstance: Scope is an ABC, whose isinstance is a Python frame. A
+    # paused scope's deadline is where it stood when the pause began: the wait is shorter then.
+    if type(scope) is not CallScope:
+        return requested, requested
+    left = max(0.0, scope.deadline - time.monotonic())
+    if requested < left:
+        return requested, requested
+    return left, left + _HERE_GRACE
+
+
 def _agent_error(exc: AgentError) -> Err:
     if isinstance(exc, AskTimeout):
         return Err(Variant("timeout"))
@@ -1513,6 +1587,7 @@ class AgentHostProvider:
 
             def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
                 if future.done():  # answered in place (AgentProcess.run_here)
+                    scope.checkpoint()  # past the asker's own deadline: it stops, as below
                     return future.result()
                 # Through the call's scope, so the asking agent's own deadline and cancellation
                 # apply while it waits.
@@ -1522,17 +1597,21 @@ class AgentHostProvider:
                         raise FutureTimeout
                 return future.result(0)
 
+            timeout, within = _guest_ask_wait(scope, timeout_ms / 1000)
             try:
-                reply = runtime.ask_raw(
+                reply = runtime._ask(
                     to,
                     msg["name"],
                     bytes(msg["body"]),
-                    timeout=timeout_ms / 1000,
-                    sender=process.address,
-                    chain=chain,
-                    wait=wait,
+                    timeout,
+                    process.address,
+                    chain,
+                    wait,
+                    within,
                 )
             except AgentError as exc:
+                if isinstance(exc, AskTimeout):
+                    scope.checkpoint()  # the asker's own deadline passed: that is what stops it
                 return _agent_error(exc)
             return Ok({"name": "reply", "body": reply or b""})
 

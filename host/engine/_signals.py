@@ -31,6 +31,7 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # no stubs: same functions as `signal`
 import contextlib
 import functools
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -49,6 +50,9 @@ _CANDIDATES: tuple[int, ...] = tuple(
     if hasattr(signal, name)
 )
 _MAIN = threading.main_thread()
+# Compared with ``_thread.get_ident()`` (a C call) on every guest call; ``threading``'s own
+# ``current_thread()`` and ``Thread.ident`` are Python frames. A fork's child gets its own.
+_MAIN_IDENT = threading.get_ident() if _MAIN is threading.current_thread() else _MAIN.ident
 _Handler = Callable[[int, FrameType | None], Any]
 _Listener = Callable[[int], None]
 
@@ -61,6 +65,18 @@ class _State:
     listeners: list[_Listener] = []  # noqa: RUF012
     pending: BaseException | None = None
     signum: int | None = None
+
+
+def _after_fork() -> None:
+    # A child forked by the main thread keeps it (threading gives it the child's ident); one
+    # forked by another thread has a new main thread, which shields leave alone, as
+    # ``threading.current_thread() is _MAIN`` did.
+    global _MAIN_IDENT  # noqa: PLW0603 - one per process
+    _MAIN_IDENT = _get_ident() if threading.main_thread() is _MAIN else -1
+
+
+_get_ident = threading.get_ident
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _deferring(signum: int, frame: FrameType | None) -> None:
@@ -107,6 +123,22 @@ class SignalShield:
         context. A signal that came after ``fn``'s last check still counts: it is raised after
         ``fn`` returned.
         """
+        if _get_ident() != _MAIN_IDENT:
+            return fn(*args, **kwargs)  # Python runs handlers on the main thread only
+        listener = self._listener
+        if _State.depth:
+            # Nested: the outermost shield defers the handlers and keeps what they raise; this
+            # one only adds its listener for the while (what __enter__/__exit__ do, inline).
+            if listener is None:
+                return fn(*args, **kwargs)
+            listeners = _State.listeners
+            listeners.append(listener)
+            _State.depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _State.depth -= 1
+                listeners.remove(listener)
         try:
             with self:
                 result = fn(*args, **kwargs)
@@ -124,7 +156,7 @@ class SignalShield:
         return result
 
     def __enter__(self) -> SignalShield:
-        if threading.current_thread() is not _MAIN:
+        if _get_ident() != _MAIN_IDENT:
             return self
         self._active = True
         if self._listener is not None:
@@ -168,6 +200,8 @@ def shielded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if _get_ident() != _MAIN_IDENT or _State.depth:
+            return fn(*args, **kwargs)  # no shield to open (see SignalShield.run)
         return SignalShield().run(fn, *args, **kwargs)
 
     return wrapper

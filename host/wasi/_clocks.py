@@ -48,6 +48,8 @@ VIRTUAL_RESOLUTION_NS = 1_000
 """The resolution reported by the fixed and virtual clocks."""
 _U64_MAX = (1 << 64) - 1
 _STATE: Slot[_ClockState] = Slot("wasi.clocks")
+_monotonic_ns = time.monotonic_ns
+_time_ns = time.time_ns
 
 
 class VirtualClock:
@@ -124,6 +126,8 @@ class _RealDeadline(Pollable):
 class _ClockState:
     policy: Policy
     virtual: VirtualClock
+    real: bool = False
+    """The policy's clock is ``real`` (asked once, not at every reading)."""
 
 
 def _state(ctx: GuestContext) -> _ClockState:
@@ -143,7 +147,7 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
 def _clock_state(ctx: GuestContext, policy: Policy) -> _ClockState:
     state = ctx.find(_STATE)
     if state is None:
-        state = _ClockState(policy, VirtualClock())
+        state = _ClockState(policy, VirtualClock(), real=policy.clock == "real")
         ctx.put(_STATE, state)
     return state
 
@@ -165,10 +169,10 @@ def file_clock(ctx: GuestContext, policy: Policy) -> Callable[[], int]:
 
 
 def _monotonic_now(ctx: GuestContext) -> int:
-    state = _state(ctx)
+    state = ctx.slot(_STATE)
+    if state.real:
+        return _monotonic_ns()
     mode = state.policy.clock
-    if mode == "real":
-        return time.monotonic_ns()
     if mode == "fixed":
         return 0
     return state.virtual.tick(ctx.store)
@@ -216,10 +220,14 @@ def _datetime(ns: int) -> dict[str, int]:
 
 
 def _wall_now(ctx: GuestContext) -> dict[str, int]:
-    state = _state(ctx)
+    state = ctx.slot(_STATE)
+    if state.real:
+        ns = _time_ns()
+        if ns >= 0:
+            seconds, nanoseconds = divmod(ns, 1_000_000_000)
+            return {"seconds": seconds, "nanoseconds": nanoseconds}
+        return _datetime(ns)
     mode = state.policy.clock
-    if mode == "real":
-        return _datetime(time.time_ns())
     if mode == "fixed":
         return _datetime(state.policy.clock_start)
     return _datetime(state.policy.clock_start + state.virtual.tick(ctx.store))

@@ -61,6 +61,9 @@ __all__ = [
     "wait_any",
 ]
 
+_OK = Ok(None)
+"""The result of most stream calls (``Ok`` is frozen: one object serves every call)."""
+
 MAX_BLOCK_SECONDS = 60.0
 """The longest one blocking call may sleep in real time before the guest is stopped."""
 _ZEROES = bytes(1 << 16)
@@ -258,7 +261,7 @@ def _write(ctx: GuestContext, stream: OutputStream, contents: bytes) -> Ok | Err
             return _over_permit(ctx, len(contents), permit)
         if contents:
             stream.write(bytes(contents))
-        return Ok(None)
+        return _OK
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)
 
@@ -301,7 +304,7 @@ def _blocking_write_and_flush(ctx: GuestContext, stream: OutputStream, contents:
 
     try:
         _write_all(ctx, stream, len(data), chunk, len(data))
-        return Ok(None)
+        return _OK
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)
 
@@ -310,7 +313,7 @@ def _flush(ctx: GuestContext, stream: OutputStream) -> Ok | Err:
     try:
         stream.check_write()  # a closed stream reports `closed`, as the WIT asks
         stream.flush()
-        return Ok(None)
+        return _OK
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)
 
@@ -338,7 +341,7 @@ def _write_zeroes(ctx: GuestContext, stream: OutputStream, length: int) -> Ok | 
             n = min(len(_ZEROES), length - done)
             stream.write(_ZEROES[:n])
             done += n
-        return Ok(None)
+        return _OK
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)
 
@@ -353,7 +356,7 @@ def _blocking_write_zeroes_and_flush(
         return _failed(ctx, f"blocking-write-zeroes-and-flush of {length} bytes exceeds {limit}")
     try:
         _write_all(ctx, stream, length, _zeroes, len(_ZEROES))
-        return Ok(None)
+        return _OK
     except _STREAM_ERRORS as exc:
         return _stream_error(ctx, exc)
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mighty import Component
 from mighty.agents import (
@@ -27,7 +29,8 @@ from mighty.agents import (
     SupervisorSpec,
     start_tree,
 )
-from mighty.budget import Budget
+from mighty.agents._runtime import _HERE_GRACE, _guest_ask_wait
+from mighty.budget import Budget, CallScope
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = Budget(timeout=1.0)
@@ -165,3 +168,107 @@ def test_a_crash_in_a_nested_turn_is_reported_by_a_worker(
         assert process.stats.crashes == 1
         assert process.stats.restarts == 1
         assert rt.ask(crasher, "x", 3) == 3
+
+
+def _pingpong_on_workers(
+    pingpong: Component, a: Budget, b: Budget, start: dict[str, object]
+) -> int:
+    """Messages the workers handled while a (budget ``a``) pinged b (budget ``b``)."""
+    with Runtime(workers=2) as rt:
+        rt.register(AgentType("pa", pingpong, budget=a))
+        rt.register(AgentType("pb", pingpong, budget=b))
+        rt.spawn("pa", name="a")
+        rt.spawn("pb", name="b")
+        assert rt.ask("a", "start", {"peer": "b", "rounds": 5, **start}, timeout=30) == {
+            "rounds": 5,
+            "pongs": 5,
+        }
+        assert rt.process("b").stats.handled == 5
+        assert rt.drain(10)
+        return sum(w.messages for w in rt.worker_stats())
+
+
+def test_a_guest_ask_without_a_timeout_runs_in_place_with_equal_budgets(
+    pingpong: Component,
+) -> None:
+    """The SDK's ask waits as long as the asker's own deadline allows: the target's equal
+    budget ends within the grace after that deadline, so its turn runs on the asking thread."""
+    assert _pingpong_on_workers(pingpong, Budget(), Budget(), {}) == 0
+
+
+def test_a_guest_ask_in_place_holds_the_asker_at_most_a_grace_past_its_deadline(
+    pingpong: Component,
+) -> None:
+    # b's budget ends within half a second of a's deadline: in place; two seconds: by workers.
+    assert _pingpong_on_workers(pingpong, Budget(timeout=1.0), Budget(timeout=1.3), {}) == 0
+    assert _pingpong_on_workers(pingpong, Budget(timeout=1.0), Budget(timeout=2.0), {}) == 5
+
+
+def test_a_guest_ask_with_a_shorter_timeout_than_the_target_budget_goes_by_a_worker(
+    pingpong: Component,
+) -> None:
+    """An explicit timeout is the asker's own: its turn could outlast it in place."""
+    assert _pingpong_on_workers(pingpong, Budget(), Budget(), {"timeout": 5}) == 5
+    assert _pingpong_on_workers(pingpong, Budget(), Budget(timeout=4.0), {"timeout": 5}) == 0
+
+
+@given(
+    budget=st.floats(0.01, 100),
+    spent=st.floats(0, 1.2),
+    requested=st.one_of(st.floats(0, 200), st.just(float(0xFFFFFFFF) / 1000)),
+)
+def test_a_guest_ask_waits_no_longer_than_its_own_deadline(
+    budget: float, spent: float, requested: float
+) -> None:
+    scope = CallScope(budget, None)
+    scope.deadline -= spent * budget  # part (or more than all) of the budget is spent
+    left = max(0.0, scope.deadline - time.monotonic())
+    wait, within = _guest_ask_wait(scope, requested)
+    assert wait <= requested
+    assert wait <= left + 1e-6
+    if requested < left - 1e-3:
+        assert wait == within == requested  # the asker's own shorter timeout, exactly
+    elif requested > left + 1e-3 or left == 0:
+        assert wait <= left
+        assert within == pytest.approx(wait + _HERE_GRACE)  # cut to its deadline, plus grace
+    assert within <= max(requested, left + _HERE_GRACE) + 1e-6
+
+
+# A message named "ping" never ends (its budget's deadline stops it).
+_SPIN_ON_PING = """
+      (if (i32.and (i32.eq (local.get 3) (i32.const 4))
+                   (i32.eq (i32.load8_u (local.get 2)) (i32.const 0x70)))
+        (then (loop $forever (br $forever))))"""
+
+
+@pytest.fixture(scope="module")
+def ping_spinner(wat: Callable[[str], bytes]) -> Component:
+    text = (ROOT / "tests" / "fixtures" / "echo_agent.wat").read_text()
+    return Component.load(wat(text.replace(_HANDLE, _HANDLE + _SPIN_ON_PING)))
+
+
+def test_a_guest_ask_waits_until_its_own_deadline_or_its_own_timeout(
+    pingpong: Component, ping_spinner: Component
+) -> None:
+    """Asked without a timeout, the asker stops at its own deadline (a crash, as a deadline
+    always was); with a shorter timeout it hears ``Timeout`` and goes on. Either way the
+    target's turn (by a worker: its budget outlasts the wait) ends by its own budget."""
+    events: list[AgentEvent] = []
+    with Runtime(workers=2, on_event=events.append) as rt:
+        rt.register(AgentType("pa", pingpong, budget=Budget(timeout=0.5)))
+        rt.register(AgentType("pb", ping_spinner, budget=Budget(timeout=1.5)))
+        rt.register(AgentType("pc", pingpong, budget=Budget(timeout=10.0)))
+        spinner = rt.spawn("pb")
+        rt.spawn("pa", name="a")
+        with pytest.raises(AgentCrashed, match="deadline"):
+            rt.ask("a", "start", {"peer": spinner, "rounds": 1}, timeout=30)
+        rt.spawn("pc", name="c")
+        with pytest.raises(HandlerFailed, match="Timeout"):
+            rt.ask("c", "start", {"peer": spinner, "rounds": 1, "timeout": 0.1}, timeout=30)
+        assert rt.process("c").stats.crashes == 0  # it heard the timeout and went on
+        deadline = time.monotonic() + 30
+        while not [e for e in events if e.kind == "agent.crashed" and e.address == spinner]:
+            assert time.monotonic() < deadline, "the spinning target was never stopped"
+            time.sleep(0.01)
+        # Both pings reached the spinner by a worker (none ran on this thread).
+        assert sum(w.messages for w in rt.worker_stats()) >= 1

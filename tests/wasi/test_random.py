@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty.wasi._policy import Policy
-from mighty.wasi._random import RandomTooLong
+from mighty.wasi._random import POOL_SIZE, RandomTooLong
 from tests.wasi import call, make_ctx
 
 R = "wasi:random/random"
@@ -83,3 +85,54 @@ def test_absurd_length_stops_the_guest(length: int) -> None:
         call(ctx, R, "get-random-bytes", length)
     with pytest.raises(RandomTooLong):
         call(ctx, INS, "get-insecure-random-bytes", length)
+
+
+@given(
+    max_read=st.integers(1, 600),
+    lengths=st.lists(st.integers(0, 700), min_size=1, max_size=12),
+)
+def test_os_bytes_honour_max_read_and_length(max_read: int, lengths: list[int]) -> None:
+    """Unseeded draws, pooled or not: exactly ``len`` bytes up to ``max_read``, and beyond it
+    RandomTooLong, whatever the pool's state (a smaller ``max_read`` than the pool serves)."""
+    ctx = make_ctx(Policy(max_read=max_read))
+    for length in lengths:
+        if length > max_read:
+            with pytest.raises(RandomTooLong):
+                call(ctx, R, "get-random-bytes", length)
+        else:
+            assert len(call(ctx, R, "get-random-bytes", length)) == length
+    if max_read >= 8:
+        assert 0 <= call(ctx, R, "get-random-u64") <= U64_MAX
+    else:
+        with pytest.raises(RandomTooLong):
+            call(ctx, R, "get-random-u64")
+
+
+def test_pooled_bytes_are_never_handed_out_twice() -> None:
+    """Draws across several pool refills never repeat a 16-byte block (a pool position that
+    did not advance, or a refill that reused the block, would)."""
+    ctx = make_ctx()
+    count = 3 * POOL_SIZE // 16
+    draws = [call(ctx, R, "get-random-bytes", 16) for _ in range(count)]
+    draws += [call(ctx, INS, "get-insecure-random-u64").to_bytes(8, "little") for _ in range(99)]
+    assert len(set(draws)) == len(draws)
+
+
+def test_a_forked_child_does_not_repeat_its_parents_pool() -> None:
+    """After fork, the parent and the child draw different bytes from what was one pool."""
+    ctx = make_ctx()
+    first = call(ctx, R, "get-random-bytes", 16)  # the pool is filled
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next 16 bytes, to the parent, and out at once
+        try:
+            os.write(write, call(ctx, R, "get-random-bytes", 16))
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 64)
+    os.close(read)
+    os.waitpid(pid, 0)
+    mine = call(ctx, R, "get-random-bytes", 16)
+    assert len(child) == 16
+    assert child not in (first, mine)

@@ -120,10 +120,20 @@ def send(to, name, body=None):
         _raise(err)
 
 
-def ask(to, name, body=None, timeout=5.0):
-    """Send and wait for the reply body (at most ``timeout`` seconds)."""
+# The most a `timeout-ms` holds (about 49.7 days): "no timeout of my own" to the host, which
+# then waits as long as this agent's own deadline allows (its per-message budget).
+_NO_TIMEOUT_MS = 0xFFFFFFFF
+
+
+def ask(to, name, body=None, timeout=None):
+    """Send and wait for the reply body, at most ``timeout`` seconds (None: as long as this
+    agent's own deadline for the message it is handling allows)."""
+    if timeout is None:
+        timeout_ms = _NO_TIMEOUT_MS
+    else:
+        timeout_ms = min(max(int(timeout * 1000), 0), _NO_TIMEOUT_MS)
     try:
-        reply = host.ask(to, types.Message(name, _cbor.dumps(body)), int(timeout * 1000))
+        reply = host.ask(to, types.Message(name, _cbor.dumps(body)), timeout_ms)
     except Err as err:
         _raise(err)
     return _cbor.loads(reply.body) if reply.body else None
