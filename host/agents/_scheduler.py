@@ -149,7 +149,10 @@ class Scheduler:
 
     def schedule(self, agent: Runnable) -> None:
         """Make ``agent`` runnable (callers ensure it is queued at most once)."""
-        with self._lock:
+        # The condition's own acquire and release (C): ``with`` adds two Python frames.
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._stopping:
                 return
             queue = self._queues[self._next % len(self._queues)]
@@ -168,7 +171,9 @@ class Scheduler:
                 or self._backlog() == 1
                 or self._helps(-1, time.monotonic())
             ):
-                self._lock.notify()
+                lock.notify()
+        finally:
+            lock.release()
 
     def _backlog(self) -> int:
         """Runnables queued (lock held)."""
@@ -326,9 +331,11 @@ class Scheduler:
         _LOCAL.scheduler = self
         _LOCAL.index = index
         queues = self._queues
+        lock = self._lock  # its own acquire and release (C), not ``with`` (two frames)
         again: Runnable | None = None
         while True:
-            with self._lock:
+            lock.acquire()
+            try:
                 if again is not None:
                     queues[index].append((next(self._order), again))
                     if not _light(again):
@@ -346,12 +353,14 @@ class Scheduler:
                     if any(queues):
                         # Held back: light work that a running worker gets to. Look again.
                         self._watching += 1
-                        self._lock.wait(self._patience(index, time.monotonic()))
+                        lock.wait(self._patience(index, time.monotonic()))
                         self._watching -= 1
                     else:
-                        self._lock.wait(_IDLE_WAIT)
+                        lock.wait(_IDLE_WAIT)
                     self._idle -= 1
                     agent = self._take(index)
+            finally:
+                lock.release()
             # Outside the lock (a sender's schedule may wait for it): between batches both
             # still name the last agent, so a watcher sees this worker running all along.
             self._current[index] = agent
