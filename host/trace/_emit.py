@@ -405,7 +405,7 @@ def _emit_flat(
         _emit(item, depth + 2, blobs, handles, out)
 
 
-_ORDERS: dict[tuple[str, ...], list[tuple[bytes, str]]] = {}
+_ORDERS: dict[tuple[tuple[str, ...], str], tuple[bytes, list[tuple[bytes, str]]]] = {}
 _NO_BLOBS = 1 << 62
 
 
@@ -414,21 +414,33 @@ def canonical_record(record: dict[str, Any], skip: str) -> bytes | None:
     text keys whose values ``emit_simple`` takes (the replayer digests every import record),
     else None. Simple values hold no map, so only the record's own keys need ordering; the
     order of one set of keys is worked out once."""
-    keys = tuple(k for k in record if k != skip)
-    order = _ORDERS.get(keys)
-    if order is None:
+    keys = tuple(record)
+    known = _ORDERS.get((keys, skip))
+    if known is None:
         if not all(type(k) is str for k in keys):
             return None
-        order = sorted(((text(k), k) for k in keys), key=_canonical_key)
+        order = sorted(((text(k), k) for k in keys if k != skip), key=_canonical_key)
+        n = len(order)
         if len(_ORDERS) >= 256:
             _ORDERS.clear()
-        _ORDERS[keys] = order
-    n = len(order)
-    parts = [_MAP[n] if n < 32 else head(5, n)]
+        known = _ORDERS[(keys, skip)] = (_MAP[n] if n < 32 else head(5, n), order)
+    map_head, order = known
+    parts = [map_head]
+    append = parts.append
     for key, name in order:
-        part = emit_simple(record[name], _NO_BLOBS)
+        value = record[name]
+        t = type(value)
+        # The commonest fields inline (text and small ints), the rest as emit_simple says.
+        if t is str:
+            part: bytes | None = _TEXT.get(value)
+            if part is None:
+                part = emit_simple(value, _NO_BLOBS)
+        elif t is int and 0 <= value < 256:
+            part = _UINT[value]
+        else:
+            part = emit_simple(value, _NO_BLOBS)
         if part is None:
             return None
-        parts.append(key)
-        parts.append(part)
+        append(key)
+        append(part)
     return b"".join(parts)

@@ -44,6 +44,7 @@ from mighty.gate import (
     Gate,
     GuestContext,
     GuestViolation,
+    Handle,
     ResourceKind,
     request_exit,
     resource_kind,
@@ -53,7 +54,7 @@ from mighty.trace._emit import Refused, canonical_record, emit
 from mighty.trace._errors import TraceInvalid
 from mighty.trace._format import TraceReader
 from mighty.trace._recorder import to_refs
-from mighty.trace._values import HandleRef, encode_value
+from mighty.trace._values import HandleRef, encode_value, handle_ref
 
 __all__ = [
     "DEFAULT_REPLAY_LIMITS",
@@ -275,8 +276,9 @@ class _Replayer:
         args: Sequence[Any],
         call: Callable[[], Any],
     ) -> Any:
-        got = {"if": binding.interface, "fn": binding.name, "args": to_refs(list(args))}
+        got_args = _refs(args)
         if not self.expected:
+            got = {"if": binding.interface, "fn": binding.name, "args": got_args}
             if self.stop_when_empty:
                 raise _StopReplay
             raise NondeterminismError(
@@ -288,38 +290,51 @@ class _Replayer:
                 got=got,
             )
         record = self.expected.popleft()
-        want = {"if": record["if"], "fn": record["fn"], "args": record["args"]}
         # The value encoding is lossless, so equal values compare equal; only NaN needs bytes.
-        if want != got and _canonical(want) != _canonical(got):
-            raise NondeterminismError(
-                f"instance {self.instance} step {record['s']}: the trace has "
-                f"{record['if']}#{record['fn']}{_brief(record['args'])}, the guest called "
-                f"{binding.interface}#{binding.name}{_brief(got['args'])}",
-                instance=self.instance,
-                step=int(record["s"]),
-                expected=want,
-                got=got,
-            )
+        if not (
+            record["if"] == binding.interface
+            and record["fn"] == binding.name
+            and record["args"] == got_args
+        ):
+            want = {"if": record["if"], "fn": record["fn"], "args": record["args"]}
+            got = {"if": binding.interface, "fn": binding.name, "args": got_args}
+            if want != got and _canonical(want) != _canonical(got):
+                raise NondeterminismError(
+                    f"instance {self.instance} step {record['s']}: the trace has "
+                    f"{record['if']}#{record['fn']}{_brief(record['args'])}, the guest called "
+                    f"{binding.interface}#{binding.name}{_brief(got['args'])}",
+                    instance=self.instance,
+                    step=int(record["s"]),
+                    expected=want,
+                    got=got,
+                )
         self.imports += 1
         fast = canonical_record(record, "@")
         self.digest.update(fast if fast is not None else _canonical(_plain(record)))
-        self.notify(
-            "import",
-            record["s"],
-            record["if"],
-            record["fn"],
-            got["args"],
-            record["res"],
-            record.get("fuel"),
-        )
-        self._track_output(binding.name, got["args"], record["res"])
+        result = record["res"]
+        if self.observer is not None:
+            self.notify(
+                "import",
+                record["s"],
+                record["if"],
+                record["fn"],
+                got_args,
+                result,
+                record.get("fuel"),
+            )
+        if binding.name in _OUTPUT_NAMES:
+            self._track_output(binding.name, got_args, result)
         outcome = record["out"]
-        if outcome == "exit":
-            request_exit(int(record["res"]))
-        if outcome == "violation":
-            raise GuestViolation(str(record["res"]))
-        if outcome == "host_error":
-            raise _RecordedHostError(str(record["res"]))
+        if outcome != "ok":
+            if outcome == "exit":
+                request_exit(int(result))
+            if outcome == "violation":
+                raise GuestViolation(str(result))
+            if outcome == "host_error":
+                raise _RecordedHostError(str(result))
+        t = type(result)
+        if t in _AS_RECORDED or (t is Ok and type(result.value) in _AS_RECORDED):
+            return result  # frozen, and nothing in it to stand in for
         return _materialize(ctx, record["res"])
 
     def notify(
@@ -365,6 +380,34 @@ class _Replayer:
             stream = self.streams.get(args[0].rep)
             if stream is not None and isinstance(args[1], bytes | bytearray):
                 self.output[stream] += args[1]
+
+
+_OUTPUT_NAMES = frozenset(
+    {
+        "get-stdout",
+        "get-stderr",
+        "[method]output-stream.write",
+        "[method]output-stream.blocking-write-and-flush",
+    }
+)
+# Results handed back as the trace holds them: nothing in them to turn into a stand-in.
+_AS_RECORDED = frozenset({bytes, int, str, bool, float, type(None)})
+_PLAIN_ARGS = frozenset({bytes, int, str, bool, type(None), float})
+
+
+def _refs(args: Sequence[Any]) -> list[Any]:
+    """``to_refs(list(args))``: a flat argument list of plain values and Handles (what most
+    imports take) converted in one loop, anything else by ``to_refs``."""
+    out = []
+    for value in args:
+        t = type(value)
+        if t in _PLAIN_ARGS:
+            out.append(value)
+        elif t is Handle:
+            out.append(handle_ref(value.kind.interface, value.kind.name, value.rep))
+        else:
+            out.append(to_refs(value))
+    return out
 
 
 class _RecordedHostError(Exception):

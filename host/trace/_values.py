@@ -76,6 +76,7 @@ __all__ = [
     "HandleRef",
     "decode_value",
     "encode_value",
+    "handle_ref",
     "value_from_tag",
 ]
 
@@ -260,6 +261,19 @@ def _check_depth(depth: int) -> None:
 # handle may share one (a stream is named by most of a print-heavy trace's records).
 _HANDLE_REFS: dict[tuple[Any, Any, Any], HandleRef] = {}
 _HANDLE_REFS_MAX = 4096
+
+
+def handle_ref(interface: str, name: str, rep: int) -> HandleRef:
+    """``HandleRef(interface, name, rep)``, the one already made if there is one."""
+    if type(interface) is str and type(name) is str and type(rep) is int:
+        known = _HANDLE_REFS.get((interface, name, rep))
+        if known is not None:
+            return known
+        if len(_HANDLE_REFS) >= _HANDLE_REFS_MAX:
+            _HANDLE_REFS.clear()
+        known = _HANDLE_REFS[(interface, name, rep)] = HandleRef(interface, name, rep)
+        return known
+    return HandleRef(interface, name, rep)
 
 
 def value_from_tag(tag: int, content: Any) -> Any:  # noqa: PLR0915 - one dispatch on the tag
