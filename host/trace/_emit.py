@@ -419,7 +419,10 @@ def canonical_record(record: dict[str, Any], skip: str) -> bytes | None:
     if known is None:
         if not all(type(k) is str for k in keys):
             return None
-        order = sorted(((text(k), k) for k in keys if k != skip), key=_canonical_key)
+        try:
+            order = sorted(((text(k), k) for k in keys if k != skip), key=_canonical_key)
+        except UnicodeEncodeError:
+            return None
         n = len(order)
         if len(_ORDERS) >= 256:
             _ORDERS.clear()
@@ -430,17 +433,66 @@ def canonical_record(record: dict[str, Any], skip: str) -> bytes | None:
     for key, name in order:
         value = record[name]
         t = type(value)
-        # The commonest fields inline (text and small ints), the rest as emit_simple says.
+        # The commonest fields inline (text and small ints), the rest as _canonical_simple says.
         if t is str:
             part: bytes | None = _TEXT.get(value)
             if part is None:
-                part = emit_simple(value, _NO_BLOBS)
+                part = _simple_item(value, _NO_BLOBS)
         elif t is int and 0 <= value < 256:
             part = _UINT[value]
         else:
-            part = emit_simple(value, _NO_BLOBS)
+            part = _canonical_simple(value)
         if part is None:
             return None
         append(key)
         append(part)
     return b"".join(parts)
+
+
+_T_OF = {Ok: _T_OK, Err: _T_ERR, Some: _T_SOME}
+_DICT_ORDERS: dict[tuple[str, ...], list[tuple[bytes, str]]] = {}
+
+
+def _canonical_simple(value: Any) -> bytes | None:
+    """``emit(value, canonical=True)`` for a value one level deep in a record when it is a
+    simple item (``_simple_item``), a flat list of them, an ``Ok``/``Err``/``Some`` of one, or a
+    map of text keys to them (a WIT record such as a clock's datetime); else None."""
+    t = type(value)
+    if t is list:
+        parts = [_array_head(len(value))]
+        for item in value:
+            part = _simple_item(item, _NO_BLOBS)
+            if part is None:
+                return None
+            parts.append(part)
+        return b"".join(parts)
+    tag = _T_OF.get(t)
+    if tag is not None:
+        inner = value.value
+        if inner is None:
+            return tag + _NONE
+        part = _simple_item(inner, _NO_BLOBS)
+        return None if part is None else tag + part
+    if t is dict:
+        keys = tuple(value)
+        order = _DICT_ORDERS.get(keys)
+        if order is None:
+            if not all(type(k) is str for k in keys):
+                return None
+            try:
+                order = sorted(((text(k), k) for k in keys), key=_canonical_key)
+            except UnicodeEncodeError:
+                return None
+            if len(_DICT_ORDERS) >= 256:
+                _DICT_ORDERS.clear()
+            _DICT_ORDERS[keys] = order
+        n = len(order)
+        parts = [_MAP[n] if n < 32 else head(5, n)]
+        for key, name in order:
+            part = _simple_item(value[name], _NO_BLOBS)
+            if part is None:
+                return None
+            parts.append(key)
+            parts.append(part)
+        return b"".join(parts)
+    return _simple_item(value, _NO_BLOBS)
