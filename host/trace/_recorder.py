@@ -38,6 +38,12 @@ __all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
 _get_fuel = ctypes.PyDLL(ffi.dll._name)["wasmtime_context_get_fuel"]
 _get_fuel.restype = ctypes.c_void_p
 _get_fuel.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+# The same function without argument conversion (0.2 us less per call): only ever given a
+# ctypes pointer object (a c_void_p, or the POINTER a Storelike's _context() returns) and the
+# byref of a c_uint64, which ctypes passes as the pointers they hold.
+_get_fuel_raw = ctypes.PyDLL(ffi.dll._name)["wasmtime_context_get_fuel"]
+_get_fuel_raw.restype = ctypes.c_void_p
+_get_fuel_raw.argtypes = None  # type: ignore[assignment]  # ctypes allows it: no conversion
 
 _MAP9, _MAP10 = head(5, 9), head(5, 10)
 _K_IMPORT = text("k") + text("import") + text("i")
@@ -204,6 +210,9 @@ class InstanceRecording:
         # One instance makes one import at a time: one out-parameter for the fuel reading.
         self._left = ctypes.c_uint64()
         self._left_ref = ctypes.byref(self._left)
+        # The gate's call store's context pointer (an int), and a c_void_p holding it.
+        self._ptr: int | None = None
+        self._cptr = ctypes.c_void_p()
 
     def _append(self, record: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -259,7 +268,13 @@ class InstanceRecording:
         # The fuel reading, as _fuel_used does, inline: this runs for every import.
         store = ctx.call_store
         ptr = getattr(store, "ptr", None)
-        error = _get_fuel(ptr if ptr is not None else store._context(), self._left_ref)
+        if ptr is None:
+            error = _get_fuel(store._context(), self._left_ref)
+        else:
+            if ptr != self._ptr:
+                self._ptr = ptr
+                self._cptr = ctypes.c_void_p(ptr)
+            error = _get_fuel_raw(self._cptr, self._left_ref)
         if error:
             ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
             fuel = -1
