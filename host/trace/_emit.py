@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from mighty.abi import Err, Ok, Some, Variant
@@ -52,6 +53,7 @@ __all__ = [
     "Refused",
     "canonical_record",
     "emit",
+    "emit_args",
     "emit_into",
     "emit_simple",
     "head",
@@ -200,6 +202,54 @@ def emit_simple(value: Any, blob_min: int) -> bytes | None:
         part = _simple_item(inner, blob_min)
         return None if part is None else _T_OK + part
     return _simple_item(value, blob_min)
+
+
+# Each resource kind's handles as CBOR, by rep: the kind by its id, with the kind kept to
+# check that the id is still that kind's (a dict keyed by the kind itself would hash the
+# dataclass's fields every time).
+_KIND_HANDLES: dict[int, tuple[Any, dict[int, bytes]]] = {}
+
+
+def emit_args(args: Sequence[Any], blob_min: int) -> bytes | None:
+    """``emit_simple(args, blob_min)`` for an import's argument list, one call for the one or
+    two arguments most imports take (a stream and its bytes; a descriptor; a length)."""
+    if type(args) is not list:
+        return None  # a tuple is tagged: the general path
+    n = len(args)
+    if n == 0:
+        return _ARRAY[0]
+    if n > 2:
+        return emit_simple(args, blob_min)
+    out = _ARRAY[n]
+    for v in args:
+        t = type(v)
+        part: bytes | None
+        if t is Handle:
+            kind = v.kind
+            known = _KIND_HANDLES.get(id(kind))
+            if known is None or known[0] is not kind:
+                if len(_KIND_HANDLES) >= 256:
+                    _KIND_HANDLES.clear()
+                known = _KIND_HANDLES[id(kind)] = (kind, {})
+            reps = known[1]
+            part = reps.get(v.rep)
+            if part is None:
+                part = _simple_item(v, blob_min)
+                if part is not None and len(reps) < _TEXT_CACHE_MAX:
+                    reps[v.rep] = part
+        elif t is bytes:
+            size = len(v)
+            if size >= blob_min:
+                return None
+            part = (_BYTES[size] if size < 256 else head(2, size)) + v
+        elif t is int and 0 <= v < 256:
+            part = _UINT[v]
+        else:
+            part = _simple_item(v, blob_min)
+        if part is None:
+            return None
+        out += part
+    return out
 
 
 def _simple_item(v: Any, blob_min: int) -> bytes | None:

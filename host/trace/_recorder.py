@@ -25,7 +25,7 @@ from wasmtime import _ffi as ffi
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import SETTINGS, Component
 from mighty.gate import Binding, GuestContext, GuestExitRequest, GuestViolation, Handle
-from mighty.trace._emit import Refused, emit_simple, head, text, uint
+from mighty.trace._emit import Refused, emit_args, emit_simple, head, text, uint
 from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, MAX_ITEMS, FlushMode, TraceWriter
 from mighty.trace._values import HandleRef
 
@@ -287,7 +287,7 @@ class InstanceRecording:
             # in one go, byte for byte what _append_parts writes (tests/trace/test_emit.py),
             # and queued without the writer's lock (framed and written in batches).
             blob_min = writer._blob_min
-            head_args = emit_simple(args, blob_min)
+            head_args = emit_args(args, blob_min)
             if head_args is not None:
                 res = emit_simple(value, blob_min)
                 if res is not None:

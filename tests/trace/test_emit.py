@@ -17,7 +17,15 @@ from mighty import Component, Instance
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.gate import Handle, ResourceKind
 from mighty.trace import HandleRef, Recorder, TraceError, encode_value, read_trace
-from mighty.trace._emit import BlobSink, Refused, canonical_record, emit, emit_simple, uint
+from mighty.trace._emit import (
+    BlobSink,
+    Refused,
+    canonical_record,
+    emit,
+    emit_args,
+    emit_simple,
+    uint,
+)
 from mighty.trace._recorder import to_refs
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with
 from tests.trace.test_values import values
@@ -94,6 +102,28 @@ def test_simple_encoding_is_the_general_one(value: Any, blob_min: int) -> None:
     simple = emit_simple(value, blob_min)
     if simple is not None:
         assert (simple, {}) == fast(value, blob_min, handles=True)
+
+
+OTHER = ResourceKind("wasi:filesystem/types", "descriptor")
+
+
+@given(
+    st.lists(
+        gate_handles
+        | st.builds(Handle, st.just(OTHER), st.integers(0, 5))
+        | st.integers(-300, 2**65)
+        | st.binary(max_size=300)
+        | values,
+        max_size=4,
+    ),
+    st.sampled_from([0, 5, 4096]),
+)
+def test_argument_encoding_is_the_simple_one(args: list[Any], blob_min: int) -> None:
+    """The recorder's encoding of an argument list is emit_simple's, taken or not alike (the
+    same handles twice: the second time from the per-kind cache)."""
+    assert emit_args(args, blob_min) == emit_simple(args, blob_min)
+    assert emit_args(args, blob_min) == emit_simple(args, blob_min)
+    assert emit_args(tuple(args), blob_min) is None  # a tuple: the general path tags it
 
 
 refs = st.builds(HandleRef, st.text(max_size=5), st.text(max_size=5), st.integers(0, 2**70))
