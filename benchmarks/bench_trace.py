@@ -7,12 +7,21 @@ The probe guest prints 300 lines and reads the clocks and random bytes 300 times
 and with flush="record" (recorded / plain, target <= 1.25), replay time against an unrecorded
 run and against recording (whole runs, instantiation included; target replay / unrecorded
 <= 1.5), and trace bytes per import.
+
+The floor of recording: the same run with a hook that watches every import and does nothing
+(the gate's hooked path, which any recorder pays before it records anything).
+
+Replay loads the component on a thread while it reads the trace, so its CPU figure is the
+process's (``time.process_time``, every thread), not the calling thread's.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, cpu_samples, median, report, samples
 
@@ -38,6 +47,9 @@ def main() -> None:
     plain = Instance(component)
     plain_t = median(samples(lambda: work(plain), repeat=15, warmup=2))
     plain_cpu = median(cpu_samples(lambda: work(plain), repeat=15, warmup=1))
+    watched = Instance(component, record=_Watching())
+    watched_t = median(samples(lambda: work(watched), repeat=15, warmup=2))
+    watched_cpu = median(cpu_samples(lambda: work(watched), repeat=15, warmup=1))
 
     traces: list[Path] = []
     recorded_ts = {}
@@ -68,8 +80,8 @@ def main() -> None:
     replay_t = median(samples(lambda: replay_trace(one), repeat=7, warmup=1))
     record_once = median(samples(lambda: _record_once(component, tmp), repeat=7, warmup=1))
     plain_once = median(samples(lambda: _plain_once(out), repeat=7, warmup=1))
-    replay_cpu = median(cpu_samples(lambda: replay_trace(one), repeat=7, warmup=1))
-    plain_once_cpu = median(cpu_samples(lambda: _plain_once(out), repeat=7, warmup=1))
+    replay_cpu = median(_process_cpu(lambda: replay_trace(one), repeat=7))
+    plain_once_cpu = median(_process_cpu(lambda: _plain_once(out), repeat=7))
     report(
         [
             {
@@ -93,6 +105,12 @@ def main() -> None:
                 "cpu_ratio": round(recorded_cpu["record"] / plain_cpu, 2),
             },
             {
+                "name": "floor: a hook that watches and does nothing / plain",
+                "ratio": round(watched_t / plain_t, 2),
+                "extra_us_per_import": round((watched_t - plain_t) / imports * 1e6, 2),
+                "cpu_ratio": round(watched_cpu / plain_cpu, 2),
+            },
+            {
                 "name": "replay / unrecorded (whole run incl. load + instantiate)",
                 "ratio": round(replay_t / plain_once, 2),
                 "replay_ms": round(replay_t * 1e3, 2),
@@ -113,6 +131,43 @@ def main() -> None:
             },
         ]
     )
+
+
+class _Watching:
+    """A recording that records nothing: what the gate's hook path costs by itself."""
+
+    fuel_limit = 0
+
+    def attach(self, *args: Any, **kwargs: Any) -> _Watching:
+        return self
+
+    def watch_import(
+        self, ctx: Any, binding: Any, args: Sequence[Any], value: Any, failed: bool
+    ) -> None:
+        return None
+
+    def __call__(self, ctx: Any, binding: Any, args: Sequence[Any], call: Callable[[], Any]) -> Any:
+        return call()
+
+    def begin_export(self, *args: Any) -> None:
+        return None
+
+    def end_export(self, *args: Any) -> None:
+        return None
+
+    def close(self, *args: Any) -> None:
+        return None
+
+
+def _process_cpu(fn: Callable[[], object], *, repeat: int) -> list[float]:
+    """CPU seconds of the whole process (every thread) for each of ``repeat`` calls."""
+    fn()
+    out = []
+    for _ in range(repeat):
+        started = time.process_time()
+        fn()
+        out.append(time.process_time() - started)
+    return out
 
 
 def _plain_once(path: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from mighty.abi import Err, Ok, Some, Variant
@@ -52,6 +53,7 @@ __all__ = [
     "Refused",
     "canonical_record",
     "emit",
+    "emit_args",
     "emit_into",
     "emit_simple",
     "head",
@@ -200,6 +202,54 @@ def emit_simple(value: Any, blob_min: int) -> bytes | None:
         part = _simple_item(inner, blob_min)
         return None if part is None else _T_OK + part
     return _simple_item(value, blob_min)
+
+
+# Each resource kind's handles as CBOR, by rep: the kind by its id, with the kind kept to
+# check that the id is still that kind's (a dict keyed by the kind itself would hash the
+# dataclass's fields every time).
+_KIND_HANDLES: dict[int, tuple[Any, dict[int, bytes]]] = {}
+
+
+def emit_args(args: Sequence[Any], blob_min: int) -> bytes | None:
+    """``emit_simple(args, blob_min)`` for an import's argument list, one call for the one or
+    two arguments most imports take (a stream and its bytes; a descriptor; a length)."""
+    if type(args) is not list:
+        return None  # a tuple is tagged: the general path
+    n = len(args)
+    if n == 0:
+        return _ARRAY[0]
+    if n > 2:
+        return emit_simple(args, blob_min)
+    out = _ARRAY[n]
+    for v in args:
+        t = type(v)
+        part: bytes | None
+        if t is Handle:
+            kind = v.kind
+            known = _KIND_HANDLES.get(id(kind))
+            if known is None or known[0] is not kind:
+                if len(_KIND_HANDLES) >= 256:
+                    _KIND_HANDLES.clear()
+                known = _KIND_HANDLES[id(kind)] = (kind, {})
+            reps = known[1]
+            part = reps.get(v.rep)
+            if part is None:
+                part = _simple_item(v, blob_min)
+                if part is not None and len(reps) < _TEXT_CACHE_MAX:
+                    reps[v.rep] = part
+        elif t is bytes:
+            size = len(v)
+            if size >= blob_min:
+                return None
+            part = (_BYTES[size] if size < 256 else head(2, size)) + v
+        elif t is int and 0 <= v < 256:
+            part = _UINT[v]
+        else:
+            part = _simple_item(v, blob_min)
+        if part is None:
+            return None
+        out += part
+    return out
 
 
 def _simple_item(v: Any, blob_min: int) -> bytes | None:
@@ -405,7 +455,7 @@ def _emit_flat(
         _emit(item, depth + 2, blobs, handles, out)
 
 
-_ORDERS: dict[tuple[str, ...], list[tuple[bytes, str]]] = {}
+_ORDERS: dict[tuple[tuple[str, ...], str], tuple[bytes, list[tuple[bytes, str]]]] = {}
 _NO_BLOBS = 1 << 62
 
 
@@ -414,21 +464,85 @@ def canonical_record(record: dict[str, Any], skip: str) -> bytes | None:
     text keys whose values ``emit_simple`` takes (the replayer digests every import record),
     else None. Simple values hold no map, so only the record's own keys need ordering; the
     order of one set of keys is worked out once."""
-    keys = tuple(k for k in record if k != skip)
-    order = _ORDERS.get(keys)
-    if order is None:
+    keys = tuple(record)
+    known = _ORDERS.get((keys, skip))
+    if known is None:
         if not all(type(k) is str for k in keys):
             return None
-        order = sorted(((text(k), k) for k in keys), key=_canonical_key)
+        try:
+            order = sorted(((text(k), k) for k in keys if k != skip), key=_canonical_key)
+        except UnicodeEncodeError:
+            return None
+        n = len(order)
         if len(_ORDERS) >= 256:
             _ORDERS.clear()
-        _ORDERS[keys] = order
-    n = len(order)
-    parts = [_MAP[n] if n < 32 else head(5, n)]
+        known = _ORDERS[(keys, skip)] = (_MAP[n] if n < 32 else head(5, n), order)
+    map_head, order = known
+    parts = [map_head]
+    append = parts.append
     for key, name in order:
-        part = emit_simple(record[name], _NO_BLOBS)
+        value = record[name]
+        t = type(value)
+        # The commonest fields inline (text and small ints), the rest as _canonical_simple says.
+        if t is str:
+            part: bytes | None = _TEXT.get(value)
+            if part is None:
+                part = _simple_item(value, _NO_BLOBS)
+        elif t is int and 0 <= value < 256:
+            part = _UINT[value]
+        else:
+            part = _canonical_simple(value)
         if part is None:
             return None
-        parts.append(key)
-        parts.append(part)
+        append(key)
+        append(part)
     return b"".join(parts)
+
+
+_T_OF = {Ok: _T_OK, Err: _T_ERR, Some: _T_SOME}
+_DICT_ORDERS: dict[tuple[str, ...], list[tuple[bytes, str]]] = {}
+
+
+def _canonical_simple(value: Any) -> bytes | None:
+    """``emit(value, canonical=True)`` for a value one level deep in a record when it is a
+    simple item (``_simple_item``), a flat list of them, an ``Ok``/``Err``/``Some`` of one, or a
+    map of text keys to them (a WIT record such as a clock's datetime); else None."""
+    t = type(value)
+    if t is list:
+        parts = [_array_head(len(value))]
+        for item in value:
+            part = _simple_item(item, _NO_BLOBS)
+            if part is None:
+                return None
+            parts.append(part)
+        return b"".join(parts)
+    tag = _T_OF.get(t)
+    if tag is not None:
+        inner = value.value
+        if inner is None:
+            return tag + _NONE
+        part = _simple_item(inner, _NO_BLOBS)
+        return None if part is None else tag + part
+    if t is dict:
+        keys = tuple(value)
+        order = _DICT_ORDERS.get(keys)
+        if order is None:
+            if not all(type(k) is str for k in keys):
+                return None
+            try:
+                order = sorted(((text(k), k) for k in keys), key=_canonical_key)
+            except UnicodeEncodeError:
+                return None
+            if len(_DICT_ORDERS) >= 256:
+                _DICT_ORDERS.clear()
+            _DICT_ORDERS[keys] = order
+        n = len(order)
+        parts = [_MAP[n] if n < 32 else head(5, n)]
+        for key, name in order:
+            part = _simple_item(value[name], _NO_BLOBS)
+            if part is None:
+                return None
+            parts.append(key)
+            parts.append(part)
+        return b"".join(parts)
+    return _simple_item(value, _NO_BLOBS)

@@ -69,6 +69,7 @@ import threading
 import time
 import weakref
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -200,6 +201,12 @@ class TraceWriter:
         self._mode: FlushMode = flush
         self._buffer: list[bytes] = []
         self._buffered = 0
+        # Import records queued without the lock (``_queue``), framed when the buffer is next
+        # touched under it: a deque, whose append and popleft are atomic, so a record queued
+        # while another thread frames the queue is taken then or left for the next time.
+        self._queued: deque[bytes] = deque()
+        self._queued_bytes = 0
+        self._queued_at = 0.0
         self._buffer_max = buffer_bytes
         self._interval = flush_interval
         self._oldest = 0.0
@@ -264,7 +271,7 @@ class TraceWriter:
     @property
     def records_written(self) -> int:
         """How many records ``append`` has taken (written, or waiting in the buffer)."""
-        return self._records
+        return self._records + len(self._queued)
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Encode ``record`` and append it (after any new blob it holds).
@@ -329,6 +336,8 @@ class TraceWriter:
         if self._mode == "record":
             self._write(data)
         else:
+            if self._queued:
+                self._frame_queued()
             buffer = self._buffer
             if not buffer:
                 self._oldest = time.monotonic()
@@ -351,6 +360,48 @@ class TraceWriter:
                 self._checked(payload)
             self._emit(_frame(payload))
 
+    def _queue(self, payload: bytes) -> None:
+        """Append one import record already encoded whole, holding no blob-sized byte string
+        and at most ``MAX_ITEMS`` bytes, without taking the lock (``flush`` not ``"record"``):
+        it is framed with the next records that touch the buffer, or when the queue holds
+        ``buffer_bytes`` or its oldest record is ``flush_interval`` old, and goes out with the
+        buffer as any other record does. Only the recorder's import records come this way:
+        one ``deque.append`` instead of a lock, a frame and a buffer check on the guest's
+        path."""
+        if self._failed is not None or self._file is None:
+            self._check_open()
+        queued = self._queued
+        now = time.monotonic()
+        if not queued:
+            self._queued_at = now
+        queued.append(payload)
+        self._queued_bytes += len(payload)
+        if self._queued_bytes >= self._buffer_max or now - self._queued_at >= self._interval:
+            with self._lock:
+                self._check_open()
+                self._frame_queued()
+                self._drain()
+
+    def _frame_queued(self) -> None:
+        """Move the queued records into the buffer, framed, in order (under the lock)."""
+        queued = self._queued
+        buffer = self._buffer
+        if not buffer:
+            self._oldest = self._queued_at
+        pack2, pack1, crc = _PACK_II, _PACK_I, _crc32
+        added = taken = 0
+        popleft = queued.popleft
+        while queued:
+            payload = popleft()
+            head = pack2(len(payload), crc(payload))
+            buffer.append(head + pack1(crc(head)))
+            buffer.append(payload)
+            added += len(payload)
+            taken += 1
+        self._buffered += added + taken * _PREFIX.size
+        self._queued_bytes = 0
+        self._records += taken
+
     def _encode_reference(self, record: Mapping[str, Any]) -> tuple[BlobSink, bytes]:
         sink = BlobSink(self._blob_min, self._blobs)
 
@@ -372,6 +423,8 @@ class TraceWriter:
         if self._mode == "record":
             self._write(data)
         else:
+            if self._queued:
+                self._frame_queued()
             if not self._buffer:
                 self._oldest = time.monotonic()
             self._buffer.append(data)
@@ -427,6 +480,8 @@ class TraceWriter:
 
     def _drain(self) -> None:
         """Write out the buffer (under the lock)."""
+        if self._queued:
+            self._frame_queued()
         if not self._buffer:
             return
         data = b"".join(self._buffer)
@@ -437,11 +492,12 @@ class TraceWriter:
     def _flush_by_age(self) -> None:
         while not self._stop.wait(self._interval / 2):
             with self._lock:
+                oldest = self._oldest if self._buffer else self._queued_at
                 if (
                     self._file is not None
                     and self._failed is None
-                    and self._buffer
-                    and time.monotonic() - self._oldest >= self._interval
+                    and (self._buffer or self._queued)
+                    and time.monotonic() - oldest >= self._interval
                 ):
                     try:
                         self._drain()

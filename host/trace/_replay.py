@@ -26,6 +26,7 @@ magic, all before it is read whole.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from mighty.gate import (
     Gate,
     GuestContext,
     GuestViolation,
+    Handle,
     ResourceKind,
     request_exit,
     resource_kind,
@@ -53,7 +55,7 @@ from mighty.trace._emit import Refused, canonical_record, emit
 from mighty.trace._errors import TraceInvalid
 from mighty.trace._format import TraceReader
 from mighty.trace._recorder import to_refs
-from mighty.trace._values import HandleRef, encode_value
+from mighty.trace._values import HandleRef, encode_value, handle_ref
 
 __all__ = [
     "DEFAULT_REPLAY_LIMITS",
@@ -275,8 +277,9 @@ class _Replayer:
         args: Sequence[Any],
         call: Callable[[], Any],
     ) -> Any:
-        got = {"if": binding.interface, "fn": binding.name, "args": to_refs(list(args))}
+        got_args = _refs(args)
         if not self.expected:
+            got = {"if": binding.interface, "fn": binding.name, "args": got_args}
             if self.stop_when_empty:
                 raise _StopReplay
             raise NondeterminismError(
@@ -288,38 +291,51 @@ class _Replayer:
                 got=got,
             )
         record = self.expected.popleft()
-        want = {"if": record["if"], "fn": record["fn"], "args": record["args"]}
         # The value encoding is lossless, so equal values compare equal; only NaN needs bytes.
-        if want != got and _canonical(want) != _canonical(got):
-            raise NondeterminismError(
-                f"instance {self.instance} step {record['s']}: the trace has "
-                f"{record['if']}#{record['fn']}{_brief(record['args'])}, the guest called "
-                f"{binding.interface}#{binding.name}{_brief(got['args'])}",
-                instance=self.instance,
-                step=int(record["s"]),
-                expected=want,
-                got=got,
-            )
+        if not (
+            record["if"] == binding.interface
+            and record["fn"] == binding.name
+            and record["args"] == got_args
+        ):
+            want = {"if": record["if"], "fn": record["fn"], "args": record["args"]}
+            got = {"if": binding.interface, "fn": binding.name, "args": got_args}
+            if want != got and _canonical(want) != _canonical(got):
+                raise NondeterminismError(
+                    f"instance {self.instance} step {record['s']}: the trace has "
+                    f"{record['if']}#{record['fn']}{_brief(record['args'])}, the guest called "
+                    f"{binding.interface}#{binding.name}{_brief(got['args'])}",
+                    instance=self.instance,
+                    step=int(record["s"]),
+                    expected=want,
+                    got=got,
+                )
         self.imports += 1
         fast = canonical_record(record, "@")
         self.digest.update(fast if fast is not None else _canonical(_plain(record)))
-        self.notify(
-            "import",
-            record["s"],
-            record["if"],
-            record["fn"],
-            got["args"],
-            record["res"],
-            record.get("fuel"),
-        )
-        self._track_output(binding.name, got["args"], record["res"])
+        result = record["res"]
+        if self.observer is not None:
+            self.notify(
+                "import",
+                record["s"],
+                record["if"],
+                record["fn"],
+                got_args,
+                result,
+                record.get("fuel"),
+            )
+        if binding.name in _OUTPUT_NAMES:
+            self._track_output(binding.name, got_args, result)
         outcome = record["out"]
-        if outcome == "exit":
-            request_exit(int(record["res"]))
-        if outcome == "violation":
-            raise GuestViolation(str(record["res"]))
-        if outcome == "host_error":
-            raise _RecordedHostError(str(record["res"]))
+        if outcome != "ok":
+            if outcome == "exit":
+                request_exit(int(result))
+            if outcome == "violation":
+                raise GuestViolation(str(result))
+            if outcome == "host_error":
+                raise _RecordedHostError(str(result))
+        t = type(result)
+        if t in _AS_RECORDED or (t is Ok and type(result.value) in _AS_RECORDED):
+            return result  # frozen, and nothing in it to stand in for
         return _materialize(ctx, record["res"])
 
     def notify(
@@ -367,6 +383,34 @@ class _Replayer:
                 self.output[stream] += args[1]
 
 
+_OUTPUT_NAMES = frozenset(
+    {
+        "get-stdout",
+        "get-stderr",
+        "[method]output-stream.write",
+        "[method]output-stream.blocking-write-and-flush",
+    }
+)
+# Results handed back as the trace holds them: nothing in them to turn into a stand-in.
+_AS_RECORDED = frozenset({bytes, int, str, bool, float, type(None)})
+_PLAIN_ARGS = frozenset({bytes, int, str, bool, type(None), float})
+
+
+def _refs(args: Sequence[Any]) -> list[Any]:
+    """``to_refs(list(args))``: a flat argument list of plain values and Handles (what most
+    imports take) converted in one loop, anything else by ``to_refs``."""
+    out = []
+    for value in args:
+        t = type(value)
+        if t in _PLAIN_ARGS:
+            out.append(value)
+        elif t is Handle:
+            out.append(handle_ref(value.kind.interface, value.kind.name, value.rep))
+        else:
+            out.append(to_refs(value))
+    return out
+
+
 class _RecordedHostError(Exception):
     """A host function failed in the recorded run; it fails again, at the same point."""
 
@@ -376,15 +420,53 @@ def _brief(args: Any) -> str:
     return "(" + (text[1:-1] if len(text) <= 120 else text[1:117] + "...") + ")"
 
 
-def _group(reader: TraceReader) -> dict[int, list[dict[str, Any]]]:
-    """Records by instance, each with ``"@"``: its frame's byte offset (for error messages)."""
+def _group(
+    reader: TraceReader, first: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[int, list[dict[str, Any]]]:
+    """Records by instance, each with ``"@"``: its frame's byte offset (for error messages).
+
+    ``first`` is shown each instance record as soon as it is read, until it returns True
+    (replay starts loading that instance's component while the rest is read)."""
     by_instance: dict[int, list[dict[str, Any]]] = {}
     for record in reader.records(schema=True):
         instance = record.get("i")
         if type(instance) is int:
             record["@"] = reader.record_offset
             by_instance.setdefault(instance, []).append(record)
+            if first is not None and record["k"] == "instance" and first(record):
+                first = None
     return by_instance
+
+
+class _Prefetch:
+    """One instance's component loaded on a thread of its own while the trace is read.
+
+    Reading the trace is Python (it holds the GIL); loading a component mostly is not (the
+    file read, its sha256 and its compiled form's, wasmtime's deserialize all release it), so
+    the two overlap on a machine with a second core. What the load raises is raised where its
+    result is asked for, as a load in place would raise it; a prefetch never asked for (the
+    trace was refused while it was read) finishes on its own and is dropped."""
+
+    def __init__(self, head: dict[str, Any], load: Callable[[], Component]) -> None:
+        self.head = head
+        self._load = load
+        self._component: Component | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="replay-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._component = self._load()
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            self._error = exc
+
+    def result(self) -> Component:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._component is not None
+        return self._component
 
 
 def _mismatch(instance: int, step: int, what: str, expected: Any, got: Any) -> NondeterminismError:
@@ -423,8 +505,20 @@ def replay_trace(
     there); raising :class:`ReplayAborted` from it ends the replay. ``limits`` caps every
     recorded budget and the component files read (see :class:`ReplayLimits`).
     """
+    prefetched: list[_Prefetch] = []
+
+    def prefetch(head: dict[str, Any]) -> bool:
+        if (instance is not None and head["i"] != instance) or (
+            agent is not None and head.get("a") != agent
+        ):
+            return False
+        prefetched.append(
+            _Prefetch(head, lambda: _load(head, components, limits, component_dirs, store))
+        )
+        return True
+
     with TraceReader(path) as reader:
-        groups = _group(reader)
+        groups = _group(reader, None if substitute else prefetch)
         truncated = reader.truncated
     if not groups:
         raise TraceInvalid(
@@ -447,11 +541,12 @@ def replay_trace(
                 f" at byte {head['@']}, is {head['k']!r})",
                 offset=head["@"],
             )
-        component = (
-            _read_component(Path(substitute), None, limits)
-            if substitute
-            else _load(head, components, limits, component_dirs, store)
-        )
+        if substitute:
+            component = _read_component(Path(substitute), None, limits)
+        elif prefetched and prefetched[0].head is head:
+            component = prefetched.pop().result()
+        else:
+            component = _load(head, components, limits, component_dirs, store)
         replayer = _Replayer(instance_id, observer, counter)
         report = InstanceReport(instance_id, head["component"])
         steps = deque(records[1:])

@@ -76,6 +76,7 @@ __all__ = [
     "HandleRef",
     "decode_value",
     "encode_value",
+    "handle_ref",
     "value_from_tag",
 ]
 
@@ -256,21 +257,46 @@ def _check_depth(depth: int) -> None:
         raise _Unencodable(f"a value nested deeper than {MAX_DEPTH} levels")
 
 
-def value_from_tag(tag: int, content: Any) -> Any:
+# Handles decoded so far, each once: a HandleRef is immutable, so every record naming the same
+# handle may share one (a stream is named by most of a print-heavy trace's records).
+_HANDLE_REFS: dict[tuple[Any, Any, Any], HandleRef] = {}
+_HANDLE_REFS_MAX = 4096
+
+
+def handle_ref(interface: str, name: str, rep: int) -> HandleRef:
+    """``HandleRef(interface, name, rep)``, the one already made if there is one."""
+    if type(interface) is str and type(name) is str and type(rep) is int:
+        known = _HANDLE_REFS.get((interface, name, rep))
+        if known is not None:
+            return known
+        if len(_HANDLE_REFS) >= _HANDLE_REFS_MAX:
+            _HANDLE_REFS.clear()
+        known = _HANDLE_REFS[(interface, name, rep)] = HandleRef(interface, name, rep)
+        return known
+    return HandleRef(interface, name, rep)
+
+
+def value_from_tag(tag: int, content: Any) -> Any:  # noqa: PLR0915 - one dispatch on the tag
     """The value a tag of the table stands for, its content already decoded.
 
     Raises ``ValueError`` (or ``TypeError`` for an unhashable set item or key) for a tag
     outside the table or content of the wrong shape, including non-canonical forms the encoder
     never writes.
     """
+    if tag == TAG_OK:
+        return Ok(content)
+    if tag == TAG_HANDLE and type(content) is list and len(content) == 3:
+        interface, name, rep = content
+        if type(interface) is str and type(name) is str and type(rep) is int:
+            known = _HANDLE_REFS.get((interface, name, rep))
+            if known is not None:
+                return known
     if tag == TAG_FLOAT:
         if type(content) is not bytes or len(content) != 8:
             raise ValueError("a float must be 8 bytes")
         return _DOUBLE.unpack(content)[0]
     if tag == TAG_TUPLE:
         return tuple(_array(content, "a tuple"))
-    if tag == TAG_OK:
-        return Ok(content)
     if tag == TAG_ERR:
         return Err(content)
     if tag == TAG_SOME:
@@ -289,7 +315,11 @@ def value_from_tag(tag: int, content: Any) -> Any:
             or type(parts[2]) is not int
         ):
             raise ValueError("a handle must be [interface: str, name: str, rep: int]")
-        return HandleRef(parts[0], parts[1], parts[2])
+        ref = HandleRef(parts[0], parts[1], parts[2])
+        if len(_HANDLE_REFS) >= _HANDLE_REFS_MAX:
+            _HANDLE_REFS.clear()
+        _HANDLE_REFS[(ref.interface, ref.name, ref.rep)] = ref
+        return ref
     if tag == TAG_FROZENSET:
         items = _array(content, "a set")
         _check_hashed(items, "a set")

@@ -14,10 +14,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty import Component, Instance
-from mighty.abi import Ok, Some, Variant
+from mighty.abi import Err, Ok, Some, Variant
 from mighty.gate import Handle, ResourceKind
 from mighty.trace import HandleRef, Recorder, TraceError, encode_value, read_trace
-from mighty.trace._emit import BlobSink, Refused, canonical_record, emit, emit_simple, uint
+from mighty.trace._emit import (
+    BlobSink,
+    Refused,
+    canonical_record,
+    emit,
+    emit_args,
+    emit_simple,
+    uint,
+)
 from mighty.trace._recorder import to_refs
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with
 from tests.trace.test_values import values
@@ -96,10 +104,49 @@ def test_simple_encoding_is_the_general_one(value: Any, blob_min: int) -> None:
         assert (simple, {}) == fast(value, blob_min, handles=True)
 
 
+OTHER = ResourceKind("wasi:filesystem/types", "descriptor")
+
+
+@given(
+    st.lists(
+        gate_handles
+        | st.builds(Handle, st.just(OTHER), st.integers(0, 5))
+        | st.integers(-300, 2**65)
+        | st.binary(max_size=300)
+        | values,
+        max_size=4,
+    ),
+    st.sampled_from([0, 5, 4096]),
+)
+def test_argument_encoding_is_the_simple_one(args: list[Any], blob_min: int) -> None:
+    """The recorder's encoding of an argument list is emit_simple's, taken or not alike (the
+    same handles twice: the second time from the per-kind cache)."""
+    assert emit_args(args, blob_min) == emit_simple(args, blob_min)
+    assert emit_args(args, blob_min) == emit_simple(args, blob_min)
+    assert emit_args(tuple(args), blob_min) is None  # a tuple: the general path tags it
+
+
 refs = st.builds(HandleRef, st.text(max_size=5), st.text(max_size=5), st.integers(0, 2**70))
 
 
-@given(st.dictionaries(st.text(max_size=4), refs | values | st.lists(refs | values, max_size=3)))
+leaves = refs | st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.text(max_size=4)
+simple_fields = (
+    leaves
+    | st.binary(max_size=5)
+    | st.lists(leaves, max_size=3)
+    | st.builds(Ok, leaves)
+    | st.builds(Err, leaves)
+    | st.builds(Some, leaves)
+    | st.dictionaries(st.text(max_size=12), leaves, max_size=4)
+    | st.dictionaries(st.integers(0, 3), leaves, max_size=2)
+)
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=4), refs | values | st.lists(refs | values, max_size=3) | simple_fields
+    )
+)
 def test_canonical_record_is_the_canonical_encoding(record: dict[str, Any]) -> None:
     """The replayer's digest of a record, where the fast path takes it, is the canonical
     encoding of the record without its offset key."""
@@ -110,7 +157,12 @@ def test_canonical_record_is_the_canonical_encoding(record: dict[str, Any]) -> N
 
 
 def test_canonical_record_takes_import_records() -> None:
-    """A replayed import record (HandleRefs, bytes, ints, text) takes the fast path."""
+    """A replayed import record (HandleRefs, bytes, ints, text, a clock's datetime record)
+    takes the fast path."""
+    clock = {"k": "import", "i": 1, "s": 2, "res": {"seconds": 5, "nanoseconds": 7}, "@": 3}
+    assert canonical_record(clock, "@") == emit(
+        {k: clock[k] for k in clock if k != "@"}, canonical=True
+    )
     record = {
         "k": "import", "i": 1, "s": 7, "if": "wasi:io/streams",
         "fn": "[method]output-stream.write", "args": [HandleRef("wasi:io/streams", "output-stream", 3), b"hi\n"],

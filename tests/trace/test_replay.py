@@ -18,6 +18,7 @@ from mighty.engine import ComponentStore
 from mighty.trace import (
     NondeterminismError,
     Recorder,
+    TraceCorrupt,
     TraceWriter,
     read_trace,
     replay_trace,
@@ -110,6 +111,30 @@ def test_recorded_component_must_match(wat: Callable[[str], bytes], tmp_path: Pa
     guest.write_bytes(random_sum(wat, tmp_path, "v9", xor=9).read_bytes())
     with pytest.raises(MightyError, match="not the recorded component"):
         replay_trace(trace, store=ComponentStore(tmp_path / "empty-store"))
+
+
+def test_damage_read_while_the_component_loads_is_what_replay_reports(
+    wat: Callable[[str], bytes], tmp_path: Path
+) -> None:
+    """Replay starts loading the component as soon as the instance record is read, on a
+    thread, while it reads on: a damaged frame later in the trace is still the error (the
+    load's outcome is dropped), and a component that cannot be found is still a HostError
+    naming where replay looked (raised where the load's result is needed)."""
+    guest = random_sum(wat, tmp_path, "v1")
+    trace = tmp_path / "t.bin"
+    record(trace, guest, [("run", (3,)), ("run", (2,))])
+    damaged = tmp_path / "damaged.bin"
+    data = bytearray(trace.read_bytes())
+    data[-3] ^= 0xFF  # in the last frame's payload: its checksum no longer matches
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(TraceCorrupt, match="payload checksum mismatch"):
+        replay_trace(damaged)
+    guest.unlink()
+    with pytest.raises(MightyError, match="cannot find the recorded component"):
+        replay_trace(trace, store=ComponentStore(tmp_path / "empty-store"))
+    # With the component back, the same trace replays (the failed load left nothing behind).
+    random_sum(wat, tmp_path, "v1")
+    assert replay_trace(trace, store=ComponentStore(tmp_path / "empty-store")).instances
 
 
 def test_tampered_import_result_is_caught(wat: Callable[[str], bytes], tmp_path: Path) -> None:
