@@ -655,11 +655,18 @@ class AgentProcess:
     def _exit(self, reason: str) -> None:
         """Tell the supervisor (or bury the agent when there is none, or no more runtime)."""
         if self.on_exit is not None and not self.runtime.closing:
+            runtime = self.runtime
+            with runtime._lock:
+                runtime._reports += 1
+                runtime._reporting += 1
             try:
                 self.on_exit(self, True, reason)
                 return
             except Exception:  # noqa: BLE001 -- nobody will revive it: settle its queue
                 _log.exception("%s: reporting the crash to the supervisor failed", self.address)
+            finally:
+                with runtime._lock:
+                    runtime._reporting -= 1
         with self._state:
             self._exiting = False
         self.runtime._bury(self, reason)
@@ -876,6 +883,11 @@ class Runtime:
         # Agents buried (stopped for good), kept for reports of what they did and left undone.
         self._retired: deque[AgentProcess] = deque(maxlen=_EVENTS_KEPT)
         self._closing = False
+        # Crash reports to supervisors in progress, and how many ever began: a supervisor that
+        # gives up retires its children (out of the registry) before its parent starts fresh
+        # ones, all inside the report, so no agent looks busy meanwhile (see idle()).
+        self._reporting = 0
+        self._reports = 0
         self.hibernation: Hibernator | None = None
         """Hibernation and durability (None without a ``state_dir``)."""
         if store is not None:
@@ -1453,8 +1465,16 @@ class Runtime:
         return self.scheduler.stats()
 
     def idle(self) -> bool:
-        """Every mailbox empty, no agent running or scheduled, no crash awaiting its supervisor."""
-        return not any(p.busy for p in self.agents())
+        """Every mailbox empty, no agent running or scheduled, no crash awaiting its supervisor
+        (nor a supervisor's reaction to one still under way: a subtree given up on and being
+        started again by its parent has no agent in the registry for a moment)."""
+        with self._lock:
+            reporting, began = self._reporting, self._reports
+        if reporting or any(p.busy for p in self.agents()):
+            return False
+        with self._lock:
+            # A report that began (and maybe ended) while the agents were looked at: look again.
+            return self._reporting == 0 and self._reports == began
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until :meth:`idle`; False on timeout.
