@@ -35,12 +35,17 @@ Rejected:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
+import time
 import weakref
 from dataclasses import dataclass, field
 
 __all__ = ["MemoryImage", "split_images"]
+
+_log = logging.getLogger(__name__)
 
 _PAGE = 65536
 _HOST_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -89,7 +94,14 @@ def split_images(data: bytes) -> tuple[bytes, tuple[MemoryImage, ...]] | None:
         return None
     if not moved:
         return None
-    images = tuple(_seal(content, mem) for content, mem in zip(contents, memories, strict=True))
+    try:
+        images = tuple(_seal(content, mem) for content, mem in zip(contents, memories, strict=True))
+    except OSError as exc:
+        # No memfd to be had (refused seals, out of descriptors or memory): the image is only
+        # a saving, so wasmtime copies the segments as it would without one (the images made
+        # so far close their files when dropped).
+        _log.warning("memory image not made (%s); the data segments will be copied", exc)
+        return None
     # ``start`` is the module section's id byte: replace id, size and payload.
     out = b"".join((data[:start], b"\x01", _uleb(len(rewritten)), rewritten, data[end:]))
     return out, images
@@ -354,28 +366,59 @@ def _rewrite_module(
     return b"".join(pieces), [contents[mem.index] for mem in memories], moved
 
 
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_SEAL_TRIES = 4
+
+
 def _seal(content: bytearray, memory: _Memory) -> MemoryImage:
     data_bytes = len(content)  # up to the last segment's end, zeros between segments included
     length = -(-len(content) // _HOST_PAGE) * _HOST_PAGE
     length = min(length, memory.minimum)
-    fd = os.memfd_create("mighty-image", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    # F_SEAL_WRITE refuses (EBUSY) while a page of the file holds a reference beyond its
+    # mapping, and a page just written may still sit in the per-CPU LRU batch of the CPU the
+    # write ran on: the kernel drains only the sealing thread's own CPU's batch before it
+    # checks. Seen here once, on a loaded 2-CPU machine, when the thread moved between the
+    # write and the seal. So the thread writes and seals on one CPU, and tries again on a
+    # fresh file if the seal is still refused.
+    allowed = _pin_to_one_cpu()
     try:
-        os.ftruncate(fd, length)
-        view = memoryview(content)
-        written = 0
-        while written < len(view):
-            written += os.pwrite(fd, view[written:], written)
-        fcntl.fcntl(
-            fd,
-            fcntl.F_ADD_SEALS,
-            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
-        )
-    except BaseException:
-        os.close(fd)
-        raise
+        for attempt in range(_SEAL_TRIES):
+            fd = os.memfd_create("mighty-image", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, length)
+                view = memoryview(content)
+                written = 0
+                while written < len(view):
+                    written += os.pwrite(fd, view[written:], written)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+                break
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno != errno.EBUSY or attempt == _SEAL_TRIES - 1:
+                    raise
+                time.sleep(0.001 * 2**attempt)
+            except BaseException:
+                os.close(fd)
+                raise
+    finally:
+        if allowed is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, allowed)
     image = MemoryImage(fd, length, memory.minimum, memory.maximum, data_bytes)
     weakref.finalize(image, _close, fd)
     return image
+
+
+def _pin_to_one_cpu() -> set[int] | None:
+    """Keep the calling thread on one of its CPUs; the CPUs it had (None: nothing changed)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        if len(allowed) <= 1:
+            return None
+        os.sched_setaffinity(0, {min(allowed)})
+    except OSError:  # not allowed here (a sandbox, a container's policy): write unpinned
+        return None
+    return allowed
 
 
 def _close(fd: int) -> None:

@@ -266,3 +266,83 @@ def test_prefault_copies_the_learned_pages_from_the_image(wat: Callable[[str], b
         learner.call("poke", 70_000, 1)
         with Instance(component, prefault=True) as other:
             assert other.call("peek", 70_000) == 5
+
+
+def _open_fds() -> set[str]:
+    import os
+
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_seal_refused_for_a_moment_is_tried_again_on_a_fresh_file(
+    wat: Callable[[str], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F_SEAL_WRITE may be refused (EBUSY) while a just-written page sits in another CPU's LRU
+    batch: the image is made on a fresh file, with the same bytes, and the thread keeps its CPUs."""
+    import errno
+    import fcntl
+    import os
+
+    real = fcntl.fcntl
+    refusals = [2]
+
+    def flaky(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fcntl.F_ADD_SEALS and refusals[0]:
+            refusals[0] -= 1
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(fd, cmd, arg)
+
+    cpus = os.sched_getaffinity(0)
+    before = _open_fds()
+    monkeypatch.setattr(fcntl, "fcntl", flaky)
+    component = Component.load(wat(_component(2, [(100, b"\x07" * 5000)])), use_cache=False)
+    monkeypatch.undo()
+    assert refusals == [0]
+    assert component.images
+    assert os.sched_getaffinity(0) == cpus
+    with Instance(component) as instance:
+        assert instance.call("peek", 100) == 7
+        assert instance.call("peek", 5099) == 7
+        assert instance.call("peek", 5100) == 0
+    del component, instance
+    import gc
+
+    gc.collect()
+    assert _open_fds() <= before  # the refused files were closed
+
+
+def test_a_seal_refused_every_time_leaves_the_segments_to_wasmtime(
+    wat: Callable[[str], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No image to be had: the component loads without one (wasmtime copies the segments, as
+    with share_memory=False), the same bytes, no file left open, the thread's CPUs kept."""
+    import errno
+    import fcntl
+    import gc
+    import os
+
+    real = fcntl.fcntl
+    refused = [0]
+
+    def busy(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fcntl.F_ADD_SEALS:
+            refused[0] += 1
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(fd, cmd, arg)
+
+    data = wat(_component(2, [(100, b"\x07" * 5000)]))
+    cpus = os.sched_getaffinity(0)
+    gc.collect()
+    before = _open_fds()
+    monkeypatch.setattr(fcntl, "fcntl", busy)
+    component = Component.load(data, use_cache=False)
+    monkeypatch.undo()
+    assert refused[0] > 1  # tried again before giving up
+    assert component.images == ()
+    assert os.sched_getaffinity(0) == cpus
+    with Instance(component) as instance:
+        assert instance.call("peek", 100) == 7
+        assert instance.call("peek", 5100) == 0
+    del component, instance
+    gc.collect()
+    assert _open_fds() <= before
