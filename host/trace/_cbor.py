@@ -121,7 +121,9 @@ def _scalar(buf: bytes, pos: int, end: int) -> tuple[Any, int] | None:
     return None
 
 
-class _Fast:
+class _Reader:
+    """A decoder's position in one payload and what is left of its bounds."""
+
     __slots__ = ("buf", "end", "hook", "items_left", "max_depth", "max_items", "pos")
 
     def __init__(self, buf: bytes, hook: TagHook, max_depth: int, max_items: int) -> None:
@@ -132,6 +134,10 @@ class _Fast:
         self.max_items = max_items
         self.items_left = max_items
         self.pos = 0
+
+
+class _Fast(_Reader):
+    __slots__ = ()
 
     def _too_many(self, start: int) -> CBORInvalid:
         return CBORInvalid(f"more than {self.max_items} items in one payload", start)
@@ -267,17 +273,8 @@ class _Fast:
             raise CBORInvalid(f"tag {arg}: {exc}", start) from None
 
 
-class _Decoder:
-    __slots__ = ("buf", "end", "hook", "items_left", "max_depth", "max_items", "pos")
-
-    def __init__(self, buf: bytes, hook: TagHook, max_depth: int, max_items: int) -> None:
-        self.buf = buf
-        self.end = len(buf)
-        self.hook = hook
-        self.max_depth = max_depth
-        self.max_items = max_items
-        self.items_left = max_items
-        self.pos = 0
+class _Decoder(_Reader):
+    __slots__ = ()
 
     def _take(self, n: int, start: int) -> None:
         if n > self.items_left:

@@ -180,6 +180,17 @@ _CANONICAL = 2
 _T_OK_NONE = _T_OK + _NONE
 
 
+def _simple_list(value: list[Any], blob_min: int) -> bytes | None:
+    """A flat list of simple items (``_simple_item``), or None when one is not."""
+    parts = [_array_head(len(value))]
+    for item in value:
+        part = _simple_item(item, blob_min)
+        if part is None:
+            return None
+        parts.append(part)
+    return b"".join(parts)
+
+
 def emit_simple(value: Any, blob_min: int) -> bytes | None:
     """``emit(value, blobs, handles=True)`` for a value one level deep in a record (an import
     record's args or result) when it has one of the shapes such values mostly have: a flat list
@@ -188,13 +199,7 @@ def emit_simple(value: Any, blob_min: int) -> bytes | None:
     the general path: this one only skips the walk's dispatch, never decides anything."""
     t = type(value)
     if t is list:
-        parts = [_array_head(len(value))]
-        for item in value:
-            part = _simple_item(item, blob_min)
-            if part is None:
-                return None
-            parts.append(part)
-        return b"".join(parts)
+        return _simple_list(value, blob_min)
     if t is Ok:
         inner = value.value
         if inner is None:
@@ -509,13 +514,7 @@ def _canonical_simple(value: Any) -> bytes | None:
     map of text keys to them (a WIT record such as a clock's datetime); else None."""
     t = type(value)
     if t is list:
-        parts = [_array_head(len(value))]
-        for item in value:
-            part = _simple_item(item, _NO_BLOBS)
-            if part is None:
-                return None
-            parts.append(part)
-        return b"".join(parts)
+        return _simple_list(value, _NO_BLOBS)
     tag = _T_OF.get(t)
     if tag is not None:
         inner = value.value
