@@ -29,7 +29,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mighty._errors import BadInput
+from mighty._errors import BadInput, HostError
 from mighty.agents import AgentError, BadSpawn, NoProc, Supervisor
 from mighty.cluster._frames import Frame
 
@@ -121,16 +121,18 @@ class Reporter:
         def report() -> None:
             try:
                 node.request(self.home, frame, _OP_TIMEOUT)
-            except AgentError as exc:
-                # Nobody will restart it: settle its queue, as for an unsupervised crash.
+            except (AgentError, HostError) as exc:
+                # The home node refused it, or could not be reached (NATS gone, this node
+                # leaving: ClusterError): nobody will restart it, so settle its queue, as for an
+                # unsupervised crash. Nothing may escape this thread.
                 _log.warning(
                     "node %s: %s crashed and its supervisor on node %s did not hear it (%s)",
                     node.name,
                     process.address,
                     self.home,
-                    exc.message,
+                    exc,
                 )
-                with suppress(NoProc):
+                with suppress(AgentError, HostError):
                     node.runtime.stop(process.address)
 
         # on_exit runs on a worker thread: the request waits on the node's pool, not there.
