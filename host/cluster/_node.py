@@ -373,7 +373,9 @@ class Node:
             if self._nodes_kv is not None:
                 with contextlib.suppress(TimeoutError, nats.errors.Error):
                     await asyncio.wait_for(self._nodes_kv.delete(self.name), 1.0)
-        with contextlib.suppress(TimeoutError, nats.errors.Error):
+        # The server may be gone: nats-py's close then flushes into a lost connection
+        # (ConnectionResetError); leaving must not fail on that.
+        with contextlib.suppress(TimeoutError, OSError, nats.errors.Error):
             await asyncio.wait_for(nc.close(), 2.0)
 
     def __enter__(self) -> Node:
@@ -396,7 +398,10 @@ class Node:
         try:
             return future.result(timeout)
         except FutureTimeout:
-            future.cancel()
+            # Cancelling hands the cancel to the loop; once the node has closed it, the
+            # coroutine runs no more and the hand-off would fail (logged from a callback).
+            if not self._loop.is_closed():
+                future.cancel()
             raise ClusterError(
                 f"node {self.name}: no answer from NATS within {timeout:g} s"
             ) from None

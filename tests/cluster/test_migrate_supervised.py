@@ -158,3 +158,68 @@ def test_a_moved_child_is_stopped_where_it_lives(
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
             node.close()
+
+
+def test_a_moved_childs_crash_report_that_cannot_reach_home_settles_its_queue(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """The migrated child crashes while NATS is gone: its report to the home supervisor fails
+    (no reply within the op timeout), nothing escapes the reporting thread (pytest's
+    unhandled-thread-exception warning is an error here), the child is stopped on its node, not
+    left half alive, and both nodes leave without an error although the server is gone."""
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
+    (a, node_a), (b, node_b) = made
+    try:
+        assert node_a.wait_for(["b"], 10) and node_b.wait_for(["a"], 10)
+        root = start_tree(a, SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5))
+        node_a.adopt(root)
+        moved = node_a.migrate("ctr", "b").new_address
+        local = node_b.localize(moved)
+        assert b.ask(local, "incr", {"by": 1}, timeout=10) is not None
+        nats_server.stop()
+        with pytest.raises(AgentError):
+            b.ask(local, "work", {"n": 50_000_000}, timeout=60)
+
+        def stopped() -> bool:
+            try:
+                return not b.process(local).alive
+            except AgentError:
+                return True
+
+        _until(stopped, "the crashed child was left running on b", timeout=30)
+        with pytest.raises(AgentError):
+            b.ask(local, "get", timeout=5)
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+def test_a_moved_childs_crash_report_from_a_node_that_left_settles_its_queue(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """The migrated child's node has left the cluster (its runtime still runs): the crash
+    report cannot be sent at all (ClusterError); it must not escape the reporting thread, and
+    the child is stopped."""
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
+    (a, node_a), (b, node_b) = made
+    try:
+        assert node_a.wait_for(["b"], 10) and node_b.wait_for(["a"], 10)
+        root = start_tree(a, SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5))
+        node_a.adopt(root)
+        local = node_b.localize(node_a.migrate("ctr", "b").new_address)
+        node_b.close()
+        with pytest.raises(AgentError):
+            b.ask(local, "work", {"n": 50_000_000}, timeout=60)
+
+        def stopped() -> bool:
+            try:
+                return not b.process(local).alive
+            except AgentError:
+                return True
+
+        _until(stopped, "the crashed child was left running on b", timeout=30)
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
