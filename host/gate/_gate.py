@@ -63,6 +63,7 @@ from mighty.gate._scope import UNSCOPED, MissingSlot, Scope, Seed, Slot
 __all__ = [
     "Binding",
     "CallHook",
+    "Direct",
     "Gate",
     "GuestContext",
     "GuestExitRequest",
@@ -130,17 +131,35 @@ class Handle:
 
 
 @dataclass(frozen=True, slots=True)
+class Direct:
+    """A host function's state-taking form, for the calls no hook watches.
+
+    ``call(state, *args)``, where ``state`` is what the instance holds in ``slot``, answers
+    exactly what the binding's ``fn(ctx, *args)`` answers, except that a record comes back as
+    the tuple of its fields' values in the WIT's order (no dict to build and read again). The
+    gate uses it where it serves an import in one fused frame (a clock's ``now``,
+    ``get-random-bytes``); hooks always see ``fn``. The simplest way to keep the two equal is
+    to write ``fn`` as ``call(ctx.slot(slot), *args)``.
+    """
+
+    slot: Slot[Any]
+    call: Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Binding:
     """One host function: ``fn(ctx, *args)`` serving ``interface#name``.
 
     ``name`` follows the component model: ``get-stdout``, ``[method]output-stream.write``,
     ``[static]descriptor.x``, ``[constructor]x``. ``interface`` is unversioned; the gate binds it
-    under whatever version a component imports.
+    under whatever version a component imports. ``direct``: the same function taking its
+    provider's state instead of the context (see :class:`Direct`), optional.
     """
 
     interface: str
     name: str
     fn: Callable[..., Any]
+    direct: Direct | None = None
 
 
 class Provider(Protocol):
@@ -696,7 +715,8 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
     reg.lift_objects = lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
     reg.codec = codec
     reg.lower = lower = _lowerer(codec, reg.to_guest)
-    reg.serve = serve = _fused(reg.binding.fn, lower, param_types, codec.sig.result) or _server(
+    fused = _fused(reg.binding.fn, lower, param_types, codec.sig.result, reg.binding.direct)
+    reg.serve = serve = fused or _server(
         reg.binding.fn, lift_objects, lower, param_types, getters, resolvers, reg.self_kind
     )
     return serve
@@ -938,9 +958,17 @@ _vallist_new_at = _raw("wasmtime_component_vallist_new", None, _VP, ctypes.c_siz
 
 
 def _fused(
-    fn: Callable[..., Any], lower: _Lower, param_types: Sequence[WitType], wt: WitType | None
+    fn: Callable[..., Any],
+    lower: _Lower,
+    param_types: Sequence[WitType],
+    wt: WitType | None,
+    direct: Direct | None = None,
 ) -> _Serve | None:
-    """The one-frame serve of ``fn`` for an import of these types, or None (no fused shape)."""
+    """The one-frame serve of ``fn`` for an import of these types, or None (no fused shape).
+
+    With ``direct`` the frame finds the provider's state itself and calls ``direct.call`` on
+    it (no ``ctx.slot`` frame; a record as a tuple, no dict); a missing slot is the
+    :class:`MissingSlot` that ``ctx.slot`` raises."""
     nparams = len(param_types)
     first = param_types[0] if param_types else None
 
@@ -948,31 +976,14 @@ def _fused(
         raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
 
     if nparams == 0 and isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
-        lo, hi = _int_range(wt.name)
-        kind = _PRIM_KINDS[wt.name]
-        code = _PRIM_CODES[wt.name]
-        put = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack_into
-        memory = _MEMORY
-
-        def serve_int(
-            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
-        ) -> None:
-            if nargs:
-                arity(nargs)
-            result = fn(ctx)
-            if type(result) is int and lo <= result <= hi:
-                put(memory, res, kind, result)
-            else:
-                lower(ctx, store, result, res)
-
-        return serve_int
+        return _fused_int(fn, lower, wt, arity, direct)
     if (
         nparams == 0
         and isinstance(wt, RecordType)
         and len(wt.fields) == 2
         and all(isinstance(t, PrimitiveType) and t.name in _PRIM_KINDS for _, t in wt.fields)
     ):
-        return _fused_pair(fn, lower, wt, arity)
+        return _fused_pair(fn, lower, wt, arity, direct)
     if (
         nparams == 1
         and isinstance(first, PrimitiveType)
@@ -980,37 +991,99 @@ def _fused(
         and isinstance(wt, ListType)
         and wt.element == PrimitiveType("u8")
     ):
-        get = struct.Struct("<" + _READ_CODES[first.name]).unpack_from
-        memory = _MEMORY
-        at = _PAYLOAD
-        size_of = _VAL_SIZE
-        most = _SLOTS_LIST
-        list_new = _vallist_new_at
-
-        def serve_bytes(
-            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
-        ) -> None:
-            if nargs != 1:
-                arity(nargs)
-            result = fn(ctx, get(memory, args_ptr + at)[0])
-            if type(result) is bytes and len(result) <= most:
-                slots = store.slots
-                if slots is None:
-                    slots = store.slots = bytearray(_U8_LIST_SLOTS)
-                    store.slots_at = ctypes.addressof(ctypes.c_char.from_buffer(slots))
-                size = len(result)
-                slots[at : size * size_of : size_of] = result
-                list_new(res + at, size, store.slots_at)
-                memory[res] = 13  # the list's kind, written after the list (as the codec)
-            else:
-                lower(ctx, store, result, res)
-
-        return serve_bytes
+        return _fused_bytes(fn, lower, first, arity, direct)
     return None
 
 
+def _fused_int(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    wt: PrimitiveType,
+    arity: Callable[[int], None],
+    direct: Direct | None,
+) -> _Serve:
+    """An integer from no arguments (a clock's ``now``): its whole slot in one write."""
+    slot = direct.slot if direct is not None else None
+    call = direct.call if direct is not None else fn
+    lo, hi = _int_range(wt.name)
+    kind = _PRIM_KINDS[wt.name]
+    code = _PRIM_CODES[wt.name]
+    put = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack_into
+    memory = _MEMORY
+
+    def serve_int(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs:
+            arity(nargs)
+        if slot is None:
+            result = fn(ctx)
+        else:
+            try:
+                state = ctx._slots[slot]
+            except KeyError:
+                state = ctx.slot(slot)
+            result = call(state)
+        if type(result) is int and lo <= result <= hi:
+            put(memory, res, kind, result)
+        else:
+            lower(ctx, store, result, res)
+
+    return serve_int
+
+
+def _fused_bytes(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    param: PrimitiveType,
+    arity: Callable[[int], None],
+    direct: Direct | None,
+) -> _Serve:
+    """A ``list<u8>`` from one integer (``get-random-bytes``): the argument read in place, the
+    result's element slots written into the instance's slots buffer and copied by one C call."""
+    slot = direct.slot if direct is not None else None
+    call = direct.call if direct is not None else fn
+    get = struct.Struct("<" + _READ_CODES[param.name]).unpack_from
+    memory = _MEMORY
+    at = _PAYLOAD
+    size_of = _VAL_SIZE
+    most = _SLOTS_LIST
+    list_new = _vallist_new_at
+
+    def serve_bytes(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs != 1:
+            arity(nargs)
+        if slot is None:
+            result = fn(ctx, get(memory, args_ptr + at)[0])
+        else:
+            try:
+                state = ctx._slots[slot]
+            except KeyError:
+                state = ctx.slot(slot)
+            result = call(state, get(memory, args_ptr + at)[0])
+        if type(result) is bytes and len(result) <= most:
+            slots = store.slots
+            if slots is None:
+                slots = store.slots = bytearray(_U8_LIST_SLOTS)
+                store.slots_at = ctypes.addressof(ctypes.c_char.from_buffer(slots))
+            size = len(result)
+            slots[at : size * size_of : size_of] = result
+            list_new(res + at, size, store.slots_at)
+            memory[res] = 13  # the list's kind, written after the list (as the codec)
+        else:
+            lower(ctx, store, result, res)
+
+    return serve_bytes
+
+
 def _fused_pair(
-    fn: Callable[..., Any], lower: _Lower, wt: RecordType, arity: Callable[[int], None]
+    fn: Callable[..., Any],
+    lower: _Lower,
+    wt: RecordType,
+    arity: Callable[[int], None],
+    direct: Direct | None,
 ) -> _Serve:
     """A record of two integers (``wasi:clocks`` ``datetime``) from no arguments: the lowerer's
     template cloned and both integers written in place, in the serving frame."""
@@ -1046,6 +1119,34 @@ def _fused_pair(
                 put1(memory, entries + off1, v1)
                 return
         lower(ctx, store, result, res)
+
+    if direct is not None:
+        slot, call = direct.slot, direct.call
+
+        def serve_pair_direct(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs:
+                arity(nargs)
+            try:
+                state = ctx._slots[slot]
+            except KeyError:
+                state = ctx.slot(slot)
+            result = call(state)
+            if type(result) is tuple and len(result) == 2:
+                v0, v1 = result
+                if type(v0) is int and type(v1) is int and lo0 <= v0 <= hi0 and lo1 <= v1 <= hi1:
+                    clone(source, res)
+                    entries = address_at(memory, res + data)[0]
+                    put0(memory, entries + off0, v0)
+                    put1(memory, entries + off1, v1)
+                    return
+                # What fn would have answered, for the codec to check and refuse.
+                result = {name0: v0, name1: v1}
+            lower(ctx, store, result, res)
+
+        serve_pair_direct.template = template  # type: ignore[attr-defined]  # as below
+        return serve_pair_direct
 
     serve_pair.template = template  # type: ignore[attr-defined]  # kept as long as the frame
     return serve_pair

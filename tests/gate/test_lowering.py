@@ -7,6 +7,7 @@ import ctypes
 from typing import Any
 
 import pytest
+import wasmtime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from wasmtime import _ffi as ffi
@@ -27,7 +28,8 @@ from mighty.abi import (
     RecordType,
     ResultType,
 )
-from mighty.gate import GuestViolation
+from mighty.engine import get_engine
+from mighty.gate import Direct, Gate, GuestViolation, MissingSlot, Slot
 from mighty.gate._gate import _CallStore, _fused, _getter, _lowerer
 
 _VAL = ffi.wasmtime_component_val_t
@@ -165,11 +167,21 @@ def _slot_kind(slot: Any) -> int:
     return ctypes.string_at(ctypes.addressof(slot), 1)[0]
 
 
+_STATE: Slot[str] = Slot("test.state")
+
+
 def _serve_through(
-    sig: FuncSig, served: Any, args: list[Any], store: Any, nargs: int | None = None
+    sig: FuncSig,
+    served: Any,
+    args: list[Any],
+    store: Any,
+    nargs: int | None = None,
+    direct: bool = False,
 ) -> Any:
     """Serve one call with a fused frame whose host function returns ``served``: what the
-    guest gets (lifted back), the refusal's message, or the arity violation's."""
+    guest gets (lifted back), the refusal's message, or the arity violation's. ``direct``:
+    through the binding's state-taking form (a record's fields as a tuple), on an instance
+    whose slot holds the state it checks for."""
     codec = FuncCodec(sig)
     seen: list[Any] = []
 
@@ -177,7 +189,25 @@ def _serve_through(
         seen.append(got)
         return served
 
-    serve = _fused(fn, _lowerer(codec, None), [t for _, t in sig.params], sig.result)
+    def call(state: str, *got: Any) -> Any:
+        assert state == "the state"
+        seen.append(got)
+        if isinstance(sig.result, RecordType) and type(served) is dict:
+            names = [name for name, _ in sig.result.fields]
+            if sorted(served) == sorted(names):
+                return tuple(served[name] for name in names)
+        return served
+
+    ctx = None
+    if direct:
+        ctx = Gate([]).context(wasmtime.Store(get_engine()), seed=[_STATE.of("the state")])
+    serve = _fused(
+        fn,
+        _lowerer(codec, None),
+        [t for _, t in sig.params],
+        sig.result,
+        Direct(_STATE, call) if direct else None,
+    )
     assert serve is not None, sig
     params = codec.lower_params(None, args) if args else None
     slot = _VAL()
@@ -185,7 +215,7 @@ def _serve_through(
         args_ptr = ctypes.addressof(params.array) if params is not None else None
         try:
             serve(
-                None,
+                ctx,
                 store,
                 None,
                 args_ptr,
@@ -246,6 +276,45 @@ def test_a_fused_frame_is_the_codecs(case: tuple[FuncSig, list[Any], Any]) -> No
     refusal."""
     sig, args, served = case
     assert _serve_through(sig, served, args, _CallStore()) == _generic_through(sig, served, args)
+
+
+@given(st.sampled_from(FUSED).flatmap(_fused_case))
+def test_a_fused_frame_through_the_direct_form_is_the_codecs(
+    case: tuple[FuncSig, list[Any], Any],
+) -> None:
+    """The same through a binding's state-taking form (``Direct``): the state found in the
+    instance's slot, a record's fields taken as a tuple, the codec's answers and refusals."""
+    sig, args, served = case
+    assert _serve_through(sig, served, args, _CallStore(), direct=True) == _generic_through(
+        sig, served, args
+    )
+
+
+@pytest.mark.parametrize("sig", FUSED, ids=str)
+def test_a_missing_slot_is_missing_slot(sig: FuncSig) -> None:
+    """A state-taking form whose slot the instance never filled: ``MissingSlot``, as
+    ``ctx.slot`` raises it, before anything is written."""
+    serve = _fused(
+        lambda *_: pytest.fail("not called"),
+        _lowerer(FuncCodec(sig), None),
+        [t for _, t in sig.params],
+        sig.result,
+        Direct(_STATE, lambda *_: pytest.fail("not called")),
+    )
+    assert serve is not None
+    ctx = Gate([]).context(wasmtime.Store(get_engine()))
+    codec = FuncCodec(sig)
+    args = [True] if sig.params and sig.params[0][1] == BOOL else [1] * len(sig.params)
+    params = codec.lower_params(None, args) if args else None
+    slot = _VAL()
+    try:
+        args_ptr = ctypes.addressof(params.array) if params is not None else None
+        with pytest.raises(MissingSlot, match=r"test\.state"):
+            serve(ctx, _CallStore(), None, args_ptr, len(args), ctypes.addressof(slot))
+    finally:
+        if params is not None:
+            codec.free_params(params.array, len(args))
+    assert _slot_kind(slot) == 0
 
 
 @given(
