@@ -1005,11 +1005,11 @@ def _fused_int(
     """An integer from no arguments (a clock's ``now``): its whole slot in one write."""
     slot = direct.slot if direct is not None else None
     call = direct.call if direct is not None else fn
-    lo, hi = _int_range(wt.name)
     kind = _PRIM_KINDS[wt.name]
     code = _PRIM_CODES[wt.name]
     put = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack_into
     memory = _MEMORY
+    struct_error = struct.error
 
     def serve_int(
         ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
@@ -1024,10 +1024,14 @@ def _fused_int(
             except KeyError:
                 state = ctx.slot(slot)
             result = call(state)
-        if type(result) is int and lo <= result <= hi:
-            put(memory, res, kind, result)
-        else:
-            lower(ctx, store, result, res)
+        if type(result) is int:
+            try:
+                # struct checks the range (``lo``..``hi`` exactly: the type's own code)
+                put(memory, res, kind, result)
+                return
+            except struct_error:
+                pass  # out of range: the codec refuses it, by name
+        lower(ctx, store, result, res)
 
     return serve_int
 
@@ -1063,17 +1067,18 @@ def _fused_bytes(
             except KeyError:
                 state = ctx.slot(slot)
             result = call(state, get(memory, args_ptr + at)[0])
-        if type(result) is bytes and len(result) <= most:
-            slots = store.slots
-            if slots is None:
-                slots = store.slots = bytearray(_U8_LIST_SLOTS)
-                store.slots_at = ctypes.addressof(ctypes.c_char.from_buffer(slots))
+        if type(result) is bytes:
             size = len(result)
-            slots[at : size * size_of : size_of] = result
-            list_new(res + at, size, store.slots_at)
-            memory[res] = 13  # the list's kind, written after the list (as the codec)
-        else:
-            lower(ctx, store, result, res)
+            if size <= most:
+                slots = store.slots
+                if slots is None:
+                    slots = store.slots = bytearray(_U8_LIST_SLOTS)
+                    store.slots_at = ctypes.addressof(ctypes.c_char.from_buffer(slots))
+                slots[at : size * size_of : size_of] = result
+                list_new(res + at, size, store.slots_at)
+                memory[res] = 13  # the list's kind, written after the list (as the codec)
+                return
+        lower(ctx, store, result, res)
 
     return serve_bytes
 
