@@ -295,15 +295,21 @@ class GuestContext:
 #   each is shorter than a GIL hand-over;
 # - everything that depends only on the import's type (how each argument is read, how the
 #   result is written, the common results' bytes) is decided once, in ``_compile``;
+# - the instance is found by the address of its store's context, which every import of that
+#   store arrives with (``_BY_ADDRESS``: one dict access, not a ``get_data`` C call);
 # - a call no hook watches runs in one frame per import shape (``_server``: no arguments, one
 #   integer, plain arguments, a method on a borrowed resource), lifting, calling and lowering;
+#   a clock's ``now`` and ``get-random-bytes`` in a fused frame (``_fused``) that also writes
+#   the result itself through ``_MEMORY`` and, given the binding's ``Direct`` form, reads the
+#   provider's slot and takes a record as a tuple (no ``ctx.slot`` frame, no dict);
 # - a record of integers (wasi:clocks' datetime) is one clone of a template lowered once, its
 #   integers then written in place: its field names are C byte vectors that wasmtime frees with
 #   the value, so every result needs its own, and one clone makes them in one C call; a
 #   ``list<u8>`` result is its element slots built in one buffer and copied in one C call.
 # The floor under all this (benchmarks/bench_wasi.py): a bare ctypes callback that only writes a
 # prepared result costs 0.3-0.4 us per import, 0.6 us for a datetime and 1.1 us for 16 random
-# bytes (wasmtime converts a list element by element); the gate adds 0.4-1.1 us to those.
+# bytes (wasmtime converts a list element by element); the gate adds 0.2-0.7 us to those, and
+# mighty's WASI functions with it 0.3 (monotonic now), 0.75 (wall now), 0.8 us (16 random bytes).
 # Rejected: caching the (type, rep) of a resource by the address of its handle box. wasmtime
 # allocates a fresh box per call and reuses freed addresses, so a cache would hand one call's
 # resource to another. Rejected: a value slot kept ready to box an ``Ok`` payload:
