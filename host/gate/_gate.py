@@ -380,7 +380,10 @@ _CONTEXTS: dict[int, weakref.ref[GuestContext]] = {}
 # attached, so a new store at a freed store's address replaces the old entry before its first
 # import; it goes when its context is released or collected (if it is still that context's:
 # the address may be another's by then). An address not found here is looked up by the key in
-# the store's data, as before.
+# the store's data, as before. The one case this cannot tell apart: a store that never had a
+# context made for it (not how mighty uses a gate's linker: an Instance makes one before it
+# instantiates) at the address of a closed store whose context is not yet released would be
+# served as that context; an Instance releases its context right after closing its store.
 _BY_ADDRESS: dict[int, weakref.ref[GuestContext]] = {}
 _NEXT_STORE_KEY = itertools.count(1)
 _contexts_lock = threading.Lock()
