@@ -20,7 +20,9 @@ result (the least the C API allows: one 32-byte slot, one clone of a prepared re
 of prepared list elements); ``gate``: the same imports served by mighty's gate with host
 functions that return constants. Per import = (time of N calls - time of none) / N, CPU time.
 ``floor_ratio`` of the clocks+random probe is what it would be if our imports cost only the
-bare callbacks: (native + the bare cost of its imports) / native.
+bare callbacks: (native + the bare cost of its imports) / native. ``wasi_us``: the same import
+served by mighty's own WASI function (monotonic / wall ``now``, ``get-random-bytes``), and
+``wasi_own_us`` its cost over the bare callback: the gap to the floor per import.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import wasmtime
 from _common import ROOT, median, report, wasm_tools
@@ -44,6 +46,7 @@ from mighty import Component, Instance
 from mighty.abi import U32, U64, FuncCodec, FuncSig, RecordType
 from mighty.build import build_component
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind
+from mighty.wasi import WasiProvider
 
 LINES = 500
 CHURN = 500
@@ -213,6 +216,40 @@ class _Constants:
         pass
 
 
+class _RealWasi:
+    """The floor's imports served by mighty's own WASI functions (the gate's unhooked path
+    with the providers' real work): get-u64 is monotonic-clock ``now``, get-dt wall-clock
+    ``now``, get-bytes ``get-random-bytes``; what each costs over the bare callback is the gap
+    to the floor, per import."""
+
+    _AS: ClassVar[dict[tuple[str, str], str]] = {
+        ("wasi:clocks/monotonic-clock", "now"): "get-u64",
+        ("wasi:clocks/wall-clock", "now"): "get-dt",
+        ("wasi:random/random", "get-random-bytes"): "get-bytes",
+    }
+
+    def __init__(self) -> None:
+        self.wasi = WasiProvider()
+
+    def resources(self) -> Iterable[ResourceKind]:
+        return []
+
+    def bindings(self) -> Iterable[Binding]:
+        out = [Binding("t:floor/host", "nothing", lambda _ctx: None)]
+        for b in self.wasi.bindings():
+            name = self._AS.get((b.interface, b.name))
+            # getattr: a tree from before Binding.direct (the A/B baseline) has none.
+            direct = getattr(b, "direct", None)
+            if name is not None and direct is None:
+                out.append(Binding("t:floor/host", name, b.fn))
+            elif name is not None:
+                out.append(Binding("t:floor/host", name, b.fn, direct))
+        return out
+
+    def setup(self, ctx: GuestContext) -> None:
+        self.wasi.setup(ctx)
+
+
 def _per_call(loop: Callable[[int], object], calls: int, rounds: int = 9) -> float:
     """CPU microseconds per import: (N calls - 0 calls) / N, median over rounds."""
     out = []
@@ -233,22 +270,30 @@ def floor_rows() -> tuple[list[dict[str, object]], dict[str, float]]:
     # linker goes, and the ctypes objects must still be there then.
     _KEEP.append(bare)
     ours = Instance(Component.load(wasm), gate=Gate([_Constants()]))
+    real = Instance(Component.load(wasm), gate=Gate([_RealWasi()]))
     rows: list[dict[str, object]] = []
     bare_us: dict[str, float] = {}
+    served_as = {"u64": "monotonic now", "record": "wall now", "list16": "get-random-bytes(16)"}
     for name in ("nothing", "u64", "record", "list16"):
         bare_loop = bare.loop(name)
         gate_loop: Callable[[int], object] = lambda n, name=name: ours.call(name, n)  # noqa: E731
-        bare_loop(100), gate_loop(100)
+        real_loop: Callable[[int], object] = lambda n, name=name: real.call(name, n)  # noqa: E731
+        bare_loop(100), gate_loop(100), real_loop(100)
         bare_us[name] = bare_cost = _per_call(bare_loop, FLOOR_CALLS)
         gate_cost = _per_call(gate_loop, FLOOR_CALLS)
-        rows.append(
-            {
-                "name": f"floor, import returning {name}",
-                "bare_us": round(bare_cost, 2),
-                "gate_us": round(gate_cost, 2),
-                "gate_own_us": round(gate_cost - bare_cost, 2),
-            }
-        )
+        row: dict[str, object] = {
+            "name": f"floor, import returning {name}",
+            "bare_us": round(bare_cost, 2),
+            "gate_us": round(gate_cost, 2),
+            "gate_own_us": round(gate_cost - bare_cost, 2),
+        }
+        if name in served_as:
+            # The same import served by mighty's WASI function (clocks real, random pooled).
+            real_cost = _per_call(real_loop, FLOOR_CALLS)
+            row["wasi"] = served_as[name]
+            row["wasi_us"] = round(real_cost, 2)
+            row["wasi_own_us"] = round(real_cost - bare_cost, 2)
+        rows.append(row)
     return rows, bare_us
 
 

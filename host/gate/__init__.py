@@ -3,6 +3,7 @@
 from mighty.gate._gate import (
     Binding,
     CallHook,
+    Direct,
     Gate,
     GuestContext,
     GuestExitRequest,
@@ -22,6 +23,7 @@ __all__ = [
     "UNSCOPED",
     "Binding",
     "CallHook",
+    "Direct",
     "Gate",
     "GuestContext",
     "GuestExitRequest",

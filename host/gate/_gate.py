@@ -41,6 +41,7 @@ from mighty._errors import Closed, HostError, MissingImports
 from mighty.abi import (
     BorrowType,
     FuncCodec,
+    FuncSig,
     ListType,
     MapType,
     OptionType,
@@ -62,6 +63,7 @@ from mighty.gate._scope import UNSCOPED, MissingSlot, Scope, Seed, Slot
 __all__ = [
     "Binding",
     "CallHook",
+    "Direct",
     "Gate",
     "GuestContext",
     "GuestExitRequest",
@@ -129,17 +131,35 @@ class Handle:
 
 
 @dataclass(frozen=True, slots=True)
+class Direct:
+    """A host function's state-taking form, for the calls no hook watches.
+
+    ``call(state, *args)``, where ``state`` is what the instance holds in ``slot``, answers
+    exactly what the binding's ``fn(ctx, *args)`` answers, except that a record comes back as
+    the tuple of its fields' values in the WIT's order (no dict to build and read again). The
+    gate uses it where it serves an import in one fused frame (a clock's ``now``,
+    ``get-random-bytes``); hooks always see ``fn``. The simplest way to keep the two equal is
+    to write ``fn`` as ``call(ctx.slot(slot), *args)``.
+    """
+
+    slot: Slot[Any]
+    call: Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Binding:
     """One host function: ``fn(ctx, *args)`` serving ``interface#name``.
 
     ``name`` follows the component model: ``get-stdout``, ``[method]output-stream.write``,
     ``[static]descriptor.x``, ``[constructor]x``. ``interface`` is unversioned; the gate binds it
-    under whatever version a component imports.
+    under whatever version a component imports. ``direct``: the same function taking its
+    provider's state instead of the context (see :class:`Direct`), optional.
     """
 
     interface: str
     name: str
     fn: Callable[..., Any]
+    direct: Direct | None = None
 
 
 class Provider(Protocol):
@@ -190,6 +210,8 @@ class GuestContext:
         """The guest call being served (the budget layer's ``CallScope``); UNSCOPED between."""
         self._slots: dict[Slot[Any], Any] = {}
         self._store_key: int | None = None
+        self._address = 0
+        """The address of the store's context (what each import of this store comes with)."""
         self.failure: BaseException | None = None
         """An exception raised by a host function during the current call, if any."""
         self.exit_code: int | None = None
@@ -273,15 +295,21 @@ class GuestContext:
 #   each is shorter than a GIL hand-over;
 # - everything that depends only on the import's type (how each argument is read, how the
 #   result is written, the common results' bytes) is decided once, in ``_compile``;
+# - the instance is found by the address of its store's context, which every import of that
+#   store arrives with (``_BY_ADDRESS``: one dict access, not a ``get_data`` C call);
 # - a call no hook watches runs in one frame per import shape (``_server``: no arguments, one
 #   integer, plain arguments, a method on a borrowed resource), lifting, calling and lowering;
+#   a clock's ``now`` and ``get-random-bytes`` in a fused frame (``_fused``) that also writes
+#   the result itself through ``_MEMORY`` and, given the binding's ``Direct`` form, reads the
+#   provider's slot and takes a record as a tuple (no ``ctx.slot`` frame, no dict);
 # - a record of integers (wasi:clocks' datetime) is one clone of a template lowered once, its
 #   integers then written in place: its field names are C byte vectors that wasmtime frees with
 #   the value, so every result needs its own, and one clone makes them in one C call; a
 #   ``list<u8>`` result is its element slots built in one buffer and copied in one C call.
 # The floor under all this (benchmarks/bench_wasi.py): a bare ctypes callback that only writes a
 # prepared result costs 0.3-0.4 us per import, 0.6 us for a datetime and 1.1 us for 16 random
-# bytes (wasmtime converts a list element by element); the gate adds 0.4-1.1 us to those.
+# bytes (wasmtime converts a list element by element); the gate adds 0.2-0.7 us to those, and
+# mighty's WASI functions with it 0.3 (monotonic now), 0.75 (wall now), 0.8 us (16 random bytes).
 # Rejected: caching the (type, rep) of a resource by the address of its handle box. wasmtime
 # allocates a fresh box per call and reuses freed addresses, so a cache would hand one call's
 # resource to another. Rejected: a value slot kept ready to box an ``Ok`` payload:
@@ -345,25 +373,46 @@ _SMALL_LIST = 4096
 # A plain dict of weak references (not a WeakValueDictionary) so that the lookup on every
 # import is one dict access and one call, with no Python-level __getitem__.
 _CONTEXTS: dict[int, weakref.ref[GuestContext]] = {}
+# The same references by the address of their store's context, which is the pointer every
+# import of that store arrives with (wasmtime's store context lives as long as its store, and
+# the context of a host call is the store's own): one dict access instead of a C call
+# (``wasmtime_context_get_data``, ~0.1 us) per import. An entry is made when a context is
+# attached, so a new store at a freed store's address replaces the old entry before its first
+# import; it goes when its context is released or collected (if it is still that context's:
+# the address may be another's by then). An address not found here is looked up by the key in
+# the store's data, as before. The one case this cannot tell apart: a store that never had a
+# context made for it (not how mighty uses a gate's linker: an Instance makes one before it
+# instantiates) at the address of a closed store whose context is not yet released would be
+# served as that context; an Instance releases its context right after closing its store.
+_BY_ADDRESS: dict[int, weakref.ref[GuestContext]] = {}
 _NEXT_STORE_KEY = itertools.count(1)
 _contexts_lock = threading.Lock()
 
 
 def _attach(ctx: GuestContext) -> int:
     key = next(_NEXT_STORE_KEY)
+    context = ctx.store._context()
+    address = ctypes.cast(context, _VP).value or 0
 
-    def forget(_ref: object, key: int = key) -> None:
+    def forget(ref: weakref.ref[GuestContext], key: int = key, address: int = address) -> None:
         _CONTEXTS.pop(key, None)
+        if _BY_ADDRESS.get(address) is ref:
+            _BY_ADDRESS.pop(address, None)
 
+    ref = weakref.ref(ctx, forget)
+    ctx._address = address
     with _contexts_lock:
-        _CONTEXTS[key] = weakref.ref(ctx, forget)
-    ffi.wasmtime_context_set_data(ctx.store._context(), key)
+        _CONTEXTS[key] = ref
+        _BY_ADDRESS[address] = ref
+    ffi.wasmtime_context_set_data(context, key)
     return key
 
 
-def _detach(key: int) -> None:
+def _detach(key: int, address: int) -> None:
     with _contexts_lock:
-        _CONTEXTS.pop(key, None)
+        ref = _CONTEXTS.pop(key, None)
+        if ref is not None and _BY_ADDRESS.get(address) is ref:
+            del _BY_ADDRESS[address]
 
 
 def _context_of(context_ptr: Any) -> GuestContext:
@@ -382,10 +431,13 @@ class _CallStore:
     ``ResourceHost.to_any`` and the like), and refuses once the call is over, as wasmtime-py's
     own ``StoreContext`` does."""
 
-    __slots__ = ("host", "host_ref", "ptr")
+    __slots__ = ("host", "host_ref", "ptr", "slots", "slots_at")
 
     def __init__(self) -> None:
         self.ptr: int | None = None
+        # The element slots of this instance's list<u8> results (``_fused``), made when needed.
+        self.slots: bytearray | None = None
+        self.slots_at = 0
         # The out-parameter of resource lookups during this instance's calls (one at a time).
         self.host = _VP()
         self.host_ref = _byref(self.host)
@@ -448,8 +500,11 @@ def _dispatch(
 ) -> int:
     try:
         reg = _REGISTERED[key or 0]
-        # _context_of, inline (one frame fewer on every import).
-        found = _CONTEXTS[_get_data(context_ptr) or 0]()
+        # _context_of, inline (one frame fewer on every import), by the context's address.
+        ref = _BY_ADDRESS.get(context_ptr)  # type: ignore[arg-type]  # an int, not None
+        if ref is None:
+            ref = _CONTEXTS[_get_data(context_ptr) or 0]
+        found = ref()
         if found is None:
             raise KeyError("the instance is gone")
         ctx = found
@@ -669,7 +724,8 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
     reg.lift_objects = lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
     reg.codec = codec
     reg.lower = lower = _lowerer(codec, reg.to_guest)
-    reg.serve = serve = _server(
+    fused = _fused(reg.binding.fn, lower, param_types, codec.sig.result, reg.binding.direct)
+    reg.serve = serve = fused or _server(
         reg.binding.fn, lift_objects, lower, param_types, getters, resolvers, reg.self_kind
     )
     return serve
@@ -887,6 +943,227 @@ def _bytes_lowerer(generic: _Lower) -> _Lower:
         generic(ctx, store, result, results_ptr)
 
     return bytes_list
+
+
+# -- fused frames: the call no hook watches for the commonest shapes of WASI's small imports
+#
+# A clock's ``now`` (no arguments, an integer or a datetime record) and ``get-random-bytes``
+# (an integer argument, a ``list<u8>``) are served each in one frame that reads the argument,
+# calls the host function and writes the result, with no lowerer call in between; a value that
+# is not exactly what the fast write takes goes to the import's lowerer (the codec's checks
+# and errors). Memory is read and written through ``_MEMORY``, a view of the whole address
+# space: ``struct.pack_into``/``unpack_from`` at an absolute address cost half of making a
+# ctypes object at that address and setting its value (what ``from_address`` does, and no
+# less safe: both reach any address they are given).
+_MEMORY = memoryview((ctypes.c_char * (1 << 62)).from_address(0)).cast("B")
+_ADDRESS_AT = struct.Struct("<Q").unpack_from
+_READ_CODES = {**_PRIM_CODES, "bool": "?"}
+# A list<u8> result of up to this many bytes is built in the instance's own slots buffer
+# (``_CallStore.slots``, made at the first such result): its element slots are written once and
+# only their payload bytes change, so a result is one extended-slice write and one C call.
+_SLOTS_LIST = 256
+_U8_LIST_SLOTS = _U8_SLOTS[: _SLOTS_LIST * _VAL_SIZE]
+_vallist_new_at = _raw("wasmtime_component_vallist_new", None, _VP, ctypes.c_size_t, _VP, gil=True)
+
+
+def _fused(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    param_types: Sequence[WitType],
+    wt: WitType | None,
+    direct: Direct | None = None,
+) -> _Serve | None:
+    """The one-frame serve of ``fn`` for an import of these types, or None (no fused shape).
+
+    With ``direct`` the frame finds the provider's state itself and calls ``direct.call`` on
+    it (no ``ctx.slot`` frame; a record as a tuple, no dict); a missing slot is the
+    :class:`MissingSlot` that ``ctx.slot`` raises."""
+    nparams = len(param_types)
+    first = param_types[0] if param_types else None
+
+    def arity(nargs: int) -> None:
+        raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+
+    if nparams == 0 and isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
+        return _fused_int(fn, lower, wt, arity, direct)
+    if (
+        nparams == 0
+        and isinstance(wt, RecordType)
+        and len(wt.fields) == 2
+        and all(isinstance(t, PrimitiveType) and t.name in _PRIM_KINDS for _, t in wt.fields)
+    ):
+        return _fused_pair(fn, lower, wt, arity, direct)
+    if (
+        nparams == 1
+        and isinstance(first, PrimitiveType)
+        and first.name in _READ_CODES
+        and isinstance(wt, ListType)
+        and wt.element == PrimitiveType("u8")
+    ):
+        return _fused_bytes(fn, lower, first, arity, direct)
+    return None
+
+
+def _fused_int(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    wt: PrimitiveType,
+    arity: Callable[[int], None],
+    direct: Direct | None,
+) -> _Serve:
+    """An integer from no arguments (a clock's ``now``): its whole slot in one write."""
+    slot = direct.slot if direct is not None else None
+    call = direct.call if direct is not None else fn
+    kind = _PRIM_KINDS[wt.name]
+    code = _PRIM_CODES[wt.name]
+    put = struct.Struct(f"<B7x{code}{_VAL_SIZE - 8 - struct.calcsize(code)}x").pack_into
+    memory = _MEMORY
+    struct_error = struct.error
+
+    def serve_int(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs:
+            arity(nargs)
+        if slot is None:
+            result = fn(ctx)
+        else:
+            try:
+                state = ctx._slots[slot]
+            except KeyError:
+                state = ctx.slot(slot)
+            result = call(state)
+        if type(result) is int:
+            try:
+                # struct checks the range (``lo``..``hi`` exactly: the type's own code)
+                put(memory, res, kind, result)
+                return
+            except struct_error:
+                pass  # out of range: the codec refuses it, by name
+        lower(ctx, store, result, res)
+
+    return serve_int
+
+
+def _fused_bytes(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    param: PrimitiveType,
+    arity: Callable[[int], None],
+    direct: Direct | None,
+) -> _Serve:
+    """A ``list<u8>`` from one integer (``get-random-bytes``): the argument read in place, the
+    result's element slots written into the instance's slots buffer and copied by one C call."""
+    slot = direct.slot if direct is not None else None
+    call = direct.call if direct is not None else fn
+    get = struct.Struct("<" + _READ_CODES[param.name]).unpack_from
+    memory = _MEMORY
+    at = _PAYLOAD
+    size_of = _VAL_SIZE
+    most = _SLOTS_LIST
+    list_new = _vallist_new_at
+
+    def serve_bytes(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs != 1:
+            arity(nargs)
+        if slot is None:
+            result = fn(ctx, get(memory, args_ptr + at)[0])
+        else:
+            try:
+                state = ctx._slots[slot]
+            except KeyError:
+                state = ctx.slot(slot)
+            result = call(state, get(memory, args_ptr + at)[0])
+        if type(result) is bytes:
+            size = len(result)
+            if size <= most:
+                slots = store.slots
+                if slots is None:
+                    slots = store.slots = bytearray(_U8_LIST_SLOTS)
+                    store.slots_at = ctypes.addressof(ctypes.c_char.from_buffer(slots))
+                slots[at : size * size_of : size_of] = result
+                list_new(res + at, size, store.slots_at)
+                memory[res] = 13  # the list's kind, written after the list (as the codec)
+                return
+        lower(ctx, store, result, res)
+
+    return serve_bytes
+
+
+def _fused_pair(
+    fn: Callable[..., Any],
+    lower: _Lower,
+    wt: RecordType,
+    arity: Callable[[int], None],
+    direct: Direct | None,
+) -> _Serve:
+    """A record of two integers (``wasi:clocks`` ``datetime``) from no arguments: the lowerer's
+    template cloned and both integers written in place, in the serving frame."""
+    template = _Template(FuncCodec(FuncSig((), wt)), {name: 0 for name, _ in wt.fields})
+    source = template.address
+    (name0, t0), (name1, t1) = wt.fields
+    assert isinstance(t0, PrimitiveType)
+    assert isinstance(t1, PrimitiveType)
+    lo0, hi0 = _int_range(t0.name)
+    lo1, hi1 = _int_range(t1.name)
+    put0 = struct.Struct("<" + _PRIM_CODES[t0.name]).pack_into
+    put1 = struct.Struct("<" + _PRIM_CODES[t1.name]).pack_into
+    off0 = _ENTRY_VAL + _PAYLOAD
+    off1 = _ENTRY_SIZE + _ENTRY_VAL + _PAYLOAD
+    memory = _MEMORY
+    data = _RECORD_DATA
+    address_at = _ADDRESS_AT
+    clone = _val_clone
+
+    def serve_pair(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs:
+            arity(nargs)
+        result = fn(ctx)
+        if type(result) is dict and len(result) == 2:
+            v0 = result.get(name0)
+            v1 = result.get(name1)
+            if type(v0) is int and type(v1) is int and lo0 <= v0 <= hi0 and lo1 <= v1 <= hi1:
+                clone(source, res)
+                entries = address_at(memory, res + data)[0]
+                put0(memory, entries + off0, v0)
+                put1(memory, entries + off1, v1)
+                return
+        lower(ctx, store, result, res)
+
+    if direct is not None:
+        slot, call = direct.slot, direct.call
+
+        def serve_pair_direct(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs:
+                arity(nargs)
+            try:
+                state = ctx._slots[slot]
+            except KeyError:
+                state = ctx.slot(slot)
+            result = call(state)
+            if type(result) is tuple and len(result) == 2:
+                v0, v1 = result
+                if type(v0) is int and type(v1) is int and lo0 <= v0 <= hi0 and lo1 <= v1 <= hi1:
+                    clone(source, res)
+                    entries = address_at(memory, res + data)[0]
+                    put0(memory, entries + off0, v0)
+                    put1(memory, entries + off1, v1)
+                    return
+                # What fn would have answered, for the codec to check and refuse.
+                result = {name0: v0, name1: v1}
+            lower(ctx, store, result, res)
+
+        serve_pair_direct.template = template  # type: ignore[attr-defined]  # as below
+        return serve_pair_direct
+
+    serve_pair.template = template  # type: ignore[attr-defined]  # kept as long as the frame
+    return serve_pair
 
 
 def _server(
@@ -1387,7 +1664,7 @@ class Gate:
                 teardown(ctx)
         key, ctx._store_key = ctx._store_key, None
         if key is not None:
-            _detach(key)
+            _detach(key, ctx._address)
 
 
 def _add_func(

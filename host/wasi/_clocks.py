@@ -24,7 +24,7 @@ from typing import Any
 
 import wasmtime
 
-from mighty.gate import Binding, GuestContext, ResourceKind, Slot
+from mighty.gate import Binding, Direct, GuestContext, ResourceKind, Slot
 from mighty.wasi._io import VirtualPollable
 from mighty.wasi._policy import Policy
 from mighty.wasi._streams import POLLABLE, Pollable
@@ -128,6 +128,8 @@ class _ClockState:
     virtual: VirtualClock
     real: bool = False
     """The policy's clock is ``real`` (asked once, not at every reading)."""
+    store: wasmtime.Store | None = None
+    """The instance's store (its fuel moves a virtual clock)."""
 
 
 def _state(ctx: GuestContext) -> _ClockState:
@@ -147,7 +149,7 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
 def _clock_state(ctx: GuestContext, policy: Policy) -> _ClockState:
     state = ctx.find(_STATE)
     if state is None:
-        state = _ClockState(policy, VirtualClock(), real=policy.clock == "real")
+        state = _ClockState(policy, VirtualClock(), real=policy.clock == "real", store=ctx.store)
         ctx.put(_STATE, state)
     return state
 
@@ -176,6 +178,15 @@ def _monotonic_now(ctx: GuestContext) -> int:
     if mode == "fixed":
         return 0
     return state.virtual.tick(ctx.store)
+
+
+def _monotonic_direct(state: _ClockState) -> int:
+    """``_monotonic_now`` on the instance's state (the gate's fused frame calls it)."""
+    if state.real:
+        return _monotonic_ns()
+    if state.policy.clock == "fixed":
+        return 0
+    return state.virtual.tick(state.store)
 
 
 def _monotonic_resolution(ctx: GuestContext) -> int:
@@ -233,6 +244,19 @@ def _wall_now(ctx: GuestContext) -> dict[str, int]:
     return _datetime(state.policy.clock_start + state.virtual.tick(ctx.store))
 
 
+def _wall_direct(state: _ClockState) -> tuple[int, int]:
+    """``_wall_now`` on the instance's state, as (seconds, nanoseconds)."""
+    if state.real:
+        ns = _time_ns()
+        if ns >= 0:
+            return ns // 1_000_000_000, ns % 1_000_000_000
+        return 0, 0
+    if state.policy.clock == "fixed":
+        return divmod(max(0, state.policy.clock_start), 1_000_000_000)
+    ns = state.policy.clock_start + state.virtual.tick(state.store)
+    return divmod(max(0, ns), 1_000_000_000)
+
+
 def _wall_resolution(ctx: GuestContext) -> dict[str, int]:
     return _datetime(_monotonic_resolution(ctx))
 
@@ -242,10 +266,10 @@ def bindings() -> list[Binding]:
     mono = "wasi:clocks/monotonic-clock"
     wall = "wasi:clocks/wall-clock"
     return [
-        Binding(mono, "now", _monotonic_now),
+        Binding(mono, "now", _monotonic_now, Direct(_STATE, _monotonic_direct)),
         Binding(mono, "resolution", _monotonic_resolution),
         Binding(mono, "subscribe-instant", _subscribe_instant),
         Binding(mono, "subscribe-duration", _subscribe_duration),
-        Binding(wall, "now", _wall_now),
+        Binding(wall, "now", _wall_now, Direct(_STATE, _wall_direct)),
         Binding(wall, "resolution", _wall_resolution),
     ]

@@ -26,7 +26,7 @@ import os
 import weakref
 from dataclasses import dataclass, field
 
-from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Slot
+from mighty.gate import Binding, Direct, GuestContext, GuestViolation, ResourceKind, Slot
 from mighty.wasi._policy import Policy
 
 __all__ = ["POOL_DIRECT", "POOL_SIZE", "RandomTooLong", "bindings", "resources", "setup"]
@@ -136,6 +136,23 @@ def _bytes(ctx: GuestContext, length: int) -> bytes:
     return state.take(length)
 
 
+def _bytes_direct(state: _RandomState, length: int) -> bytes:
+    """``_bytes`` on the instance's state (the gate's fused frame calls it)."""
+    if length <= state.pooled:
+        pos = state.pos
+        end = pos + length
+        if end <= len(state.pool):
+            state.pos = end
+            return state.pool[pos:end]
+        return state.fresh(length)
+    return state.take(length)
+
+
+def _u64_direct(state: _RandomState) -> int:
+    """``_u64`` on the instance's state."""
+    return int.from_bytes(state.fresh(8) if state.pooled >= 8 else state.take(8), "little")
+
+
 def _u64(ctx: GuestContext) -> int:
     state = ctx.slot(_STATE)
     return int.from_bytes(state.fresh(8) if state.pooled >= 8 else state.take(8), "little")
@@ -145,12 +162,16 @@ def _insecure_seed(ctx: GuestContext) -> tuple[int, int]:
     return _state(ctx).seed_pair()
 
 
+_BYTES = Direct(_STATE, _bytes_direct)
+_U64 = Direct(_STATE, _u64_direct)
+
+
 def bindings() -> list[Binding]:
     """Every function of wasi:random/random, insecure and insecure-seed 0.2."""
     return [
-        Binding("wasi:random/random", "get-random-bytes", _bytes),
-        Binding("wasi:random/random", "get-random-u64", _u64),
-        Binding("wasi:random/insecure", "get-insecure-random-bytes", _bytes),
-        Binding("wasi:random/insecure", "get-insecure-random-u64", _u64),
+        Binding("wasi:random/random", "get-random-bytes", _bytes, _BYTES),
+        Binding("wasi:random/random", "get-random-u64", _u64, _U64),
+        Binding("wasi:random/insecure", "get-insecure-random-bytes", _bytes, _BYTES),
+        Binding("wasi:random/insecure", "get-insecure-random-u64", _u64, _U64),
         Binding("wasi:random/insecure-seed", "insecure-seed", _insecure_seed),
     ]

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
+import wasmtime
 
 from mighty import (
     Budget,
@@ -20,6 +21,7 @@ from mighty import (
     MissingImports,
 )
 from mighty.budget import CallScope
+from mighty.engine import get_engine
 from mighty.gate import (
     UNSCOPED,
     Binding,
@@ -32,6 +34,7 @@ from mighty.gate import (
     Slot,
     request_exit,
 )
+from mighty.gate._gate import _BY_ADDRESS
 
 _API_STATE: Slot[str] = Slot("api")
 
@@ -282,3 +285,33 @@ def test_forged_handles_trap_before_reaching_the_host(
     assert "one" not in calls
     with Instance(component, gate=gate) as fresh:
         assert fresh.call("pair", 1, 2) == 1002
+
+
+def test_a_store_where_a_closed_one_was_is_served_as_its_own(
+    component: Component, gate: Gate
+) -> None:
+    """Imports find their instance by the address of its store's context: a new store at the
+    address of a closed one whose context is not released yet is served with its own context,
+    and releasing the old context then does not forget the new one."""
+    engine = get_engine()
+    linker = gate.linker_for(engine, component.imports, "test")
+    reused = 0
+    for _ in range(10):
+        old_store = wasmtime.Store(engine)
+        old = gate.context(old_store)
+        old_store.close()
+        new_store = wasmtime.Store(engine)
+        new_store.set_fuel(10**9)
+        new_store.set_epoch_deadline(10**9)
+        new = gate.context(new_store)
+        reused += new._address == old._address
+        act = linker.instantiate(new_store, component.wasm).get_func(new_store, "act")
+        assert act is not None
+        assert act(new_store, 4) == 40
+        gate.release(old)
+        assert _BY_ADDRESS[new._address]() is new  # still found without a C call
+        assert act(new_store, 5) == 50
+        assert (old.calls, new.calls) == (0, 2)
+        new_store.close()
+        gate.release(new)
+    assert reused  # the allocator gave a freed store's address to a new one
