@@ -369,13 +369,10 @@ class TraceWriter:
         old, and goes out with the buffer as any other record does. Only the recorder's import
         records come this way: one ``deque.append`` instead of a lock and a buffer check on the
         guest's path."""
-        head = _PACK_II(len(payload), _crc32(payload))
-        self._queue_frame(head + _PACK_I(_crc32(head)) + payload)
-
-    def _queue_frame(self, frame: bytes) -> None:
-        """``_queue`` for a record the caller framed (``_frame`` of its payload)."""
         if self._failed is not None or self._file is None:
             self._check_open()
+        head = _PACK_II(len(payload), _crc32(payload))
+        frame = head + _PACK_I(_crc32(head)) + payload
         queued = self._queued
         now = _monotonic()
         if not queued:

@@ -72,8 +72,10 @@ _K_S, _K_IF, _K_FN, _K_ARGS = text("s"), text("if"), text("fn"), text("args")
 _K_RES, _K_OUT, _K_FUEL, _K_A = text("res"), text("out"), text("fuel"), text("a")
 _ARRAY, _BYTES, _UINT, head_of = ARRAY_HEADS, BYTES_HEADS, UINTS, head
 _HANDLES_KEPT = 4096
-_U32 = 0xFFFFFFFF
+_T_OK_NONE = emit(Ok(None))
+_U32, _U64 = 0xFFFFFFFF, 2**64 - 1
 _B4 = struct.Struct(">BI").pack
+_B2 = struct.Struct(">BH").pack
 
 
 def _fuel_failed(error: int) -> int:
@@ -386,13 +388,20 @@ class InstanceRecording:
                     self._point_at(context_ptr)
                 error = get_fuel(self._cptr, left_ref)
                 fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
-                rb = emit_result(result, blob_min)
+                if type(result) is int and 0 <= result <= _U64:
+                    rb: bytes | None = uint(result)  # a clock's instant
+                else:
+                    rb = emit_result(result, blob_min)
                 if rb is not None:
                     queue(
                         join(
                             (
                                 head,
-                                _UINT[step] if step < 256 else uint(step),
+                                _UINT[step]
+                                if step < 256
+                                else _B2(25, step)
+                                if step < 65536
+                                else uint(step),
                                 mid_res,
                                 rb,
                                 ok,
@@ -458,13 +467,20 @@ class InstanceRecording:
                     self._point_at(context_ptr)
                 error = get_fuel(self._cptr, left_ref)
                 fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
-                rb = emit_result(result, blob_min)
+                if type(result) is Ok and result.value is None:
+                    rb: bytes | None = _T_OK_NONE  # a stream's flush
+                else:
+                    rb = emit_result(result, blob_min)
                 if rb is not None:
                     queue(
                         join(
                             (
                                 head,
-                                _UINT[step] if step < 256 else uint(step),
+                                _UINT[step]
+                                if step < 256
+                                else _B2(25, step)
+                                if step < 65536
+                                else uint(step),
                                 middles.get(rep) or middle(rep),
                                 rb,
                                 ok,
@@ -489,12 +505,19 @@ class InstanceRecording:
                 ab: bytes | None = (_BYTES[size] if size < 256 else head_of(2, size)) + arg
             else:
                 ab = emit_item(arg, blob_min)
-            rb = emit_result(result, blob_min)
+            if type(result) is Ok and result.value is None:
+                rb: bytes | None = _T_OK_NONE  # a stream's write
+            else:
+                rb = emit_result(result, blob_min)
             if ab is not None and rb is not None:
                 payload = join(
                     (
                         head,
-                        _UINT[step] if step < 256 else uint(step),
+                        _UINT[step]
+                        if step < 256
+                        else _B2(25, step)
+                        if step < 65536
+                        else uint(step),
                         middles.get(rep) or middle(rep),
                         ab,
                         _K_RES,
