@@ -370,7 +370,7 @@ class InstanceRecording:
         self._ptr = context_ptr
         self._cptr = ctypes.c_void_p(context_ptr)
 
-    def _tap_plain(self, binding: Binding, nparams: int, mid: bytes) -> Callable[..., None]:
+    def _tap_plain(self, binding: Binding, nparams: int, mid: bytes) -> Callable[..., None]:  # noqa: PLR0915 - one tap per import shape
         writer = self._writer
         blob_min = writer._blob_min
         head, ok, tail = self._head, self._ok, self._tail
@@ -414,6 +414,44 @@ class InstanceRecording:
                 record(step, binding, (), result, "ok", fuel)
 
             return tap_none
+
+        if nparams == 1:
+
+            def tap_one(context_ptr: int, result: Any, arg: Any) -> None:
+                self.step = step = self.step + 1
+                if context_ptr != self._ptr:
+                    self._point_at(context_ptr)
+                error = get_fuel(self._cptr, left_ref)
+                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                if type(arg) is int and 0 <= arg < 256:
+                    ab: bytes | None = _UINT[arg]  # get-random-bytes' length
+                else:
+                    ab = emit_item(arg, blob_min)
+                rb = emit_result(result, blob_min)
+                if ab is not None and rb is not None:
+                    payload = join(
+                        (
+                            head,
+                            _UINT[step]
+                            if step < 256
+                            else _B2(25, step)
+                            if step < 65536
+                            else uint(step),
+                            mid,
+                            ab,
+                            _K_RES,
+                            rb,
+                            ok,
+                            _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                            tail,
+                        )
+                    )
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
+                record(step, binding, [arg], result, "ok", fuel)
+
+            return tap_one
 
         def tap(context_ptr: int, result: Any, *args: Any) -> None:
             self.step = step = self.step + 1
