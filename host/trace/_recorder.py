@@ -393,24 +393,24 @@ class InstanceRecording:
                 else:
                     rb = emit_result(result, blob_min)
                 if rb is not None:
-                    queue(
-                        join(
-                            (
-                                head,
-                                _UINT[step]
-                                if step < 256
-                                else _B2(25, step)
-                                if step < 65536
-                                else uint(step),
-                                mid_res,
-                                rb,
-                                ok,
-                                _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
-                                tail,
-                            )
+                    payload = join(
+                        (
+                            head,
+                            _UINT[step]
+                            if step < 256
+                            else _B2(25, step)
+                            if step < 65536
+                            else uint(step),
+                            mid_res,
+                            rb,
+                            ok,
+                            _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                            tail,
                         )
                     )
-                    return
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
                 record(step, binding, (), result, "ok", fuel)
 
             return tap_none
@@ -474,7 +474,7 @@ class InstanceRecording:
 
         return tap
 
-    def _tap_method(
+    def _tap_method(  # noqa: PLR0915 - one tap per import shape
         self, binding: Binding, nparams: int, self_kind: ResourceKind, mid: bytes
     ) -> Callable[..., None]:
         writer = self._writer
@@ -510,24 +510,24 @@ class InstanceRecording:
                 else:
                     rb = emit_result(result, blob_min)
                 if rb is not None:
-                    queue(
-                        join(
-                            (
-                                head,
-                                _UINT[step]
-                                if step < 256
-                                else _B2(25, step)
-                                if step < 65536
-                                else uint(step),
-                                middles.get(rep) or middle(rep),
-                                rb,
-                                ok,
-                                _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
-                                tail,
-                            )
+                    payload = join(
+                        (
+                            head,
+                            _UINT[step]
+                            if step < 256
+                            else _B2(25, step)
+                            if step < 65536
+                            else uint(step),
+                            middles.get(rep) or middle(rep),
+                            rb,
+                            ok,
+                            _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                            tail,
                         )
                     )
-                    return
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
                 record(step, binding, [Handle(self_kind, rep)], result, "ok", fuel)
 
             return tap_self

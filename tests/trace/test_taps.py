@@ -18,6 +18,7 @@ from mighty.abi import Err, Ok, Some
 from mighty.gate import Binding, Handle, ResourceKind
 from mighty.trace import HandleRef, Recorder, TraceError, read_trace, replay_trace
 from mighty.trace._emit import emit_result, emit_simple
+from mighty.trace._format import MAX_ITEMS
 from mighty.trace._recorder import InstanceRecording
 from mighty.wasi import Policy
 from tests.trace.test_emit import fast, gate_handles
@@ -175,3 +176,35 @@ def test_the_result_encoding_is_the_simple_one(value: Any, blob_min: int) -> Non
     assert encoded == emit_simple(value, blob_min)
     if encoded is not None:
         assert (encoded, {}) == fast(value, blob_min, handles=True)
+
+
+@pytest.mark.parametrize("kind", [None, STREAM])
+@pytest.mark.parametrize("size", [100_000, MAX_ITEMS + 1])
+def test_a_long_result_is_the_general_paths(
+    tmp_path: Path, probe: Component, fuel_context: tuple[Any, int], kind: Any, size: int
+) -> None:
+    """A result whose record would be over MAX_ITEMS bytes goes the general way, which
+    refuses it (too many items) as it always did; a long one under the bound is queued."""
+    _, context_ptr = fuel_context
+    result = [0] * size
+    outcomes = []
+    for name in ("tap", "oracle"):
+        with Recorder(tmp_path / f"{name}.bin", created=CREATED) as recorder:
+            recording = recorder.attach(probe, {"fuel": 10**7}, None)
+            recording.fuel_limit = 10**7
+            binding = Binding("t:x/api", "long", lambda *_: None)
+            args = [] if kind is None else [7]
+            try:
+                if name == "tap":
+                    tap = recording.tap_import(binding, len(args), kind)
+                    assert tap is not None
+                    tap(context_ptr, result, *args)
+                else:
+                    seen = [] if kind is None else [Handle(kind, 7)]
+                    recording._record_import(1, binding, seen, result, "ok", 10**7 - 10**6)
+                outcomes.append("written")
+            except TraceError as exc:
+                outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] == "written") == (size < MAX_ITEMS)
+    assert (tmp_path / "tap.bin").read_bytes() == (tmp_path / "oracle.bin").read_bytes()
