@@ -8,8 +8,9 @@ and with flush="record" (recorded / plain, target <= 1.25), replay time against 
 run and against recording (whole runs, instantiation included; target replay / unrecorded
 <= 1.5), and trace bytes per import.
 
-The floor of recording: the same run with a hook that watches every import and does nothing
-(the gate's hooked path, which any recorder pays before it records anything).
+The floors of recording: the same run with a hook that watches every import and does nothing
+(the gate's general hooked path), and with one that taps every import and does nothing (the
+gate's tapped frames, which the recorder uses: what it pays before it records anything).
 
 Replay loads the component on a thread while it reads the trace, so its CPU figure is the
 process's (``time.process_time``, every thread), not the calling thread's.
@@ -50,6 +51,9 @@ def main() -> None:
     watched = Instance(component, record=_Watching())
     watched_t = median(samples(lambda: work(watched), repeat=15, warmup=2))
     watched_cpu = median(cpu_samples(lambda: work(watched), repeat=15, warmup=1))
+    tapped = Instance(component, record=_Tapping())
+    tapped_t = median(samples(lambda: work(tapped), repeat=15, warmup=2))
+    tapped_cpu = median(cpu_samples(lambda: work(tapped), repeat=15, warmup=1))
 
     traces: list[Path] = []
     recorded_ts = {}
@@ -111,6 +115,12 @@ def main() -> None:
                 "cpu_ratio": round(watched_cpu / plain_cpu, 2),
             },
             {
+                "name": "floor: a hook that taps and does nothing / plain",
+                "ratio": round(tapped_t / plain_t, 2),
+                "extra_us_per_import": round((tapped_t - plain_t) / imports * 1e6, 2),
+                "cpu_ratio": round(tapped_cpu / plain_cpu, 2),
+            },
+            {
                 "name": "replay / unrecorded (whole run incl. load + instantiate)",
                 "ratio": round(replay_t / plain_once, 2),
                 "replay_ms": round(replay_t * 1e3, 2),
@@ -157,6 +167,18 @@ class _Watching:
 
     def close(self, *args: Any) -> None:
         return None
+
+
+class _Tapping(_Watching):
+    """A recording that taps every import the gate lets it and records nothing: the gate's
+    tapped frames (what the recorder pays before its tap encodes anything)."""
+
+    def tap_import(self, *args: Any) -> Callable[..., None]:
+        return _ignore
+
+
+def _ignore(*args: Any) -> None:
+    return None
 
 
 def _process_cpu(fn: Callable[[], object], *, repeat: int) -> list[float]:

@@ -186,6 +186,17 @@ class CallHook(Protocol):
     failed)``: when it is the only hook, the gate runs the implementation itself and then calls
     that with the result (``failed`` False) or with the exception it raised (``failed`` True,
     raised again after). It must do what ``__call__`` would have done around ``call()``.
+
+    Such a hook may also define ``tap_import(binding, nparams, self_kind)``, asked once per
+    instance and import when the hook is the only one: it returns None, or a *tap* that the
+    gate calls instead of ``watch_import`` after each call of that import that returned
+    (a failed one still goes to ``watch_import``), as ``tap(context_ptr, result, *args)``:
+    ``context_ptr`` is the raw store context of the call (an int), ``args`` the arguments as
+    ``watch_import`` would see them, except that for a method on a borrowed resource of
+    ``self_kind`` the first is its rep (an int) instead of a :class:`Handle`. The gate taps
+    only imports of the common shapes (up to two plain arguments; a method with up to one), in
+    one frame that lifts, calls, taps and lowers, with no list or Handle made per call; the
+    other imports go to ``watch_import``.
     """
 
     def __call__(
@@ -225,6 +236,8 @@ class GuestContext:
         self._tables: dict[int, dict[int, Any]] = {}
         self._known_kinds: dict[int, ResourceKind] = {}
         self._next_rep = itertools.count(1)
+        # The hooked call of each import, made on its first call (None: the hook chain).
+        self._frames: dict[_Registered, _Serve | None] = {}
 
     # -- slots: typed per-instance state of the providers -------------------------------------
 
@@ -478,6 +491,9 @@ class _Registered:
     # ``self`` always is (wasmtime checks a handle's type when the guest passes it, and reps
     # are unique across kinds within an instance, so a wrong one would not be found anyway).
     self_kind: ResourceKind | None = None
+    # The parameter types and each one's reader (for the hooked frames).
+    params: Sequence[WitType] = ()
+    getters: Sequence[Callable[[int], Any]] = ()
 
 
 _REGISTERED: dict[int, _Registered] = {}
@@ -524,9 +540,15 @@ def _dispatch(
         if not ctx.hooks:
             serve(ctx, store, context_ptr, args_ptr, nargs, results_ptr)
         else:
-            assert reg.lower is not None
-            result = _run_hooked(reg, ctx, ctx.hooks, context_ptr, args_ptr, nargs)
-            reg.lower(ctx, store, result, results_ptr)
+            frame = ctx._frames.get(reg, _UNMADE)
+            if frame is _UNMADE:
+                frame = _hooked_frame(reg, ctx)
+            if frame is not None:
+                frame(ctx, store, context_ptr, args_ptr, nargs, results_ptr)
+            else:
+                assert reg.lower is not None
+                result = _run_hooked(reg, ctx, ctx.hooks, context_ptr, args_ptr, nargs)
+                reg.lower(ctx, store, result, results_ptr)
         store.ptr = None
         return 0
     except GuestExitRequest as exit_request:
@@ -590,6 +612,209 @@ def _wrap(
     inner: Callable[[], Any],
 ) -> Callable[[], Any]:
     return lambda: hook(ctx, binding, args, inner)
+
+
+_UNMADE: Any = object()
+
+
+def _hooked_frame(reg: _Registered, ctx: GuestContext) -> _Serve | None:
+    """The hooked call of ``reg`` for ``ctx`` (made on its first call, kept in the context):
+    a tapped frame where the only hook taps this import (see ``CallHook``), else None (the
+    hook chain, ``_run_hooked``)."""
+    frame = None
+    hooks = ctx.hooks
+    if len(hooks) == 1:
+        tap_import = getattr(hooks[0], "tap_import", None)
+        watch = getattr(hooks[0], "watch_import", None)
+        if tap_import is not None and watch is not None:
+            frame = _tapped_frame(reg, tap_import, watch)
+    ctx._frames[reg] = frame
+    return frame
+
+
+def _tapped_frame(
+    reg: _Registered, tap_import: Callable[..., Any], watch: Callable[..., None]
+) -> _Serve | None:
+    """The call of an import that one hook taps, in one frame for the shapes ``_server``
+    serves in one (no arguments; one or two plain ones; a method on a borrowed resource with
+    up to one plain argument): the same checks, the implementation, the tap, the lowering. A
+    call that raises goes to ``watch`` with the arguments as Handles, as ``_run_hooked`` does.
+    None for any other shape (and when the hook does not tap this import)."""
+    binding, fn, lower, getters = reg.binding, reg.binding.fn, reg.lower, reg.getters
+    nparams = len(getters)
+    plain = [
+        not isinstance(t, OwnType | BorrowType) and not _mentions_resources(t) for t in reg.params
+    ]
+    self_kind = reg.self_kind
+    method = (
+        self_kind is not None
+        and 1 <= nparams <= 2
+        and isinstance(reg.params[0], BorrowType)
+        and all(plain[1:])
+    )
+    if not method and (nparams > 2 or not all(plain)):
+        return None
+    tap = tap_import(binding, nparams, self_kind if method else None)
+    if tap is None:
+        return None
+    assert lower is not None
+
+    def arity(nargs: int) -> None:
+        raise GuestViolation(f"expected {nparams} arguments, got {nargs}")
+
+    if method:
+        assert self_kind is not None
+        return _tapped_method(binding, fn, lower, getters, self_kind, tap, watch, arity)
+    return _tapped_plain(binding, fn, lower, reg.params, getters, tap, watch, arity)
+
+
+def _tapped_plain(  # noqa: PLR0915 - one frame per import shape, as _server
+    binding: Binding,
+    fn: Callable[..., Any],
+    lower: _Lower,
+    params: Sequence[WitType],
+    getters: Sequence[Callable[[int], Any]],
+    tap: Callable[..., None],
+    watch: Callable[..., None],
+    arity: Callable[[int], None],
+) -> _Serve:
+    """A tapped import of up to two plain arguments (``_tapped_frame``)."""
+    nparams = len(getters)
+    if nparams == 0:
+
+        def tapped_none(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs:
+                arity(nargs)
+            try:
+                result = fn(ctx)
+            except BaseException as exc:
+                watch(ctx, binding, [], exc, True)
+                raise
+            tap(context_ptr, result)
+            lower(ctx, store, result, res)
+
+        return tapped_none
+    if nparams == 1:
+        first = params[0]
+        get0 = getters[0]
+        if isinstance(first, PrimitiveType) and first.name in _INT_AT:
+            # One integer (get-random-bytes' length): read in place, as serve_int does.
+            int_at = _INT_AT[first.name]
+
+            def tapped_int(
+                ctx: GuestContext,
+                store: Any,
+                context_ptr: Any,
+                args_ptr: Any,
+                nargs: int,
+                res: Any,
+            ) -> None:
+                if nargs != 1:
+                    arity(nargs)
+                a0 = int_at(args_ptr + _PAYLOAD).value
+                try:
+                    result = fn(ctx, a0)
+                except BaseException as exc:
+                    watch(ctx, binding, [a0], exc, True)
+                    raise
+                tap(context_ptr, result, a0)
+                lower(ctx, store, result, res)
+
+            return tapped_int
+
+        def tapped_one(
+            ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+        ) -> None:
+            if nargs != 1:
+                arity(nargs)
+            a0 = get0(args_ptr)
+            try:
+                result = fn(ctx, a0)
+            except BaseException as exc:
+                watch(ctx, binding, [a0], exc, True)
+                raise
+            tap(context_ptr, result, a0)
+            lower(ctx, store, result, res)
+
+        return tapped_one
+    get_0, get_1 = getters
+
+    def tapped_two(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs != 2:
+            arity(nargs)
+        a0 = get_0(args_ptr)
+        a1 = get_1(args_ptr + _VAL_SIZE)
+        try:
+            result = fn(ctx, a0, a1)
+        except BaseException as exc:
+            watch(ctx, binding, [a0, a1], exc, True)
+            raise
+        tap(context_ptr, result, a0, a1)
+        lower(ctx, store, result, res)
+
+    return tapped_two
+
+
+def _tapped_method(
+    binding: Binding,
+    fn: Callable[..., Any],
+    lower: _Lower,
+    getters: Sequence[Callable[[int], Any]],
+    self_kind: ResourceKind,
+    tap: Callable[..., None],
+    watch: Callable[..., None],
+    arity: Callable[[int], None],
+) -> _Serve:
+    """A tapped method on a borrowed resource with at most one plain argument: the rep and
+    the object found as ``_method_server`` finds them; the tap gets the rep."""
+    type_id, kind_name = self_kind.type_id, self_kind.name
+    nparams = len(getters)
+    get_arg = getters[1] if nparams == 2 else None
+
+    def tapped_method(
+        ctx: GuestContext, store: Any, context_ptr: Any, args_ptr: Any, nargs: int, res: Any
+    ) -> None:
+        if nargs != nparams:
+            arity(nargs)
+        host = store.host
+        error = _any_to_host(context_ptr, _PTR_AT(args_ptr + _PAYLOAD), store.host_ref)
+        if error:
+            err = ctypes.cast(error, _ERROR_PTR)
+            raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+        try:
+            rep = _host_rep(host)
+        finally:
+            _host_delete(host)
+        if get_arg is None:
+            try:
+                obj = ctx._tables[type_id][rep]
+            except KeyError:
+                raise StaleHandle(f"no live {kind_name} with handle {rep}") from None
+            try:
+                result = fn(ctx, obj)
+            except BaseException as exc:
+                watch(ctx, binding, [Handle(self_kind, rep)], exc, True)
+                raise
+            tap(context_ptr, result, rep)
+        else:
+            a1 = get_arg(args_ptr + _VAL_SIZE)
+            try:
+                obj = ctx._tables[type_id][rep]
+            except KeyError:
+                raise StaleHandle(f"no live {kind_name} with handle {rep}") from None
+            try:
+                result = fn(ctx, obj, a1)
+            except BaseException as exc:
+                watch(ctx, binding, [Handle(self_kind, rep), a1], exc, True)
+                raise
+            tap(context_ptr, result, rep, a1)
+        lower(ctx, store, result, res)
+
+    return tapped_method
 
 
 class GuestExitRequest(Exception):
@@ -723,6 +948,7 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
     reg.lift = lift
     reg.lift_objects = lift_objects = _direct_lifter(param_types, getters, resolvers, reg.self_kind)
     reg.codec = codec
+    reg.params, reg.getters = param_types, getters
     reg.lower = lower = _lowerer(codec, reg.to_guest)
     fused = _fused(reg.binding.fn, lower, param_types, codec.sig.result, reg.binding.direct)
     reg.serve = serve = fused or _server(

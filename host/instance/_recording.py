@@ -18,7 +18,10 @@ __all__ = ["RecordSink", "Recording"]
 
 
 class Recording(CallHook, Protocol):
-    """The recording of one instance: a gate hook for its imports, and its export calls."""
+    """The recording of one instance: a gate hook for its imports, and its export calls.
+
+    As a hook it may also define ``watch_import`` and ``tap_import`` (see ``CallHook``):
+    ``mighty.trace``'s recording does, so the gate serves the imports it taps in one frame."""
 
     fuel_limit: int
 

@@ -49,12 +49,17 @@ from mighty.trace._values import (
 )
 
 __all__ = [
+    "ARRAY_HEADS",
+    "BYTES_HEADS",
+    "UINTS",
     "BlobSink",
     "Refused",
     "canonical_record",
     "emit",
     "emit_args",
     "emit_into",
+    "emit_item",
+    "emit_result",
     "emit_simple",
     "head",
     "text",
@@ -178,6 +183,9 @@ class BlobSink:
 _HANDLES_ON = 1
 _CANONICAL = 2
 _T_OK_NONE = _T_OK + _NONE
+ARRAY_HEADS, BYTES_HEADS, UINTS = _ARRAY, _BYTES, _UINT
+"""The CBOR heads of arrays of up to 31 items and byte strings of up to 255 bytes, and the
+CBOR of the ints 0-255."""
 
 
 def _simple_list(value: list[Any], blob_min: int) -> bytes | None:
@@ -206,7 +214,55 @@ def emit_simple(value: Any, blob_min: int) -> bytes | None:
             return _T_OK_NONE
         part = _simple_item(inner, blob_min)
         return None if part is None else _T_OK + part
+    if t is dict:
+        return _simple_map(value, blob_min)
     return _simple_item(value, blob_min)
+
+
+_T_OK_UINT = [_T_OK + h for h in _UINT]
+
+
+def emit_result(value: Any, blob_min: int) -> bytes | None:
+    """``emit_simple(value, blob_min)`` with the commonest results first: ``Ok`` of nothing or
+    of an int, an int (a clock's instant), ``bytes`` (random bytes, a read)."""
+    t = type(value)
+    if t is Ok:
+        inner = value.value
+        if inner is None:
+            return _T_OK_NONE
+        if type(inner) is int and 0 <= inner <= _CBOR_INT_MAX:
+            return _T_OK_UINT[inner] if inner < 256 else _T_OK + uint(inner)
+    elif t is int:
+        if 0 <= value <= _CBOR_INT_MAX:
+            return _UINT[value] if value < 256 else uint(value)
+    elif t is bytes:
+        n = len(value)
+        if n < blob_min:
+            data: bytes = value
+            return (_BYTES[n] if n < 256 else head(2, n)) + data
+        return None
+    return emit_simple(value, blob_min)
+
+
+def _simple_map(value: dict[Any, Any], blob_min: int) -> bytes | None:
+    """A map of text keys to simple items (a WIT record: a clock's datetime), in its order."""
+    n = len(value)
+    parts = [_MAP[n] if n < 32 else head(5, n)]
+    for key, item in value.items():
+        if type(key) is not str:
+            return None
+        name = _TEXT.get(key)
+        if name is None:
+            try:
+                name = text(key)
+            except UnicodeEncodeError:
+                return None
+        part = _simple_item(item, blob_min)
+        if part is None:
+            return None
+        parts.append(name)
+        parts.append(part)
+    return b"".join(parts)
 
 
 # Each resource kind's handles as CBOR, by rep: the kind by its id, with the kind kept to
@@ -258,6 +314,9 @@ def emit_args(args: Sequence[Any], blob_min: int) -> bytes | None:
 
 
 def _simple_item(v: Any, blob_min: int) -> bytes | None:
+    """``emit(v, blobs, handles=True)`` one level deep in a record for a gate Handle, a
+    HandleRef, a ``bytes`` shorter than ``blob_min``, an int in the CBOR range, a str, None or
+    a bool; None for anything else."""
     t = type(v)
     if t is Handle:
         rep = v.rep
@@ -297,6 +356,9 @@ def _simple_item(v: Any, blob_min: int) -> bytes | None:
     if t is bool:
         return _TRUE if v else _FALSE
     return None
+
+
+emit_item = _simple_item
 
 
 def emit(

@@ -127,6 +127,7 @@ _RESERVED_KINDS = frozenset({"header", "blob"})
 _PACK_II = struct.Struct(">II").pack
 _PACK_I = struct.Struct(">I").pack
 _crc32 = zlib.crc32
+_monotonic = time.monotonic
 
 
 def _frame(payload: bytes) -> bytes:
@@ -363,19 +364,21 @@ class TraceWriter:
     def _queue(self, payload: bytes) -> None:
         """Append one import record already encoded whole, holding no blob-sized byte string
         and at most ``MAX_ITEMS`` bytes, without taking the lock (``flush`` not ``"record"``):
-        it is framed with the next records that touch the buffer, or when the queue holds
-        ``buffer_bytes`` or its oldest record is ``flush_interval`` old, and goes out with the
-        buffer as any other record does. Only the recorder's import records come this way:
-        one ``deque.append`` instead of a lock, a frame and a buffer check on the guest's
-        path."""
+        framed here and queued, it is moved into the buffer by the next records that touch it,
+        or when the queue holds ``buffer_bytes`` or its oldest record is ``flush_interval``
+        old, and goes out with the buffer as any other record does. Only the recorder's import
+        records come this way: one ``deque.append`` instead of a lock and a buffer check on the
+        guest's path."""
         if self._failed is not None or self._file is None:
             self._check_open()
+        head = _PACK_II(len(payload), _crc32(payload))
+        frame = head + _PACK_I(_crc32(head)) + payload
         queued = self._queued
-        now = time.monotonic()
+        now = _monotonic()
         if not queued:
             self._queued_at = now
-        queued.append(payload)
-        self._queued_bytes += len(payload)
+        queued.append(frame)
+        self._queued_bytes += len(frame)
         if self._queued_bytes >= self._buffer_max or now - self._queued_at >= self._interval:
             with self._lock:
                 self._check_open()
@@ -383,22 +386,18 @@ class TraceWriter:
                 self._drain()
 
     def _frame_queued(self) -> None:
-        """Move the queued records into the buffer, framed, in order (under the lock)."""
+        """Move the queued frames into the buffer, in order (under the lock)."""
         queued = self._queued
         buffer = self._buffer
         if not buffer:
             self._oldest = self._queued_at
-        pack2, pack1, crc = _PACK_II, _PACK_I, _crc32
-        added = taken = 0
-        popleft = queued.popleft
+        taken = len(buffer)
+        append, popleft = buffer.append, queued.popleft
         while queued:
-            payload = popleft()
-            head = pack2(len(payload), crc(payload))
-            buffer.append(head + pack1(crc(head)))
-            buffer.append(payload)
-            added += len(payload)
-            taken += 1
-        self._buffered += added + taken * _PREFIX.size
+            append(popleft())
+        taken = len(buffer) - taken
+        # A frame queued meanwhile by another thread may be counted here or the next time.
+        self._buffered += self._queued_bytes
         self._queued_bytes = 0
         self._records += taken
 

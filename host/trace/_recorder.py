@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
@@ -24,8 +25,28 @@ from wasmtime import _ffi as ffi
 
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import SETTINGS, Component
-from mighty.gate import Binding, GuestContext, GuestExitRequest, GuestViolation, Handle
-from mighty.trace._emit import Refused, emit_args, emit_simple, head, text, uint
+from mighty.gate import (
+    Binding,
+    GuestContext,
+    GuestExitRequest,
+    GuestViolation,
+    Handle,
+    ResourceKind,
+)
+from mighty.trace._emit import (
+    ARRAY_HEADS,
+    BYTES_HEADS,
+    UINTS,
+    Refused,
+    emit,
+    emit_args,
+    emit_item,
+    emit_result,
+    emit_simple,
+    head,
+    text,
+    uint,
+)
 from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, MAX_ITEMS, FlushMode, TraceWriter
 from mighty.trace._values import HandleRef
 
@@ -49,6 +70,18 @@ _MAP9, _MAP10 = head(5, 9), head(5, 10)
 _K_IMPORT = text("k") + text("import") + text("i")
 _K_S, _K_IF, _K_FN, _K_ARGS = text("s"), text("if"), text("fn"), text("args")
 _K_RES, _K_OUT, _K_FUEL, _K_A = text("res"), text("out"), text("fuel"), text("a")
+_ARRAY, _BYTES, _UINT, head_of = ARRAY_HEADS, BYTES_HEADS, UINTS, head
+_HANDLES_KEPT = 4096
+_T_OK_NONE = emit(Ok(None))
+_U32, _U64 = 0xFFFFFFFF, 2**64 - 1
+_B4 = struct.Struct(">BI").pack
+_B2 = struct.Struct(">BH").pack
+
+
+def _fuel_failed(error: int) -> int:
+    """-1, the fuel of a record whose reading failed (the error freed)."""
+    ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
+    return -1
 
 
 def default_trace_path(directory: Path | None = None) -> Path:
@@ -309,13 +342,247 @@ class InstanceRecording:
                         return
         self._record_import(step, binding, args, value, "ok", fuel)
 
-    def _record_import(
-        self, step: int, binding: Binding, args: Sequence[Any], result: Any, outcome: str, fuel: int
-    ) -> None:
+    def tap_import(
+        self, binding: Binding, nparams: int, self_kind: ResourceKind | None
+    ) -> Callable[..., None] | None:
+        """The gate's tap of ``binding`` (see ``CallHook``): the record ``watch_import`` makes,
+        byte for byte, from a prefix made here once, the step, the encoded arguments and
+        result and the fuel; anything its one-go encoding does not take goes the general way.
+        """
+        if nparams > 2 or (self_kind is not None and nparams == 0):
+            return None
+        mid = self._mid(binding)[1] + _ARRAY[nparams]
+        if self_kind is not None:
+            return self._tap_method(binding, nparams, self_kind, mid)
+        return self._tap_plain(binding, nparams, mid)
+
+    def _fuel_at(self, context_ptr: int) -> int:
+        """The fuel used since the export call began, read through the call's context (the
+        taps do the same inline)."""
+        if context_ptr != self._ptr:
+            self._point_at(context_ptr)
+        error = _get_fuel_raw(self._cptr, self._left_ref)
+        if error:
+            return _fuel_failed(error)
+        return self.fuel_limit - self._left.value
+
+    def _point_at(self, context_ptr: int) -> None:
+        self._ptr = context_ptr
+        self._cptr = ctypes.c_void_p(context_ptr)
+
+    def _tap_plain(self, binding: Binding, nparams: int, mid: bytes) -> Callable[..., None]:  # noqa: PLR0915 - one tap per import shape
+        writer = self._writer
+        blob_min = writer._blob_min
+        head, ok, tail = self._head, self._ok, self._tail
+        fuel_at, record = self._fuel_at, self._record_import
+        get_fuel, left, left_ref = _get_fuel_raw, self._left, self._left_ref
+        queue = writer._append_payload if writer._mode == "record" else writer._queue
+        join = b"".join
+        mid_res = mid + _K_RES
+
+        if nparams == 0:
+
+            def tap_none(context_ptr: int, result: Any) -> None:
+                self.step = step = self.step + 1
+                if context_ptr != self._ptr:
+                    self._point_at(context_ptr)
+                error = get_fuel(self._cptr, left_ref)
+                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                if type(result) is int and 0 <= result <= _U64:
+                    rb: bytes | None = uint(result)  # a clock's instant
+                else:
+                    rb = emit_result(result, blob_min)
+                if rb is not None:
+                    payload = join(
+                        (
+                            head,
+                            _UINT[step]
+                            if step < 256
+                            else _B2(25, step)
+                            if step < 65536
+                            else uint(step),
+                            mid_res,
+                            rb,
+                            ok,
+                            _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                            tail,
+                        )
+                    )
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
+                record(step, binding, (), result, "ok", fuel)
+
+            return tap_none
+
+        if nparams == 1:
+
+            def tap_one(context_ptr: int, result: Any, arg: Any) -> None:
+                self.step = step = self.step + 1
+                if context_ptr != self._ptr:
+                    self._point_at(context_ptr)
+                error = get_fuel(self._cptr, left_ref)
+                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                if type(arg) is int and 0 <= arg < 256:
+                    ab: bytes | None = _UINT[arg]  # get-random-bytes' length
+                else:
+                    ab = emit_item(arg, blob_min)
+                rb = emit_result(result, blob_min)
+                if ab is not None and rb is not None:
+                    payload = join(
+                        (
+                            head,
+                            _UINT[step]
+                            if step < 256
+                            else _B2(25, step)
+                            if step < 65536
+                            else uint(step),
+                            mid,
+                            ab,
+                            _K_RES,
+                            rb,
+                            ok,
+                            _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                            tail,
+                        )
+                    )
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
+                record(step, binding, [arg], result, "ok", fuel)
+
+            return tap_one
+
+        def tap(context_ptr: int, result: Any, *args: Any) -> None:
+            self.step = step = self.step + 1
+            fuel = fuel_at(context_ptr)
+            rb = emit_result(result, blob_min)
+            if rb is not None:
+                parts = [head, uint(step), mid]
+                for arg in args:
+                    part = emit_item(arg, blob_min)
+                    if part is None:
+                        break
+                    parts.append(part)
+                else:
+                    parts += (_K_RES, rb, ok, uint(fuel), tail)
+                    payload = join(parts)
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
+            record(step, binding, args, result, "ok", fuel)
+
+        return tap
+
+    def _tap_method(  # noqa: PLR0915 - one tap per import shape
+        self, binding: Binding, nparams: int, self_kind: ResourceKind, mid: bytes
+    ) -> Callable[..., None]:
+        writer = self._writer
+        blob_min = writer._blob_min
+        head, ok, tail = self._head, self._ok, self._tail
+        record = self._record_import
+        get_fuel, left, left_ref = _get_fuel_raw, self._left, self._left_ref
+        queue = writer._append_payload if writer._mode == "record" else writer._queue
+        join = b"".join
+        # By rep: the record's bytes from its args key to its result (the handle, then for a
+        # method of no other argument the res key).
+        middles: dict[int, bytes] = {}
+        interface, name = self_kind.interface, self_kind.name
+        after = _K_RES if nparams == 1 else b""
+
+        def middle(rep: int) -> bytes:
+            data = mid + emit(HandleRef(interface, name, rep)) + after
+            if len(middles) >= _HANDLES_KEPT:
+                middles.clear()
+            middles[rep] = data
+            return data
+
+        if nparams == 1:
+
+            def tap_self(context_ptr: int, result: Any, rep: int) -> None:
+                self.step = step = self.step + 1
+                if context_ptr != self._ptr:
+                    self._point_at(context_ptr)
+                error = get_fuel(self._cptr, left_ref)
+                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                if type(result) is Ok and result.value is None:
+                    rb: bytes | None = _T_OK_NONE  # a stream's flush
+                else:
+                    rb = emit_result(result, blob_min)
+                if rb is not None:
+                    payload = join(
+                        (
+                            head,
+                            _UINT[step]
+                            if step < 256
+                            else _B2(25, step)
+                            if step < 65536
+                            else uint(step),
+                            middles.get(rep) or middle(rep),
+                            rb,
+                            ok,
+                            _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                            tail,
+                        )
+                    )
+                    if len(payload) <= MAX_ITEMS:
+                        queue(payload)
+                        return
+                record(step, binding, [Handle(self_kind, rep)], result, "ok", fuel)
+
+            return tap_self
+
+        def tap_self_arg(context_ptr: int, result: Any, rep: int, arg: Any) -> None:
+            self.step = step = self.step + 1
+            if context_ptr != self._ptr:
+                self._point_at(context_ptr)
+            error = get_fuel(self._cptr, left_ref)
+            fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+            if type(arg) is bytes and len(arg) < blob_min:
+                size = len(arg)
+                ab: bytes | None = (_BYTES[size] if size < 256 else head_of(2, size)) + arg
+            else:
+                ab = emit_item(arg, blob_min)
+            if type(result) is Ok and result.value is None:
+                rb: bytes | None = _T_OK_NONE  # a stream's write
+            else:
+                rb = emit_result(result, blob_min)
+            if ab is not None and rb is not None:
+                payload = join(
+                    (
+                        head,
+                        _UINT[step]
+                        if step < 256
+                        else _B2(25, step)
+                        if step < 65536
+                        else uint(step),
+                        middles.get(rep) or middle(rep),
+                        ab,
+                        _K_RES,
+                        rb,
+                        ok,
+                        _B4(26, fuel) if 65536 <= fuel <= _U32 else uint(fuel),
+                        tail,
+                    )
+                )
+                if len(payload) <= MAX_ITEMS:
+                    queue(payload)
+                    return
+            record(step, binding, [Handle(self_kind, rep), arg], result, "ok", fuel)
+
+        return tap_self_arg
+
+    def _mid(self, binding: Binding) -> tuple[Binding, bytes]:
         mid = self._mids.get(id(binding))
         if mid is None or mid[0] is not binding:
             mid = (binding, _K_IF + text(binding.interface) + _K_FN + text(binding.name) + _K_ARGS)
             self._mids[id(binding)] = mid
+        return mid
+
+    def _record_import(
+        self, step: int, binding: Binding, args: Sequence[Any], result: Any, outcome: str, fuel: int
+    ) -> None:
+        mid = self._mid(binding)
         values = list(args)
         writer = self.recorder._writer
         # Most import records hold only handles, short bytes and small ints: encoded here in
