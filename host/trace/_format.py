@@ -53,6 +53,10 @@ Record schema (written by the recorder; this layer only requires "k")::
      "memory_peak": int}
     {"k": "close", "i": id, "stdout": bytes, "stderr": bytes, "digest": hex}
 
+Reading: frames come from a 1 MiB read-ahead (``pread``); an import record in the recorder's
+layout whose call was seen before is read by template (``_template.py``: the same record the
+closed decoder gives, or none), everything else by the closed decoder.
+
 The reader checks framing and encoding only. A record whose content changed but whose checksums
 were fixed up, or frames in another order, read fine: catching those is the replayer's job.
 """
@@ -88,6 +92,7 @@ from mighty.trace._errors import (
     TraceVersionError,
 )
 from mighty.trace._schema import check_record
+from mighty.trace._template import ImportTemplates
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with, value_from_tag
 
 __all__ = [
@@ -122,6 +127,7 @@ _FILE_HEAD = struct.Struct(">8sH")
 _PREFIX = struct.Struct(">III")
 _DIGEST = 32
 _RESERVED_KINDS = frozenset({"header", "blob"})
+_READ_AHEAD = 1 << 20
 
 
 _PACK_II = struct.Struct(">II").pack
@@ -575,6 +581,14 @@ class TraceReader:
         """Records read by the last ``records()`` pass (all there are, once it ends)."""
         self.record_offset = -1
         """Byte offset of the frame of the record ``records()`` yielded last."""
+        self.record_canonical: bytes | None = None
+        """The canonical CBOR of the record ``records()`` yielded last (what the replayer
+        digests), when it was read by template (``_template.py``); else None."""
+        self._templates = ImportTemplates()
+        # Frames are read from one read-ahead buffer (a pread of up to _READ_AHEAD bytes),
+        # not with a seek and a read each: ``_ahead`` holds the file's bytes from ``_ahead_at``.
+        self._ahead = b""
+        self._ahead_at = 0
         try:
             self._file: BinaryIO | None = open(self._path, "rb")  # noqa: SIM115 - closed by close()
         except OSError as exc:
@@ -601,11 +615,21 @@ class TraceReader:
         assert self._file is not None
         return os.fstat(self._file.fileno()).st_size
 
-    def _read_at(self, pos: int, n: int) -> bytes:
+    def _read_at(self, pos: int, n: int, ahead: bool = False) -> bytes:
+        """Up to ``n`` bytes of the file at ``pos`` (fewer at its end), as read now or by the
+        read-ahead of this ``records()`` pass; ``ahead`` (the pass's own reads) reads ahead
+        when the buffer does not hold them (a blob's frame, elsewhere, is read on its own)."""
         if self._file is None:
             raise TraceError(f"trace {self._path} is closed")
-        self._file.seek(pos)
-        return self._file.read(n)
+        at = pos - self._ahead_at
+        buffer = self._ahead
+        if at >= 0 and at + n <= len(buffer):
+            return buffer[at : at + n]
+        if not ahead or n >= _READ_AHEAD:
+            return os.pread(self._file.fileno(), n, pos)
+        self._ahead = buffer = os.pread(self._file.fileno(), _READ_AHEAD, pos)
+        self._ahead_at = pos
+        return buffer[:n]
 
     def _read_header(self) -> tuple[dict[str, Any], int]:
         size = self._size()
@@ -649,12 +673,13 @@ class TraceReader:
         del header["k"]
         return header, end
 
-    def _frame_at(self, pos: int, size: int) -> tuple[bytes, int] | None:
-        """The payload of the frame at ``pos`` and where the next starts; None if cut off."""
+    def _frame_at(self, pos: int, size: int, ahead: bool = False) -> tuple[bytes, int] | None:
+        """The payload of the frame at ``pos`` and where the next starts; None if cut off.
+        ``ahead``: read through the read-ahead buffer (see ``_read_at``)."""
         left = size - pos
         if left < _PREFIX.size:
             return None
-        prefix = self._read_at(pos, _PREFIX.size)
+        prefix = self._read_at(pos, _PREFIX.size, ahead)
         if len(prefix) < _PREFIX.size:
             return None
         length, crc, prefix_crc = _PREFIX.unpack(prefix)
@@ -671,12 +696,32 @@ class TraceReader:
             )
         if length > left - _PREFIX.size:
             return None
-        payload = self._read_at(pos + _PREFIX.size, length)
+        payload = self._read_at(pos + _PREFIX.size, length, ahead)
         if len(payload) < length:
             return None
         if zlib.crc32(payload) != crc:
             raise TraceCorrupt(f"frame at byte {pos}: payload checksum mismatch", offset=pos)
         return payload, pos + _PREFIX.size + length
+
+    def _next_frame(self, pos: int, size: int) -> tuple[bytes, int] | None:
+        """``_frame_at(pos, size, True)``: a whole, well-formed frame the read-ahead holds is
+        taken here; anything else (a refill, a cut-off or damaged frame) by ``_frame_at``,
+        which says what is wrong."""
+        at = pos - self._ahead_at
+        buffer = self._ahead
+        if at >= 0 and at + _PREFIX.size <= len(buffer) and size - pos >= _PREFIX.size:
+            length, crc, prefix_crc = _PREFIX.unpack_from(buffer, at)
+            stop = at + _PREFIX.size + length
+            if (
+                length <= self._max_frame
+                and stop <= len(buffer)
+                and pos + _PREFIX.size + length <= size
+                and _crc32(buffer[at : at + 8]) == prefix_crc
+            ):
+                payload = buffer[at + _PREFIX.size : stop]
+                if _crc32(payload) == crc:
+                    return payload, pos + _PREFIX.size + length
+        return self._frame_at(pos, size, True)
 
     def _zero_tail(self, pos: int, size: int) -> bool:
         chunk = 1 << 20
@@ -737,21 +782,24 @@ class TraceReader:
             )
         return data
 
-    def records(self, *, schema: bool = False) -> Iterator[dict[str, Any]]:
+    def records(self, *, schema: bool = False, canonical: bool = False) -> Iterator[dict[str, Any]]:
         """Every record after the header, in file order, blobs put back in place.
 
         Reads up to the file's size when iteration starts; starting again reads from the top.
         With ``schema``, a record of a kind the recorder writes that breaks its schema is a
         ``TraceInvalid`` at its frame's offset (``_schema.py``); ``record_offset`` is where the
-        record last yielded starts.
+        record last yielded starts. With ``canonical``, ``record_canonical`` is the canonical
+        CBOR of the record last yielded when it was read by template (else None).
         """
         size = self._size()
         pos = self._body
         self.truncated = False
         self.readable_records = 0
         self.readable_bytes = pos
+        self._ahead = b""  # read afresh: the file may have changed since the last pass
+        templates = self._templates
         while pos < size:
-            frame = self._frame_at(pos, size)
+            frame = self._next_frame(pos, size)
             if frame is None:
                 self.truncated = True
                 if self._strict:
@@ -763,7 +811,16 @@ class TraceReader:
                 return
             payload, end = frame
             resolved = self._resolved
-            record = self._decode(payload, pos, self._blob_hook)
+            known = templates.get(payload, canonical)
+            checked = False
+            if known is not None:
+                record, self.record_canonical, checked = known
+            else:
+                record = self._decode(payload, pos, self._blob_hook)
+                self.record_canonical = None
+                if record["k"] == "import" and self._resolved == resolved:
+                    learnt = templates.learn(payload, record, MAX_ITEMS)
+                    self.record_canonical = learnt if canonical else None
             kind = record["k"]
             if kind == "blob":
                 if self._resolved != resolved:
@@ -773,7 +830,7 @@ class TraceReader:
                 self._blob_at.setdefault(bytes.fromhex(record["sha256"]), pos)
             elif kind == "header":
                 raise TraceCorrupt(f"a second header frame at byte {pos}", offset=pos)
-            elif schema:
+            elif schema and not checked:
                 check_record(record, pos)
             self.record_offset = pos
             pos = end

@@ -259,8 +259,16 @@ def _canonical(value: Any) -> bytes:
 class _Replayer:
     """The gate hook answering one instance's imports from its recorded records."""
 
-    def __init__(self, instance: int, observer: Observer | None, counter: list[int]) -> None:
+    def __init__(
+        self,
+        instance: int,
+        observer: Observer | None,
+        counter: list[int],
+        canonical: dict[int, tuple[dict[str, Any], bytes]] | None = None,
+    ) -> None:
         self.instance = instance
+        # Import records' canonical bytes as the reader worked them out, by the record's id.
+        self.canonical = canonical if canonical is not None else {}
         self.observer = observer
         self.counter = counter
         self.expected: deque[dict[str, Any]] = deque()
@@ -277,9 +285,8 @@ class _Replayer:
         args: Sequence[Any],
         call: Callable[[], Any],
     ) -> Any:
-        got_args = _refs(args)
         if not self.expected:
-            got = {"if": binding.interface, "fn": binding.name, "args": got_args}
+            got = {"if": binding.interface, "fn": binding.name, "args": _refs(args)}
             if self.stop_when_empty:
                 raise _StopReplay
             raise NondeterminismError(
@@ -292,11 +299,13 @@ class _Replayer:
             )
         record = self.expected.popleft()
         # The value encoding is lossless, so equal values compare equal; only NaN needs bytes.
+        # ``_same_args`` is ``record["args"] == _refs(args)`` without building the list.
         if not (
-            record["if"] == binding.interface
-            and record["fn"] == binding.name
-            and record["args"] == got_args
+            record["fn"] == binding.name
+            and record["if"] == binding.interface
+            and _same_args(record["args"], args)
         ):
+            got_args = _refs(args)
             want = {"if": record["if"], "fn": record["fn"], "args": record["args"]}
             got = {"if": binding.interface, "fn": binding.name, "args": got_args}
             if want != got and _canonical(want) != _canonical(got):
@@ -310,7 +319,11 @@ class _Replayer:
                     got=got,
                 )
         self.imports += 1
-        fast = canonical_record(record, "@")
+        known = self.canonical.get(id(record))
+        if known is not None and known[0] is record:
+            fast: bytes | None = known[1]
+        else:
+            fast = canonical_record(record, "@")
         self.digest.update(fast if fast is not None else _canonical(_plain(record)))
         result = record["res"]
         if self.observer is not None:
@@ -319,12 +332,12 @@ class _Replayer:
                 record["s"],
                 record["if"],
                 record["fn"],
-                got_args,
+                _refs(args),
                 result,
                 record.get("fuel"),
             )
         if binding.name in _OUTPUT_NAMES:
-            self._track_output(binding.name, got_args, result)
+            self._track_output(binding.name, _refs(args), result)
         outcome = record["out"]
         if outcome != "ok":
             if outcome == "exit":
@@ -334,9 +347,13 @@ class _Replayer:
             if outcome == "host_error":
                 raise _RecordedHostError(str(result))
         t = type(result)
-        if t in _AS_RECORDED or (t is Ok and type(result.value) in _AS_RECORDED):
-            return result  # frozen, and nothing in it to stand in for
-        return _materialize(ctx, record["res"])
+        if (
+            t in _AS_RECORDED
+            or (t is Ok and type(result.value) in _AS_RECORDED)
+            or (t is dict and all(type(v) in _AS_RECORDED for v in result.values()))
+        ):
+            return result  # nothing in it to stand in for (a dict: a WIT record of plain values)
+        return _materialize(ctx, result)
 
     def notify(
         self,
@@ -396,6 +413,34 @@ _AS_RECORDED = frozenset({bytes, int, str, bool, float, type(None)})
 _PLAIN_ARGS = frozenset({bytes, int, str, bool, type(None), float})
 
 
+def _same_args(recorded: Any, args: Sequence[Any]) -> bool:
+    """``recorded == _refs(args)``, as list equality decides it (each pair by identity, then
+    ``==``), for a flat argument list of plain values and Handles; anything else by
+    ``to_refs``."""
+    if type(recorded) is not list or len(recorded) != len(args):
+        return bool(recorded == _refs(args))
+    for want, value in zip(recorded, args, strict=True):
+        t = type(value)
+        if t is Handle:
+            # handle_ref(...) == want: a HandleRef of the same three fields.
+            kind = value.kind
+            if not (
+                type(want) is HandleRef
+                and want.rep == value.rep
+                and want.name == kind.name
+                and want.interface == kind.interface
+            ):
+                return False
+        elif t in _PLAIN_ARGS:
+            if not (want is value or want == value):
+                return False
+        else:
+            got = to_refs(value)
+            if not (want is got or want == got):
+                return False
+    return True
+
+
 def _refs(args: Sequence[Any]) -> list[Any]:
     """``to_refs(list(args))``: a flat argument list of plain values and Handles (what most
     imports take) converted in one loop, anything else by ``to_refs``."""
@@ -421,18 +466,25 @@ def _brief(args: Any) -> str:
 
 
 def _group(
-    reader: TraceReader, first: Callable[[dict[str, Any]], bool] | None = None
+    reader: TraceReader,
+    first: Callable[[dict[str, Any]], bool] | None = None,
+    canonical: dict[int, tuple[dict[str, Any], bytes]] | None = None,
 ) -> dict[int, list[dict[str, Any]]]:
     """Records by instance, each with ``"@"``: its frame's byte offset (for error messages).
 
     ``first`` is shown each instance record as soon as it is read, until it returns True
-    (replay starts loading that instance's component while the rest is read)."""
+    (replay starts loading that instance's component while the rest is read). ``canonical``
+    gets the canonical bytes the reader worked out, with the record, by the record's ``id``
+    (the replayer digests them)."""
     by_instance: dict[int, list[dict[str, Any]]] = {}
-    for record in reader.records(schema=True):
+    records = reader.records(schema=True, canonical=canonical is not None)
+    for record in records:
         instance = record.get("i")
         if type(instance) is int:
             record["@"] = reader.record_offset
             by_instance.setdefault(instance, []).append(record)
+            if canonical is not None and reader.record_canonical is not None:
+                canonical[id(record)] = record, reader.record_canonical
             if first is not None and record["k"] == "instance" and first(record):
                 first = None
     return by_instance
@@ -517,8 +569,9 @@ def replay_trace(
         )
         return True
 
+    canonical: dict[int, tuple[dict[str, Any], bytes]] = {}
     with TraceReader(path) as reader:
-        groups = _group(reader, None if substitute else prefetch)
+        groups = _group(reader, None if substitute else prefetch, canonical)
         truncated = reader.truncated
     if not groups:
         raise TraceInvalid(
@@ -547,7 +600,7 @@ def replay_trace(
             component = prefetched.pop().result()
         else:
             component = _load(head, components, limits, component_dirs, store)
-        replayer = _Replayer(instance_id, observer, counter)
+        replayer = _Replayer(instance_id, observer, counter, canonical)
         report = InstanceReport(instance_id, head["component"])
         steps = deque(records[1:])
         # Imports made while instantiating come before the first call record.

@@ -81,6 +81,29 @@ def test_wat_guest_replays_exactly(wat: Callable[[str], bytes], tmp_path: Path) 
     assert reports[0].instances[0].imports == 8
 
 
+def test_digest_is_the_same_with_records_read_by_template_or_decoded(
+    wat: Callable[[str], bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading by template changes no byte of what replay digests (nor what it replays)."""
+    from mighty.trace import _format
+    from mighty.trace._template import ImportTemplates
+
+    class Never(ImportTemplates):
+        __slots__ = ()
+
+        def get(self, payload: bytes, canonical: bool) -> None:
+            return None
+
+    guest = random_sum(wat, tmp_path, "v1")
+    trace = tmp_path / "t.bin"
+    record(trace, guest, [("run", (40,)), ("run", (30,))])
+    templated = replay_trace(trace)
+    monkeypatch.setattr(_format, "ImportTemplates", Never)
+    decoded = replay_trace(trace)
+    assert templated.to_json() == decoded.to_json()
+    assert templated.instances[0].imports > 40
+
+
 def test_changed_component_reports_first_divergence(
     wat: Callable[[str], bytes], tmp_path: Path
 ) -> None:
