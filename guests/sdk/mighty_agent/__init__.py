@@ -107,15 +107,23 @@ def _raise(err):
     raise cls(getattr(value, "value", "timed out")) from None
 
 
+# Looked up once: each module attribute read costs on every message inside wasm.
+_Message = types.Message
+_dumps = _cbor.dumps
+_loads = _cbor.loads
+_host_ask = host.ask
+_host_self_address = host.self_address
+
+
 def self_address():
     """This agent's address, ``type:pid``."""
-    return host.self_address()
+    return _host_self_address()
 
 
 def send(to, name, body=None):
     """Put message ``name`` with ``body`` in ``to``'s mailbox."""
     try:
-        host.send(to, types.Message(name, _cbor.dumps(body)))
+        host.send(to, _Message(name, _dumps(body)))
     except Err as err:
         _raise(err)
 
@@ -133,10 +141,11 @@ def ask(to, name, body=None, timeout=None):
     else:
         timeout_ms = min(max(int(timeout * 1000), 0), _NO_TIMEOUT_MS)
     try:
-        reply = host.ask(to, types.Message(name, _cbor.dumps(body)), timeout_ms)
+        reply = _host_ask(to, _Message(name, _dumps(body)), timeout_ms)
     except Err as err:
         _raise(err)
-    return _cbor.loads(reply.body) if reply.body else None
+    body = reply.body
+    return _loads(body) if body else None
 
 
 def spawn(agent_type, init=None):
@@ -259,15 +268,14 @@ def export(cls):
             if method is None:
                 raise Err(f"refused: no handler for message {msg.name!r}")
             try:
-                body = _cbor.loads(msg.body) if msg.body else None
-                reply = method(self.agent, body, sender)
-            except AgentError as exc:
-                raise Err(f"{type(exc).__name__}: {exc}") from None
-            except Exception as exc:
+                body = msg.body
+                body = _loads(body) if body else None
+                reply = method(holder[0] if holder else the_agent(), body, sender)
+            except Exception as exc:  # AgentError included: the same text
                 raise Err(f"{type(exc).__name__}: {exc}") from None
             if reply is None:
                 return None
-            return types.Message("reply", _cbor.dumps(reply))
+            return _Message("reply", _dumps(reply))
 
         def snapshot(self):
             state = {field: getattr(self.agent, field) for field in fields}
