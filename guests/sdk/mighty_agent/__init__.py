@@ -113,11 +113,13 @@ _dumps = _cbor.dumps
 _loads = _cbor.loads
 _host_ask = host.ask
 _host_self_address = host.self_address
+_ASKED = _Message("", b"")
+_REPLY = _Message("reply", b"")
 
 
-def self_address():
-    """This agent's address, ``type:pid``."""
-    return _host_self_address()
+# The binding itself (this agent's address, ``type:pid``): a wrapper would be one more Python
+# call on every use.
+self_address = _host_self_address
 
 
 def send(to, name, body=None):
@@ -140,8 +142,14 @@ def ask(to, name, body=None, timeout=None):
         timeout_ms = _NO_TIMEOUT_MS
     else:
         timeout_ms = min(max(int(timeout * 1000), 0), _NO_TIMEOUT_MS)
+    # One message object for every ask: the binding copies it into the call and nothing
+    # keeps it (a guest cannot be re-entered while it waits), and making a dataclass costs
+    # more here than two attribute stores.
+    msg = _ASKED
+    msg.name = name
+    msg.body = _dumps(body)
     try:
-        reply = _host_ask(to, _Message(name, _dumps(body)), timeout_ms)
+        reply = _host_ask(to, msg, timeout_ms)
     except Err as err:
         _raise(err)
     body = reply.body
@@ -240,6 +248,7 @@ def export(cls):
     renames = {info["renamed_from"]: name for name, info in fields.items() if "renamed_from" in info}
 
     holder = []
+    handler_for = handlers.get
 
     def the_agent():
         # componentize-py makes a new WitWorld object for every export call, so the agent
@@ -264,7 +273,7 @@ def export(cls):
                 raise Err(f"{type(exc).__name__}: {exc}") from None
 
         def handle(self, sender, msg):
-            method = handlers.get(msg.name)
+            method = handler_for(msg.name)
             if method is None:
                 raise Err(f"refused: no handler for message {msg.name!r}")
             try:
@@ -275,7 +284,9 @@ def export(cls):
                 raise Err(f"{type(exc).__name__}: {exc}") from None
             if reply is None:
                 return None
-            return _Message("reply", _dumps(reply))
+            message = _REPLY  # as _ASKED in ask: one object, copied out on return
+            message.body = _dumps(reply)
+            return message
 
         def snapshot(self):
             state = {field: getattr(self.agent, field) for field in fields}

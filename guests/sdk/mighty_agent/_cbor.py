@@ -3,11 +3,13 @@
 Covers what message bodies carry: None, bool, int (64-bit and bignum-free), float, str, bytes,
 list/tuple, dict. Decoding is bounded by the input length and a nesting limit.
 
-Every byte here runs in CPython-in-wasm on each message, where a Python call costs about a
-microsecond, so the common items are done inline: heads under 24 (small ints, short strings,
-small lists and maps) without a call, the exact types tested before the generic ``isinstance``
-chain, text keys of maps decoded in the map's own loop. The bytes written and the values and
-errors read are those of the plain recursive codec this replaced (tests/test_properties.py
+Every byte here runs in CPython-in-wasm on each message, where a bytecode costs about a hundred
+wasm instructions (fuel) and a Python call about six hundred, so the common shapes take the
+fewest: a small map of short text keys to small ints and short text is read and written in
+one loop (no call per item, ``while`` rather than ``range``, table lookups rather than chained
+comparisons), heads under 24 inline, the exact types tested before the generic ``isinstance``
+chain, short text encodings kept in a bounded cache. The bytes written and the values and
+errors read are those of the plain recursive codec this replaced (tests/agents/test_sdk_cbor.py
 holds the two together with hypothesis).
 """
 
@@ -26,27 +28,33 @@ _from_bytes = int.from_bytes
 _TEXT = {}
 _TEXT_MAX = 512
 _MAP_HEADS = tuple(bytes((0xA0 | n,)) for n in range(24))
+_UINTS = tuple(bytes((n,)) if n < 24 else bytes((24, n)) for n in range(0x100))
+_TEXT_HEAD = bytes(1 if 0x60 <= n < 0x78 else 0 for n in range(0x100))
 
 
 def dumps(value):
     if type(value) is dict and len(value) < 24:
-        # Most bodies: a small map of short text keys to small ints and short text.
-        out = bytearray(_MAP_HEADS[len(value)])
+        # Most bodies: a small map of short text keys to small ints and short text, joined
+        # from pieces kept ready (each bytecode is about a hundred wasm instructions here).
+        parts = [_MAP_HEADS[len(value)]]
+        append = parts.append
         text = _TEXT
         for key, item in value.items():
             data = text.get(key) if type(key) is str else None
             if data is None:
+                out = bytearray()
                 _encode(key, out, 1)
-            else:
-                out += data
+                data = out
+            append(data)
             kind = type(item)
-            if kind is int and 0 <= item < 24:
-                out.append(item)
-            elif kind is str and (data := text.get(item)) is not None:
-                out += data
-            else:
+            if kind is int and 0 <= item < 0x100:
+                data = _UINTS[item]
+            elif kind is not str or (data := text.get(item)) is None:
+                out = bytearray()
                 _encode(item, out, 1)
-        return bytes(out)
+                data = out
+            append(data)
+        return b"".join(parts)
     out = bytearray()
     _encode(value, out, 0)
     return bytes(out)
@@ -188,10 +196,55 @@ def _encode_other(v, out, depth):
 def loads(data):
     if type(data) is not bytes:
         data = bytes(data)
-    value, end = _decode(data, 0, 0)
-    if end != len(data):
+    size = len(data)
+    n = data[0] - 0xA0 if size else -1
+    if not 0 <= n < 24:
+        value, end = _decode(data, 0, 0)
+        if end != size:
+            raise ValueError("trailing bytes after CBOR value")
+        return value
+    # A map of under 24 entries, the most common body: _map's loop here, as a call and a
+    # returned tuple cost more than the loop's own work for a small body.
+    if n > size - 1:
+        raise ValueError("CBOR map longer than its input")
+    result = {}
+    text_head = _TEXT_HEAD
+    pos = 1
+    while n:
+        n -= 1
+        try:
+            initial = data[pos]
+        except IndexError:
+            initial = 0
+        if text_head[initial]:
+            end = pos + initial - 0x5F
+            if end > size:
+                raise ValueError("truncated CBOR string")
+            key = data[pos + 1 : end].decode()
+            pos = end
+        else:
+            key, pos = _decode(data, pos, 1)
+        try:
+            initial = data[pos]
+        except IndexError:
+            initial = 0xFF
+        if initial < 24:
+            result[key] = initial
+            pos += 1
+        elif text_head[initial]:
+            end = pos + initial - 0x5F
+            if end > size:
+                raise ValueError("truncated CBOR string")
+            result[key] = data[pos + 1 : end].decode()
+            pos = end
+        elif initial == 24 and pos + 2 <= size:
+            result[key] = data[pos + 1]
+            pos += 2
+        else:
+            result[key], pos = _decode(data, pos, 1)
+    if pos != size:
         raise ValueError("trailing bytes after CBOR value")
-    return value
+    return result
 
 
 _SIZES = (1, 2, 4, 8)
@@ -241,35 +294,7 @@ def _decode(data, pos, depth):
     if major == 5:
         if n > size - pos:
             raise ValueError("CBOR map longer than its input")
-        result = {}
-        depth += 1
-        inline = depth <= _MAX_DEPTH
-        for _ in range(n):
-            # A short text key and a small int or short text value in this loop; anything
-            # else by a call (which also raises every error the call would).
-            initial = data[pos] if inline and pos < size else 0
-            if 0x60 <= initial < 0x78:
-                end = pos + initial - 0x5F
-                if end > size:
-                    raise ValueError("truncated CBOR string")
-                key = data[pos + 1 : end].decode()
-                pos = end
-            else:
-                key, pos = _decode(data, pos, depth)
-            initial = data[pos] if inline and pos < size else 0xFF
-            if initial < 24:
-                value = initial
-                pos += 1
-            elif 0x60 <= initial < 0x78:
-                end = pos + initial - 0x5F
-                if end > size:
-                    raise ValueError("truncated CBOR string")
-                value = data[pos + 1 : end].decode()
-                pos = end
-            else:
-                value, pos = _decode(data, pos, depth)
-            result[key] = value
-        return result, pos
+        return _map(data, pos, n, depth + 1)
     if major == 1:
         return -1 - n, pos
     if major == 2:
@@ -289,3 +314,47 @@ def _decode(data, pos, depth):
         return items, pos
     # major 6: tags are ignored; the payload is kept
     return _decode(data, pos, depth + 1)
+
+
+def _map(data, pos, n, depth):
+    """The ``n`` entries of a map from ``pos``, each key and value at ``depth``: a short text
+    key and a small int or short text value in this loop, anything else by ``_decode`` (which
+    raises every error it would)."""
+    if n and depth > _MAX_DEPTH:
+        raise ValueError("CBOR nested too deeply")  # what _decode says of the first key
+    size = len(data)
+    result = {}
+    text_head = _TEXT_HEAD
+    while n:
+        n -= 1
+        try:
+            initial = data[pos]
+        except IndexError:
+            initial = 0
+        if text_head[initial]:
+            end = pos + initial - 0x5F
+            if end > size:
+                raise ValueError("truncated CBOR string")
+            key = data[pos + 1 : end].decode()
+            pos = end
+        else:
+            key, pos = _decode(data, pos, depth)
+        try:
+            initial = data[pos]
+        except IndexError:
+            initial = 0xFF
+        if initial < 24:
+            result[key] = initial
+            pos += 1
+        elif text_head[initial]:
+            end = pos + initial - 0x5F
+            if end > size:
+                raise ValueError("truncated CBOR string")
+            result[key] = data[pos + 1 : end].decode()
+            pos = end
+        elif initial == 24 and pos + 2 <= size:
+            result[key] = data[pos + 1]
+            pos += 2
+        else:
+            result[key], pos = _decode(data, pos, depth)
+    return result, pos
