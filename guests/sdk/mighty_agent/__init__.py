@@ -107,15 +107,25 @@ def _raise(err):
     raise cls(getattr(value, "value", "timed out")) from None
 
 
-def self_address():
-    """This agent's address, ``type:pid``."""
-    return host.self_address()
+# Looked up once: each module attribute read costs on every message inside wasm.
+_Message = types.Message
+_dumps = _cbor.dumps
+_loads = _cbor.loads
+_host_ask = host.ask
+_host_self_address = host.self_address
+_ASKED = _Message("", b"")
+_REPLY = _Message("reply", b"")
+
+
+# The binding itself (this agent's address, ``type:pid``): a wrapper would be one more Python
+# call on every use.
+self_address = _host_self_address
 
 
 def send(to, name, body=None):
     """Put message ``name`` with ``body`` in ``to``'s mailbox."""
     try:
-        host.send(to, types.Message(name, _cbor.dumps(body)))
+        host.send(to, _Message(name, _dumps(body)))
     except Err as err:
         _raise(err)
 
@@ -132,11 +142,18 @@ def ask(to, name, body=None, timeout=None):
         timeout_ms = _NO_TIMEOUT_MS
     else:
         timeout_ms = min(max(int(timeout * 1000), 0), _NO_TIMEOUT_MS)
+    # One message object for every ask: the binding copies it into the call and nothing
+    # keeps it (a guest cannot be re-entered while it waits), and making a dataclass costs
+    # more here than two attribute stores.
+    msg = _ASKED
+    msg.name = name
+    msg.body = _dumps(body)
     try:
-        reply = host.ask(to, types.Message(name, _cbor.dumps(body)), timeout_ms)
+        reply = _host_ask(to, msg, timeout_ms)
     except Err as err:
         _raise(err)
-    return _cbor.loads(reply.body) if reply.body else None
+    body = reply.body
+    return _loads(body) if body else None
 
 
 def spawn(agent_type, init=None):
@@ -231,6 +248,7 @@ def export(cls):
     renames = {info["renamed_from"]: name for name, info in fields.items() if "renamed_from" in info}
 
     holder = []
+    handler_for = handlers.get
 
     def the_agent():
         # componentize-py makes a new WitWorld object for every export call, so the agent
@@ -255,19 +273,20 @@ def export(cls):
                 raise Err(f"{type(exc).__name__}: {exc}") from None
 
         def handle(self, sender, msg):
-            method = handlers.get(msg.name)
+            method = handler_for(msg.name)
             if method is None:
                 raise Err(f"refused: no handler for message {msg.name!r}")
             try:
-                body = _cbor.loads(msg.body) if msg.body else None
-                reply = method(self.agent, body, sender)
-            except AgentError as exc:
-                raise Err(f"{type(exc).__name__}: {exc}") from None
-            except Exception as exc:
+                body = msg.body
+                body = _loads(body) if body else None
+                reply = method(holder[0] if holder else the_agent(), body, sender)
+            except Exception as exc:  # AgentError included: the same text
                 raise Err(f"{type(exc).__name__}: {exc}") from None
             if reply is None:
                 return None
-            return types.Message("reply", _cbor.dumps(reply))
+            message = _REPLY  # as _ASKED in ask: one object, copied out on return
+            message.body = _dumps(reply)
+            return message
 
         def snapshot(self):
             state = {field: getattr(self.agent, field) for field in fields}
