@@ -345,6 +345,12 @@ class _ListCodec(_Codec):
         return [lift(data[i]) for i in range(lst.size)]
 
 
+# A list<u8> up to this long is written and read through a copy of its value array (32 bytes
+# a value, so at most 128 KiB), beyond it through a view over the array.
+_SMALL_BYTES: Final = 4096
+_U8_VALS: Final = (bytes([2]) + bytes(_VAL_SIZE - 1)) * _SMALL_BYTES  # u8 values of 0
+
+
 class _PrimListCodec(_ListCodec):
     """``list<P>`` for bool, integers and floats: strided slices over the value array."""
 
@@ -405,7 +411,13 @@ class _PrimListCodec(_ListCodec):
         n = len(packed)
         lst = dst.of.list
         ffi.wasmtime_component_vallist_new_uninit(_byref(lst), n)
-        if n:
+        if n and n <= _SMALL_BYTES and self.kind == 2:
+            # A short list<u8> (a message body): the values built in a buffer and copied in
+            # one memmove; a view over the list costs more than the copy at this size.
+            buf = bytearray(_U8_VALS[: n * _VAL_SIZE])
+            buf[_PAYLOAD::_VAL_SIZE] = packed
+            _memmove(lst.data, bytes(buf), n * _VAL_SIZE)
+        elif n:
             mv = _view(lst.data, n * _VAL_SIZE)
             mv[0::_VAL_SIZE] = self.kinds * n
             if self.code == "B":
@@ -419,6 +431,8 @@ class _PrimListCodec(_ListCodec):
         n = lst.size
         if not n:
             return b"" if self.kind == 2 else []
+        if self.kind == 2 and n <= _SMALL_BYTES:  # a copy of 32 bytes a value is cheap here
+            return _string_at(lst.data, n * _VAL_SIZE)[_PAYLOAD::_VAL_SIZE]
         mv = _view(lst.data, n * _VAL_SIZE)
         if self.kind == 2:  # list<u8> is bytes
             return mv[_PAYLOAD::_VAL_SIZE].tobytes()
@@ -443,12 +457,35 @@ class _SeqCodec(_Codec):
         self.nameset = frozenset(self.names)
 
 
+_ENTRY_VAL: Final = ffi.wasmtime_component_valrecord_entry_t.val.offset
+_val_clone = ffi.wasmtime_component_val_clone
+_val_at = _VAL.from_address
+
+
 class _RecordCodec(_SeqCodec):
-    __slots__ = ("encoded",)
+    """A record. One whose fields are all strings, primitive lists or primitives is lowered
+    from a template made once (the field names and each field's zero value, which owns no
+    memory): one clone in C, then each field lowered over its placeholder. Building the record
+    field by field costs an allocation, a memset and one C call per name (measured for
+    ``message { name: string, body: list<u8> }``: 2.7 us of 7.7 us; the clone 0.9 us)."""
+
+    __slots__ = ("_template", "encoded", "vals")
 
     def __init__(self, wit: RecordType) -> None:
         super().__init__(wit)
         self.encoded = tuple(n.encode("utf-8") for n in self.names)
+        self._template: Any = None
+        self.vals = tuple(i * _ENTRY_SIZE + _ENTRY_VAL for i in range(len(self.fields)))
+        if self.fields and all(type(f) in _FLAT_FIELDS for f in self.fields):
+            template = _VAL()
+            self._lower_fields(None, [_zero(f) for f in self.fields], template)
+            self._template = template
+
+    def __del__(self, delete: Any = _val_delete, ref: Any = _byref) -> None:
+        template = getattr(self, "_template", None)
+        if template is not None:
+            self._template = None
+            delete(ref(template))
 
     def values(self, v: Any) -> list[Any]:
         if not isinstance(v, Mapping):
@@ -468,6 +505,27 @@ class _RecordCodec(_SeqCodec):
 
     def lower(self, store: Any, v: Any, dst: Any) -> None:
         vals = self.values(v)
+        template = self._template
+        if template is None:
+            self._lower_fields(store, vals, dst)
+            return
+        _val_clone(_byref(template), _byref(dst))
+        rec = dst.of.record
+        base: int = _cast(rec.data, _c_void_p).value  # type: ignore[assignment]  # fields: never NULL
+        i = 0
+        try:
+            for i, c in enumerate(self.fields):
+                # Over the placeholder: the codec writes the whole payload and the kind, and
+                # on failure leaves the placeholder (no memory) as it was.
+                c.lower(store, vals[i], _val_at(base + self.vals[i]))
+        except BaseException as exc:
+            ffi.wasmtime_component_valrecord_delete(_byref(rec))
+            _memmove(_byref(dst), _byref(_ZERO_VAL), _VAL_SIZE)
+            if isinstance(exc, _MismatchError):
+                exc.segs.append(f".{self.names[i]}")
+            raise
+
+    def _lower_fields(self, store: Any, vals: list[Any], dst: Any) -> None:
         n = len(vals)
         rec = dst.of.record
         ffi.wasmtime_component_valrecord_new_uninit(_byref(rec), n)
@@ -773,6 +831,24 @@ class _HandleCodec(_Codec):
     def lift(self, src: Any) -> Any:
         # A copy of the handle box: the tree we read from is freed by its owner afterwards.
         return ResourceAny._from_ptr(ffi.wasmtime_component_resource_any_clone(src.of.resource))
+
+
+# Field codecs whose lowering overwrites a slot's whole payload and whose zero value owns no
+# memory: a record of only these is lowered from a cloned template (see _RecordCodec).
+_FLAT_FIELDS: Final = (_BoolCodec, _IntCodec, _FloatCodec, _CharCodec, _StringCodec, _PrimListCodec)
+
+
+def _zero(codec: _Codec) -> Any:
+    """A flat field codec's zero value (one that owns no memory once lowered)."""
+    if isinstance(codec, _PrimListCodec):
+        return b"" if codec.kind == 2 else []
+    return {
+        _BoolCodec: False,
+        _IntCodec: 0,
+        _FloatCodec: 0.0,
+        _CharCodec: "\0",
+        _StringCodec: "",
+    }[type(codec)]
 
 
 @functools.lru_cache(maxsize=4096)

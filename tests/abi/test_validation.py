@@ -87,6 +87,22 @@ def test_failure_half_way_through_nested_values_frees_and_reports() -> None:
         assert err.path == "cfg.items[50].n"
 
 
+def test_failure_in_a_flat_records_later_field_frees_and_reports() -> None:
+    """A record of only flat fields is lowered from a cloned template: a bad second field
+    after a lowered first one (a string, a list<u8> long and short) frees what was written
+    and names the field; the codec's template stays intact for the next call."""
+    wt = RecordType((("name", STRING), ("body", ListType(U8)), ("n", U8)))
+    for body in (b"x", b"y" * 5000):
+        for _ in range(200):  # a leak or double free would show up as growth or a crash
+            err = lower(wt, {"name": "s" * 100, "body": body, "n": 256}, "msg")
+            assert err.path == "msg.n"
+        err = lower(wt, {"name": "s", "body": "not bytes", "n": 1}, "msg")
+        assert err.path == "msg.body"
+    codec = FuncCodec(FuncSig((("msg", wt),), None))
+    array, n = codec.lower_params(None, [{"name": "ok", "body": b"\x01", "n": 7}])
+    FuncCodec.free_params(array, n)
+
+
 def test_wrong_argument_count_is_an_argument_error() -> None:
     """Passing too many or too few arguments says how many the function takes."""
     codec = FuncCodec(FuncSig((("a", U8), ("b", U8)), None))
