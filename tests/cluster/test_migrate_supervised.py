@@ -38,6 +38,24 @@ def _node(url: str, name: str, counter: Component) -> tuple[Runtime, Node]:
     return runtime, Node(runtime, config(url), name=name).start()
 
 
+def _stopped(runtime: Runtime, address: str) -> bool:
+    try:
+        return not runtime.process(address).alive
+    except AgentError:
+        return True
+
+
+def _moved_child(counter: Component, url: str, made: list[tuple[Runtime, Node]]) -> str:
+    """Nodes a and b (appended to ``made``, which the caller closes), and the address on b of
+    "ctr", a child of a's supervisor moved to b."""
+    made.extend(_node(url, n, counter) for n in ("a", "b"))
+    (a, node_a), (_, node_b) = made
+    assert node_a.wait_for(["b"], 10) and node_b.wait_for(["a"], 10)
+    root = start_tree(a, SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5))
+    node_a.adopt(root)
+    return node_b.localize(node_a.migrate("ctr", "b").new_address)
+
+
 def _count(runtime: Runtime, to: str) -> int:
     try:
         return int(runtime.ask(to, "get", timeout=5)["count"])
@@ -167,26 +185,16 @@ def test_a_moved_childs_crash_report_that_cannot_reach_home_settles_its_queue(
     (no reply within the op timeout), nothing escapes the reporting thread (pytest's
     unhandled-thread-exception warning is an error here), the child is stopped on its node, not
     left half alive, and both nodes leave without an error although the server is gone."""
-    made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
-    (a, node_a), (b, node_b) = made
+    made: list[tuple[Runtime, Node]] = []
     try:
-        assert node_a.wait_for(["b"], 10) and node_b.wait_for(["a"], 10)
-        root = start_tree(a, SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5))
-        node_a.adopt(root)
-        moved = node_a.migrate("ctr", "b").new_address
-        local = node_b.localize(moved)
+        local = _moved_child(counter, nats_server.url, made)
+        b = made[1][0]
         assert b.ask(local, "incr", {"by": 1}, timeout=10) is not None
         nats_server.stop()
         with pytest.raises(AgentError):
             b.ask(local, "work", {"n": 50_000_000}, timeout=60)
 
-        def stopped() -> bool:
-            try:
-                return not b.process(local).alive
-            except AgentError:
-                return True
-
-        _until(stopped, "the crashed child was left running on b", timeout=30)
+        _until(lambda: _stopped(b, local), "the crashed child was left running on b", 30)
         with pytest.raises(AgentError):
             b.ask(local, "get", timeout=5)
     finally:
@@ -201,24 +209,15 @@ def test_a_moved_childs_crash_report_from_a_node_that_left_settles_its_queue(
     """The migrated child's node has left the cluster (its runtime still runs): the crash
     report cannot be sent at all (ClusterError); it must not escape the reporting thread, and
     the child is stopped."""
-    made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
-    (a, node_a), (b, node_b) = made
+    made: list[tuple[Runtime, Node]] = []
     try:
-        assert node_a.wait_for(["b"], 10) and node_b.wait_for(["a"], 10)
-        root = start_tree(a, SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5))
-        node_a.adopt(root)
-        local = node_b.localize(node_a.migrate("ctr", "b").new_address)
+        local = _moved_child(counter, nats_server.url, made)
+        b, node_b = made[1]
         node_b.close()
         with pytest.raises(AgentError):
             b.ask(local, "work", {"n": 50_000_000}, timeout=60)
 
-        def stopped() -> bool:
-            try:
-                return not b.process(local).alive
-            except AgentError:
-                return True
-
-        _until(stopped, "the crashed child was left running on b", timeout=30)
+        _until(lambda: _stopped(b, local), "the crashed child was left running on b", 30)
     finally:
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
