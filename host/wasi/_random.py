@@ -124,21 +124,13 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
 
 
 def _bytes(ctx: GuestContext, length: int) -> bytes:
-    state = ctx.slot(_STATE)
-    if length <= state.pooled:
-        # fresh(), inline while the pool lasts
-        pos = state.pos
-        end = pos + length
-        if end <= len(state.pool):
-            state.pos = end
-            return state.pool[pos:end]
-        return state.fresh(length)
-    return state.take(length)
+    return _bytes_direct(ctx.slot(_STATE), length)
 
 
 def _bytes_direct(state: _RandomState, length: int) -> bytes:
     """``_bytes`` on the instance's state (the gate's fused frame calls it)."""
     if length <= state.pooled:
+        # fresh(), inline while the pool lasts
         pos = state.pos
         end = pos + length
         if end <= len(state.pool):
