@@ -69,11 +69,15 @@ def compile_one(source: Path, output: Path) -> None:
     include = sysconfig.get_paths()["include"]
     command = [*linker, *shared, *CFLAGS, f"-I{include}", str(source), "-o", str(output)]
     output.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603 - our own sources, the interpreter's own compiler
+    hint = "set MIGHTY_PURE_PYTHON=1 to build without the compiled speedups"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603 - our own sources, the interpreter's own compiler
+    except OSError as exc:  # no compiler at all
+        raise RuntimeError(f"compiling {source.name} failed ({hint}): {exc}") from exc
     if done.returncode != 0:
         raise RuntimeError(
-            f"compiling {source.name} failed (set MIGHTY_PURE_PYTHON=1 to build without the "
-            f"compiled speedups):\n$ {shlex.join(command)}\n{done.stdout}{done.stderr}"
+            f"compiling {source.name} failed ({hint}):\n$ {shlex.join(command)}\n"
+            f"{done.stdout}{done.stderr}"
         )
 
 
