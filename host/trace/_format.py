@@ -69,6 +69,7 @@ import datetime as _dt
 import hashlib
 import os
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -91,6 +92,7 @@ from mighty.trace._errors import (
     TraceTruncated,
     TraceVersionError,
 )
+from mighty.trace._native import native, use_native
 from mighty.trace._schema import check_record
 from mighty.trace._template import ImportTemplates
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with, value_from_tag
@@ -211,11 +213,23 @@ class TraceWriter:
         # Import records queued without the lock (``_queue``), framed when the buffer is next
         # touched under it: a deque, whose append and popleft are atomic, so a record queued
         # while another thread frames the queue is taken then or left for the next time.
-        self._queued: deque[bytes] = deque()
+        self._queued: deque[bytes] | native.Queue = deque()
         self._queued_bytes = 0
         self._queued_at = 0.0
         self._buffer_max = buffer_bytes
         self._interval = flush_interval
+        # The compiled form of that queue (_speedups.c), when there is one: the recorder's
+        # compiled taps frame their records straight into it. With flush="record" it drains
+        # after every record (limit 0), as _append_payload writes each at once.
+        self._cq: native.Queue | None = None
+        if use_native():
+            self._queued = self._cq = native.Queue(
+                self._drain_queued,
+                0 if flush == "record" else min(buffer_bytes, sys.maxsize),
+                flush_interval,
+                max(0, min(blob_min, sys.maxsize)),
+                MAX_ITEMS,
+            )
         self._oldest = 0.0
         try:
             self._file: BinaryIO | None = open(self._path, "wb" if overwrite else "xb", buffering=0)  # noqa: SIM115 - closed by close()
@@ -377,24 +391,43 @@ class TraceWriter:
         guest's path."""
         if self._failed is not None or self._file is None:
             self._check_open()
+        if self._cq is not None:
+            self._cq.push(payload)  # framed there; calls _drain_queued when due
+            return
         head = _PACK_II(len(payload), _crc32(payload))
         frame = head + _PACK_I(_crc32(head)) + payload
         queued = self._queued
+        assert type(queued) is deque
         now = _monotonic()
         if not queued:
             self._queued_at = now
         queued.append(frame)
         self._queued_bytes += len(frame)
         if self._queued_bytes >= self._buffer_max or now - self._queued_at >= self._interval:
-            with self._lock:
-                self._check_open()
-                self._frame_queued()
-                self._drain()
+            self._drain_queued()
+
+    def _drain_queued(self) -> None:
+        """The queue is full or old enough: write it out (takes the lock)."""
+        with self._lock:
+            self._check_open()
+            self._frame_queued()
+            self._drain()
 
     def _frame_queued(self) -> None:
         """Move the queued frames into the buffer, in order (under the lock)."""
-        queued = self._queued
         buffer = self._buffer
+        cq = self._cq
+        if cq is not None:
+            if cq:
+                if not buffer:
+                    self._oldest = cq.oldest
+                data, taken = cq.take()
+                buffer.append(data)
+                self._buffered += len(data)
+                self._records += taken
+            return
+        queued = self._queued
+        assert type(queued) is deque
         if not buffer:
             self._oldest = self._queued_at
         taken = len(buffer)
@@ -481,6 +514,8 @@ class TraceWriter:
                 view = view[written:]
         except OSError as exc:
             self._failed = f"a write failed ({exc})"
+            if self._cq is not None:
+                self._cq.close()  # the compiled taps go the general way, which raises
             raise TraceError(f"cannot write trace {self._path}: {exc}") from exc
 
     def _drain(self) -> None:
@@ -497,7 +532,10 @@ class TraceWriter:
     def _flush_by_age(self) -> None:
         while not self._stop.wait(self._interval / 2):
             with self._lock:
-                oldest = self._oldest if self._buffer else self._queued_at
+                if self._buffer:
+                    oldest = self._oldest
+                else:
+                    oldest = self._cq.oldest if self._cq is not None else self._queued_at
                 if (
                     self._file is not None
                     and self._failed is None
@@ -541,6 +579,8 @@ class TraceWriter:
                 raise TraceError(f"cannot sync trace {self._path}: {exc}") from exc
             finally:
                 self._file = None
+                if self._cq is not None:
+                    self._cq.close()
                 f.close()
 
     def __enter__(self) -> TraceWriter:
