@@ -870,14 +870,6 @@ Tap_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObjec
     }
     CoreObject *core = self->core;
     QueueObject *queue = self->queue;
-    if (core->step == LLONG_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "the step counter is exhausted");
-        return NULL;
-    }
-    long long step = ++core->step;
-
-    /* The fuel used since the export call began: fuel_limit - fuel left, -1 when the reading
-     * fails (its error freed), as InstanceRecording._fuel_at. */
     if (!PyLong_CheckExact(args[0])) {
         PyErr_SetString(PyExc_TypeError, "context_ptr must be an int");
         return NULL;
@@ -889,6 +881,14 @@ Tap_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObjec
         }
         return NULL;
     }
+    if (core->step == LLONG_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "the step counter is exhausted");
+        return NULL;
+    }
+    long long step = ++core->step;
+
+    /* The fuel used since the export call began: fuel_limit - fuel left, -1 when the reading
+     * fails (its error freed), as InstanceRecording._fuel_at. */
     uint64_t left = 0, fuel_arg;
     int fuel_neg, fuel_known = 1;
     void *error = core->get_fuel(context, &left);
