@@ -192,7 +192,7 @@ def test_a_tap_after_close_raises_as_the_pure_one(tmp_path: Path, probe: Compone
 
 def test_a_compiled_tap_checks_its_arguments(tmp_path: Path, probe: Component) -> None:
     _kept, context_ptr = _store(True)
-    with Recorder(tmp_path / "t.bin", created=CREATED) as recorder:
+    with pure_python(False), Recorder(tmp_path / "t.bin", created=CREATED) as recorder:
         recording = recorder.attach(probe, {"fuel": 10}, None)
         tap = recording.tap_import(Binding("wasi:io/streams", "w", print), 1, STREAM)
         assert type(tap) is native.Tap
@@ -232,11 +232,14 @@ def test_no_references_are_leaked(tmp_path: Path, probe: Component) -> None:
     _kept, context_ptr = _store(True)
     data, text, result = b"data" * 3, "t\u00e9xt", Ok(None)
     blob = b"b" * 5000  # over the blob threshold: the general path
-    with Recorder(tmp_path / "t.bin", created=CREATED, buffer_bytes=10_000) as recorder:
+    with (
+        pure_python(False),
+        Recorder(tmp_path / "t.bin", created=CREATED, buffer_bytes=10_000) as recorder,
+    ):
         recording = recorder.attach(probe, {"fuel": 10}, None)
         recording.fuel_limit = 10**7
         tap = recording.tap_import(Binding("wasi:io/streams", "w", print), 2, STREAM)
-        assert tap is not None
+        assert type(tap) is native.Tap
         for value in (data, blob):
             tap(context_ptr, result, 1, value)  # warm: text caches, handle bytes
         before = [sys.getrefcount(x) for x in (data, text, result, blob)]
