@@ -146,9 +146,10 @@ out_free(Out *o)
     }
 }
 
-/* Room for n more bytes: 1, or 0 once full or failed (then the record is not used). */
+/* Room for n more bytes past a full buffer: 1, or 0 once full or failed (then the record
+ * is not used). */
 static int
-out_room(Out *o, Py_ssize_t n)
+out_grow(Out *o, Py_ssize_t n)
 {
     if (o->full || o->failed) {
         return 0;
@@ -156,9 +157,6 @@ out_room(Out *o, Py_ssize_t n)
     if (n > o->max - o->len) {
         o->full = 1;
         return 0;
-    }
-    if (n <= o->cap - o->len) {
-        return 1;
     }
     Py_ssize_t need = o->len + n; /* <= max: no overflow */
     Py_ssize_t cap = o->cap;
@@ -185,7 +183,18 @@ out_room(Out *o, Py_ssize_t n)
     return 1;
 }
 
-static void
+/* Room for n more bytes: 1, or 0 once full or failed. `max` never exceeds what fits, so a
+ * buffer with room is never past it. */
+static inline int
+out_room(Out *o, Py_ssize_t n)
+{
+    if (n <= o->cap - o->len && n <= o->max - o->len) {
+        return 1;
+    }
+    return out_grow(o, n);
+}
+
+static inline void
 put(Out *o, const void *data, Py_ssize_t n)
 {
     if (out_room(o, n)) {
@@ -194,7 +203,7 @@ put(Out *o, const void *data, Py_ssize_t n)
     }
 }
 
-static void
+static inline void
 put_byte(Out *o, unsigned char b)
 {
     if (out_room(o, 1)) {
@@ -203,9 +212,13 @@ put_byte(Out *o, unsigned char b)
 }
 
 /* A CBOR head: major type and argument, in the shortest form (_emit.head). */
-static void
+static inline void
 put_head(Out *o, int major, uint64_t n)
 {
+    if (n < 24) {
+        put_byte(o, (unsigned char)((major << 5) | (int)n));
+        return;
+    }
     unsigned char b[9];
     int size;
     unsigned char m = (unsigned char)(major << 5);
@@ -236,7 +249,7 @@ put_head(Out *o, int major, uint64_t n)
     put(o, b, size);
 }
 
-static void
+static inline void
 put_bytes_object(Out *o, PyObject *bytes)
 {
     put(o, PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
