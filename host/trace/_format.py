@@ -388,7 +388,8 @@ class TraceWriter:
         or when the queue holds ``buffer_bytes`` or its oldest record is ``flush_interval``
         old, and goes out with the buffer as any other record does. Only the recorder's import
         records come this way: one ``deque.append`` instead of a lock and a buffer check on the
-        guest's path."""
+        guest's path. With the compiled queue (``_speedups.Queue``) the framing and the checks
+        are its ``push``, and the recorder's compiled taps queue there without Python."""
         if self._failed is not None or self._file is None:
             self._check_open()
         if self._cq is not None:

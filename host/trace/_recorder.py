@@ -389,19 +389,26 @@ class InstanceRecording:
         """The gate's tap of ``binding`` (see ``CallHook``): the record ``watch_import`` makes,
         byte for byte, from a prefix made here once, the step, the encoded arguments and
         result and the fuel; anything its one-go encoding does not take goes the general way.
+        The tap is the compiled one (``_speedups.Tap``, see ``_tap_compiled``) when the writer
+        has the compiled queue, else the pure-Python ``_tap_plain``/``_tap_method``.
         """
         if nparams > 2 or (self_kind is not None and nparams == 0):
             return None
         mid = self._mid(binding)[1] + _ARRAY[nparams]
         core = self._core
-        if type(core) is not _Counters:
+        if not isinstance(core, _Counters):
             return self._tap_compiled(core, binding, nparams, self_kind, mid)
         if self_kind is not None:
             return self._tap_method(binding, nparams, self_kind, mid)
         return self._tap_plain(binding, nparams, mid)
 
     def _tap_compiled(
-        self, core: Any, binding: Binding, nparams: int, self_kind: ResourceKind | None, mid: bytes
+        self,
+        core: native.Core,
+        binding: Binding,
+        nparams: int,
+        self_kind: ResourceKind | None,
+        mid: bytes,
     ) -> Callable[..., None]:
         """The compiled tap (``_speedups.Tap``): the same record as ``_tap_plain`` and
         ``_tap_method`` make, byte for byte; it hands what it does not encode to the general

@@ -37,9 +37,11 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- CRC-32 (zlib's: reflected polynomial 0xEDB88320), slicing by 8 --------------------- */
+/* ---- CRC-32 (zlib's: reflected polynomial 0xEDB88320), slicing by 16 -------------------- */
 
-static uint32_t crc_table[8][256];
+/* crc_table[0] is the classic byte-at-a-time table; crc_table[k][b] is the CRC of byte b
+ * followed by k zero bytes, so 16 (or 8) input bytes are folded in with one lookup each. */
+static uint32_t crc_table[16][256];
 
 static void
 crc_init(void)
@@ -52,27 +54,39 @@ crc_init(void)
         crc_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++) {
-        for (int t = 1; t < 8; t++) {
+        for (int t = 1; t < 16; t++) {
             uint32_t c = crc_table[t - 1][i];
             crc_table[t][i] = (c >> 8) ^ crc_table[0][c & 0xFF];
         }
     }
 }
 
+static inline uint32_t
+le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Four input bytes (as a little-endian word) folded in `k` bytes ahead of the end of a block:
+ * the lookups for their positions k+3 .. k. */
+#define FOLD(w, k)                                                                         \
+    (crc_table[(k) + 3][(w) & 0xFF] ^ crc_table[(k) + 2][((w) >> 8) & 0xFF] ^             \
+     crc_table[(k) + 1][((w) >> 16) & 0xFF] ^ crc_table[(k)][(w) >> 24])
+
 /* zlib.crc32(data, crc): the running CRC-32 `crc` continued over n bytes at p. */
 static uint32_t
 crc32_update(uint32_t crc, const unsigned char *p, size_t n)
 {
     crc = ~crc;
-    while (n >= 8) {
-        uint32_t one = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                              (uint32_t)p[3] << 24);
-        uint32_t two = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
-                       (uint32_t)p[7] << 24;
-        crc = crc_table[7][one & 0xFF] ^ crc_table[6][(one >> 8) & 0xFF] ^
-              crc_table[5][(one >> 16) & 0xFF] ^ crc_table[4][one >> 24] ^
-              crc_table[3][two & 0xFF] ^ crc_table[2][(two >> 8) & 0xFF] ^
-              crc_table[1][(two >> 16) & 0xFF] ^ crc_table[0][two >> 24];
+    while (n >= 16) {
+        uint32_t a = crc ^ le32(p), b = le32(p + 4), c = le32(p + 8), d = le32(p + 12);
+        crc = FOLD(a, 12) ^ FOLD(b, 8) ^ FOLD(c, 4) ^ FOLD(d, 0);
+        p += 16;
+        n -= 16;
+    }
+    if (n >= 8) {
+        uint32_t a = crc ^ le32(p), b = le32(p + 4);
+        crc = FOLD(a, 4) ^ FOLD(b, 0);
         p += 8;
         n -= 8;
     }
