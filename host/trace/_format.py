@@ -130,6 +130,8 @@ _PREFIX = struct.Struct(">III")
 _DIGEST = 32
 _RESERVED_KINDS = frozenset({"header", "blob"})
 _READ_AHEAD = 1 << 20
+_WRITEV_MAX = 64
+"""Most pieces a drain writes with one ``writev`` (more are joined first)."""
 
 
 _PACK_II = struct.Struct(">II").pack
@@ -523,12 +525,33 @@ class TraceWriter:
         """Write out the buffer (under the lock)."""
         if self._queued:
             self._frame_queued()
-        if not self._buffer:
+        buffer = self._buffer
+        if not buffer:
             return
-        data = b"".join(self._buffer)
-        self._buffer.clear()
         self._buffered = 0
+        if 1 < len(buffer) <= _WRITEV_MAX and self._cq is not None:
+            # A queue's frames arrive as one large bytes object with a few records around
+            # it: written as they are, not copied into one first.
+            pieces = buffer[:]
+            buffer.clear()
+            self._write_pieces(pieces)
+            return
+        data = b"".join(buffer)
+        buffer.clear()
         self._write(data)
+
+    def _write_pieces(self, pieces: list[bytes]) -> None:
+        """``_write(b"".join(pieces))`` with one ``writev``."""
+        assert self._file is not None
+        try:
+            written = os.writev(self._file.fileno(), pieces)
+        except OSError as exc:
+            self._failed = f"a write failed ({exc})"
+            if self._cq is not None:
+                self._cq.close()
+            raise TraceError(f"cannot write trace {self._path}: {exc}") from exc
+        if written < sum(len(piece) for piece in pieces):  # a short write: the rest as _write
+            self._write(b"".join(pieces)[written:])
 
     def _flush_by_age(self) -> None:
         while not self._stop.wait(self._interval / 2):

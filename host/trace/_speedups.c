@@ -438,9 +438,11 @@ put_result(Out *o, PyObject *v, Py_ssize_t blob_min, PyObject *ok_type)
 
 typedef struct {
     PyObject_HEAD
-    unsigned char *buf;    /* the framed records, oldest first */
+    PyObject *data;        /* a bytes object the frames are written into, or NULL */
+    unsigned char *buf;    /* its bytes: the framed records, oldest first */
     Py_ssize_t used;
-    Py_ssize_t cap;
+    Py_ssize_t cap;        /* its size */
+    Py_ssize_t next_cap;   /* the size of the next one (the last one's, up to KEEP_BYTES) */
     Py_ssize_t count;      /* how many records `buf` holds */
     double oldest;         /* time.monotonic() when the first of them was queued */
     Py_ssize_t limit;      /* drain() once this many bytes are queued */
@@ -453,7 +455,7 @@ typedef struct {
 
 static PyTypeObject Queue_Type;
 
-#define KEEP_BYTES (1 << 20) /* a buffer larger than this is freed when taken */
+#define KEEP_BYTES (1 << 20) /* a new buffer starts at most this large */
 
 /* Room for n more bytes at the end of the queue: where they go, or NULL with MemoryError
  * set. No Python code runs. */
@@ -466,15 +468,24 @@ queue_room(QueueObject *q, Py_ssize_t n)
             return NULL;
         }
         Py_ssize_t need = q->used + n;
-        Py_ssize_t cap = q->cap ? q->cap : 4096;
+        Py_ssize_t cap = q->cap ? q->cap : q->next_cap;
+        if (cap < 4096) {
+            cap = 4096;
+        }
         while (cap < need) {
             cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
         }
-        unsigned char *buf = PyMem_Realloc(q->buf, (size_t)cap);
-        if (buf == NULL) {
-            PyErr_NoMemory();
+        /* A bytes object, so that take() hands it over without a copy (bytes are not
+         * tracked by the garbage collector: allocating one runs no Python code). */
+        PyObject *data = PyBytes_FromStringAndSize(NULL, cap);
+        if (data == NULL) {
             return NULL;
         }
+        unsigned char *buf = (unsigned char *)PyBytes_AS_STRING(data);
+        if (q->used) {
+            memcpy(buf, q->buf, (size_t)q->used);
+        }
+        Py_XSETREF(q->data, data);
         q->buf = buf;
         q->cap = cap;
     }
@@ -584,7 +595,7 @@ Queue_dealloc(QueueObject *self)
 {
     PyObject_GC_UnTrack(self);
     Queue_clear(self);
-    PyMem_Free(self->buf);
+    Py_XDECREF(self->data);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -619,22 +630,43 @@ static PyObject *
 Queue_take(QueueObject *self, PyObject *Py_UNUSED(ignored))
 {
     queue_seal(self);
-    PyObject *data = PyBytes_FromStringAndSize((const char *)self->buf, self->used);
-    if (data == NULL) {
-        return NULL;
+    PyObject *result = PyTuple_New(2);
+    PyObject *count = PyLong_FromSsize_t(self->count);
+    PyObject *data = NULL;
+    if (result == NULL || count == NULL) {
+        goto failed;
     }
-    PyObject *result = Py_BuildValue("(Nn)", data, self->count);
-    if (result == NULL) {
-        return NULL;
+    if (self->used == 0) {
+        data = PyBytes_FromStringAndSize(NULL, 0);
+        if (data == NULL) {
+            goto failed;
+        }
     }
-    self->used = 0;
-    self->count = 0;
-    if (self->cap > KEEP_BYTES) {
-        PyMem_Free(self->buf);
+    else {
+        /* The queue's own bytes, cut to what it holds, handed over (it holds the only
+         * reference); the next frame starts a new buffer. Should the cut fail (a shrinking
+         * realloc), _PyBytes_Resize frees them: those frames are lost with a MemoryError,
+         * as they would be by a copy that cannot be made. */
+        data = self->data;
+        Py_ssize_t used = self->used;
+        self->next_cap = self->cap < KEEP_BYTES ? self->cap : KEEP_BYTES;
+        self->data = NULL;
         self->buf = NULL;
         self->cap = 0;
+        self->used = 0;
+        self->count = 0;
+        if (_PyBytes_Resize(&data, used) < 0) {
+            goto failed;
+        }
     }
+    PyTuple_SET_ITEM(result, 0, data);
+    PyTuple_SET_ITEM(result, 1, count);
     return result;
+
+failed:
+    Py_XDECREF(result);
+    Py_XDECREF(count);
+    return NULL;
 }
 
 static PyObject *
