@@ -855,6 +855,9 @@ Core_set_step(CoreObject *self, PyObject *value, void *Py_UNUSED(closure))
 static PyObject *
 Core_get_fuel_limit(CoreObject *self, void *Py_UNUSED(closure))
 {
+    if (self->fuel_limit == NULL) { /* made by __new__ alone */
+        return PyLong_FromLong(0);
+    }
     return Py_NewRef(self->fuel_limit);
 }
 
@@ -1068,6 +1071,10 @@ Tap_init(TapObject *self, PyObject *args, PyObject *kwds)
                                      &mid, &res, &ok, &tail, &nparams, &method, &general)) {
         return -1;
     }
+    if (((CoreObject *)core)->get_fuel == NULL) {
+        PyErr_SetString(PyExc_TypeError, "core was never initialised");
+        return -1;
+    }
     if (nparams < 0 || nparams > 2 || (method && nparams == 0)) {
         PyErr_SetString(PyExc_ValueError, "a tap takes 0-2 arguments (a method 1-2)");
         return -1;
@@ -1104,6 +1111,7 @@ Tap_traverse(TapObject *self, visitproc visit, void *arg)
 static int
 Tap_clear(TapObject *self)
 {
+    self->vectorcall = NULL; /* a call now goes to Tap_call, which refuses it */
     Py_CLEAR(self->core);
     Py_CLEAR(self->queue);
     Py_CLEAR(self->ok_type);

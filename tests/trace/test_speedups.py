@@ -218,6 +218,14 @@ def test_a_compiled_tap_checks_its_arguments(tmp_path: Path, probe: Component) -
         native.Queue(print, -1, 1.0, 0, 10)
     with pytest.raises(ValueError, match="interval"):
         native.Queue(print, 0, 0.0, 0, 10)
+    bare = native.Core.__new__(native.Core)  # never initialised: refused, not called
+    assert (bare.step, bare.fuel_limit) == (0, 0)
+    with pytest.raises(TypeError, match="never initialised"):
+        native.Tap(
+            bare, native.Queue(print, 0, 1.0, 0, 10), Ok, b"", b"", b"", b"", b"", 0, False, print
+        )
+    with pytest.raises(TypeError, match="never initialised"):
+        native.Tap.__new__(native.Tap)(context_ptr, None)
     queue = native.Queue(print, 1 << 20, 1.0, 0, 10)
     with pytest.raises(ValueError, match="over the 10 limit"):
         queue.push(b"x" * 11)
