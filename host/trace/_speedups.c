@@ -197,8 +197,9 @@ out_grow(Out *o, Py_ssize_t n)
     return 1;
 }
 
-/* Room for n more bytes: 1, or 0 once full or failed. `max` never exceeds what fits, so a
- * buffer with room is never past it. */
+/* Room for n more bytes within `max`: 1, or 0 (then `full` or `failed` is set). A later,
+ * shorter piece may still find room, but a record whose Out is full or failed is never used:
+ * the callers check both flags before they take its bytes. */
 static inline int
 out_room(Out *o, Py_ssize_t n)
 {
