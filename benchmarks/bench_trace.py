@@ -3,7 +3,10 @@
 Run: .venv/bin/python benchmarks/bench_trace.py [--json]
 
 The probe guest prints 300 lines and reads the clocks and random bytes 300 times per call
-(about 2700 imports). Reported: recording overhead with the default durability (flush="call")
+(about 2700 imports). The unrecorded, recorded and floor runs take turns, one call each per
+round (25 rounds), and each figure is the median of its rounds: wall time, and the calling
+thread's CPU time (``cpu_ratio``; the imports run on it, and on a shared machine it is the
+steadier figure). Reported: recording overhead with the default durability (flush="call")
 and with flush="record" (recorded / plain, target <= 1.25), replay time against an unrecorded
 run and against recording (whole runs, instantiation included; target replay / unrecorded
 <= 1.5), and trace bytes per import.
@@ -18,13 +21,15 @@ process's (``time.process_time``, every thread), not the calling thread's.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, cpu_samples, median, report, samples
+from _common import ROOT, median, report, samples
 
 from mighty import Component, Instance
 from mighty.build import build_component
@@ -32,6 +37,8 @@ from mighty.trace import Recorder, replay_trace
 
 LINES = 300
 CHURN = 300
+ROUNDS = 25
+FLUSHES = ("call", "record")
 
 
 def work(instance: Instance) -> None:
@@ -45,36 +52,30 @@ def main() -> None:
     build_component(ROOT / "guests" / "testing" / "probe" / "probe.py", output=out)
     component = Component.load(out)
 
+    # Every configuration runs once per round, in turn, and each is the median of its rounds:
+    # drift of a shared machine (other jobs starting and stopping) then hits all of them alike
+    # instead of whichever ran while it lasted.
     plain = Instance(component)
-    plain_t = median(samples(lambda: work(plain), repeat=15, warmup=2))
-    plain_cpu = median(cpu_samples(lambda: work(plain), repeat=15, warmup=1))
     watched = Instance(component, record=_Watching())
-    watched_t = median(samples(lambda: work(watched), repeat=15, warmup=2))
-    watched_cpu = median(cpu_samples(lambda: work(watched), repeat=15, warmup=1))
     tapped = Instance(component, record=_Tapping())
-    tapped_t = median(samples(lambda: work(tapped), repeat=15, warmup=2))
-    tapped_cpu = median(cpu_samples(lambda: work(tapped), repeat=15, warmup=1))
-
-    traces: list[Path] = []
-    recorded_ts = {}
-    recorded_cpu = {}
-    imports = 0
-    for flush in ("call", "record"):
-        recorder = Recorder(tmp / f"warm-{flush}.bin", flush=flush)
-        recorded = Instance(component, record=recorder)
-        work(recorded)
-        imports_before = recorded.context.calls
-        work(recorded)
-        imports = recorded.context.calls - imports_before
-        recorded_ts[flush] = median(
-            samples(lambda r=recorded: work(r), repeat=15, warmup=2)  # type: ignore[misc]
-        )
-        recorded_cpu[flush] = median(
-            cpu_samples(lambda r=recorded: work(r), repeat=15, warmup=1)  # type: ignore[misc]
-        )
-        recorded.close()
-        recorder.close()
+    recorders = {flush: Recorder(tmp / f"warm-{flush}.bin", flush=flush) for flush in FLUSHES}
+    recorded = {flush: Instance(component, record=r) for flush, r in recorders.items()}
+    runs = {"plain": plain, "watched": watched, "tapped": tapped, **recorded}
+    for instance in runs.values():
+        work(instance)
+    imports_before = recorded["call"].context.calls
+    work(recorded["call"])
+    imports = recorded["call"].context.calls - imports_before
+    wall, cpu = _interleaved(runs, rounds=ROUNDS)
+    for flush in FLUSHES:
+        recorded[flush].close()
+        recorders[flush].close()
+    plain_t, watched_t, tapped_t = wall["plain"], wall["watched"], wall["tapped"]
+    plain_cpu, watched_cpu, tapped_cpu = cpu["plain"], cpu["watched"], cpu["tapped"]
+    recorded_ts = {flush: wall[flush] for flush in FLUSHES}
+    recorded_cpu = {flush: cpu[flush] for flush in FLUSHES}
     recorded_t = recorded_ts["call"]
+    traces: list[Path] = []
 
     one = tmp / "one.bin"
     with Recorder(one) as single, Instance(component, record=single) as instance:
@@ -100,6 +101,7 @@ def main() -> None:
                     (recorded_cpu["call"] - plain_cpu) / imports * 1e6, 2
                 ),
                 "target": "<= 1.25",
+                "taps": _taps(),
             },
             {
                 "name": 'recording overhead, flush="record"',
@@ -179,6 +181,32 @@ class _Tapping(_Watching):
 
 def _ignore(*args: Any) -> None:
     return None
+
+
+def _interleaved(
+    runs: dict[str, Instance], *, rounds: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The median wall time and thread CPU time of ``work`` on each instance, over ``rounds``
+    rounds that each run every instance once, in turn."""
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, instance in runs.items():
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            work(instance)
+            cpu[name].append(time.thread_time() - started_cpu)
+            wall[name].append(time.perf_counter() - started)
+    return (
+        {name: median(v) for name, v in wall.items()},
+        {name: median(v) for name, v in cpu.items()},
+    )
+
+
+def _taps() -> str:
+    """Which recorder taps ran: the compiled ones (host/trace/_speedups.c) or pure Python."""
+    built = importlib.util.find_spec("mighty.trace._speedups") is not None
+    pure = os.environ.get("MIGHTY_PURE_PYTHON", "") not in ("", "0")
+    return "compiled" if built and not pure else "pure"
 
 
 def _process_cpu(fn: Callable[[], object], *, repeat: int) -> list[float]:

@@ -69,6 +69,7 @@ import datetime as _dt
 import hashlib
 import os
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -91,6 +92,7 @@ from mighty.trace._errors import (
     TraceTruncated,
     TraceVersionError,
 )
+from mighty.trace._native import native, use_native
 from mighty.trace._schema import check_record
 from mighty.trace._template import ImportTemplates
 from mighty.trace._values import MAX_DEPTH, TAG_BLOB, encode_with, value_from_tag
@@ -128,6 +130,8 @@ _PREFIX = struct.Struct(">III")
 _DIGEST = 32
 _RESERVED_KINDS = frozenset({"header", "blob"})
 _READ_AHEAD = 1 << 20
+_WRITEV_MAX = 64
+"""Most pieces a drain writes with one ``writev`` (more are joined first)."""
 
 
 _PACK_II = struct.Struct(">II").pack
@@ -211,11 +215,23 @@ class TraceWriter:
         # Import records queued without the lock (``_queue``), framed when the buffer is next
         # touched under it: a deque, whose append and popleft are atomic, so a record queued
         # while another thread frames the queue is taken then or left for the next time.
-        self._queued: deque[bytes] = deque()
+        self._queued: deque[bytes] | native.Queue = deque()
         self._queued_bytes = 0
         self._queued_at = 0.0
         self._buffer_max = buffer_bytes
         self._interval = flush_interval
+        # The compiled form of that queue (_speedups.c), when there is one: the recorder's
+        # compiled taps frame their records straight into it. With flush="record" it drains
+        # after every record (limit 0), as _append_payload writes each at once.
+        self._cq: native.Queue | None = None
+        if use_native():
+            self._queued = self._cq = native.Queue(
+                self._drain_queued,
+                0 if flush == "record" else min(buffer_bytes, sys.maxsize),
+                flush_interval,
+                max(0, min(blob_min, sys.maxsize)),
+                MAX_ITEMS,
+            )
         self._oldest = 0.0
         try:
             self._file: BinaryIO | None = open(self._path, "wb" if overwrite else "xb", buffering=0)  # noqa: SIM115 - closed by close()
@@ -374,27 +390,47 @@ class TraceWriter:
         or when the queue holds ``buffer_bytes`` or its oldest record is ``flush_interval``
         old, and goes out with the buffer as any other record does. Only the recorder's import
         records come this way: one ``deque.append`` instead of a lock and a buffer check on the
-        guest's path."""
+        guest's path. With the compiled queue (``_speedups.Queue``) the framing and the checks
+        are its ``push``, and the recorder's compiled taps queue there without Python."""
         if self._failed is not None or self._file is None:
             self._check_open()
+        if self._cq is not None:
+            self._cq.push(payload)  # framed there; calls _drain_queued when due
+            return
         head = _PACK_II(len(payload), _crc32(payload))
         frame = head + _PACK_I(_crc32(head)) + payload
         queued = self._queued
+        assert type(queued) is deque
         now = _monotonic()
         if not queued:
             self._queued_at = now
         queued.append(frame)
         self._queued_bytes += len(frame)
         if self._queued_bytes >= self._buffer_max or now - self._queued_at >= self._interval:
-            with self._lock:
-                self._check_open()
-                self._frame_queued()
-                self._drain()
+            self._drain_queued()
+
+    def _drain_queued(self) -> None:
+        """The queue is full or old enough: write it out (takes the lock)."""
+        with self._lock:
+            self._check_open()
+            self._frame_queued()
+            self._drain()
 
     def _frame_queued(self) -> None:
         """Move the queued frames into the buffer, in order (under the lock)."""
-        queued = self._queued
         buffer = self._buffer
+        cq = self._cq
+        if cq is not None:
+            if cq:
+                if not buffer:
+                    self._oldest = cq.oldest
+                data, taken = cq.take()
+                buffer.append(data)
+                self._buffered += len(data)
+                self._records += taken
+            return
+        queued = self._queued
+        assert type(queued) is deque
         if not buffer:
             self._oldest = self._queued_at
         taken = len(buffer)
@@ -481,23 +517,49 @@ class TraceWriter:
                 view = view[written:]
         except OSError as exc:
             self._failed = f"a write failed ({exc})"
+            if self._cq is not None:
+                self._cq.close()  # the compiled taps go the general way, which raises
             raise TraceError(f"cannot write trace {self._path}: {exc}") from exc
 
     def _drain(self) -> None:
         """Write out the buffer (under the lock)."""
         if self._queued:
             self._frame_queued()
-        if not self._buffer:
+        buffer = self._buffer
+        if not buffer:
             return
-        data = b"".join(self._buffer)
-        self._buffer.clear()
         self._buffered = 0
+        if 1 < len(buffer) <= _WRITEV_MAX and self._cq is not None:
+            # A queue's frames arrive as one large bytes object with a few records around
+            # it: written as they are, not copied into one first.
+            pieces = buffer[:]
+            buffer.clear()
+            self._write_pieces(pieces)
+            return
+        data = b"".join(buffer)
+        buffer.clear()
         self._write(data)
+
+    def _write_pieces(self, pieces: list[bytes]) -> None:
+        """``_write(b"".join(pieces))`` with one ``writev``."""
+        assert self._file is not None
+        try:
+            written = os.writev(self._file.fileno(), pieces)
+        except OSError as exc:
+            self._failed = f"a write failed ({exc})"
+            if self._cq is not None:
+                self._cq.close()
+            raise TraceError(f"cannot write trace {self._path}: {exc}") from exc
+        if written < sum(len(piece) for piece in pieces):  # a short write: the rest as _write
+            self._write(b"".join(pieces)[written:])
 
     def _flush_by_age(self) -> None:
         while not self._stop.wait(self._interval / 2):
             with self._lock:
-                oldest = self._oldest if self._buffer else self._queued_at
+                if self._buffer:
+                    oldest = self._oldest
+                else:
+                    oldest = self._cq.oldest if self._cq is not None else self._queued_at
                 if (
                     self._file is not None
                     and self._failed is None
@@ -541,6 +603,8 @@ class TraceWriter:
                 raise TraceError(f"cannot sync trace {self._path}: {exc}") from exc
             finally:
                 self._file = None
+                if self._cq is not None:
+                    self._cq.close()
                 f.close()
 
     def __enter__(self) -> TraceWriter:

@@ -48,7 +48,8 @@ from mighty.trace._emit import (
     uint,
 )
 from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, MAX_ITEMS, FlushMode, TraceWriter
-from mighty.trace._values import HandleRef
+from mighty.trace._native import native
+from mighty.trace._values import TAG_HANDLE, HandleRef
 
 __all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
 
@@ -66,6 +67,10 @@ _get_fuel_raw = ctypes.PyDLL(ffi.dll._name)["wasmtime_context_get_fuel"]
 _get_fuel_raw.restype = ctypes.c_void_p
 _get_fuel_raw.argtypes = None  # type: ignore[assignment]  # ctypes allows it: no conversion
 
+# The addresses of the same function and of wasmtime_error_delete, for the compiled taps.
+_GET_FUEL_AT = ctypes.cast(_get_fuel_raw, ctypes.c_void_p).value or 0
+_ERROR_DELETE_AT = ctypes.cast(ffi.dll.wasmtime_error_delete, ctypes.c_void_p).value or 0
+
 _MAP9, _MAP10 = head(5, 9), head(5, 10)
 _K_IMPORT = text("k") + text("import") + text("i")
 _K_S, _K_IF, _K_FN, _K_ARGS = text("s"), text("if"), text("fn"), text("args")
@@ -73,6 +78,7 @@ _K_RES, _K_OUT, _K_FUEL, _K_A = text("res"), text("out"), text("fuel"), text("a"
 _ARRAY, _BYTES, _UINT, head_of = ARRAY_HEADS, BYTES_HEADS, UINTS, head
 _HANDLES_KEPT = 4096
 _T_OK_NONE = emit(Ok(None))
+_T_HANDLE = head(6, TAG_HANDLE) + ARRAY_HEADS[3]
 _U32, _U64 = 0xFFFFFFFF, 2**64 - 1
 _B4 = struct.Struct(">BI").pack
 _B2 = struct.Struct(">BH").pack
@@ -125,6 +131,17 @@ def describe_policy(policy: Any) -> dict[str, Any]:
         for d in data.get("dirs", [])
     ]
     return data
+
+
+class _Counters:
+    """An instance's step and fuel limit, for the pure-Python taps (``_speedups.Core`` holds
+    them for the compiled ones)."""
+
+    __slots__ = ("fuel_limit", "step")
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.fuel_limit = 0
 
 
 class Recorder:
@@ -231,21 +248,44 @@ class InstanceRecording:
         self.recorder = recorder
         self.instance_id = instance_id
         self.agent = agent
-        self.step = 0
-        self.fuel_limit = 0
+        self._writer = recorder._writer
+        # The step and fuel limit the taps share with the other paths: in C when the writer
+        # has the compiled queue (its taps are then compiled too), else in Python.
+        self._core: _Counters | native.Core
+        if self._writer._cq is not None:
+            self._core = native.Core(_GET_FUEL_AT, _ERROR_DELETE_AT)
+        else:
+            self._core = _Counters()
         # An import record's bytes, but for its step, args, result, outcome and fuel, are the
         # same for every call of one import: made once per binding (see _import_payload).
         self._head = (_MAP10 if agent is not None else _MAP9) + _K_IMPORT + uint(instance_id) + _K_S
         self._tail = b"" if agent is None else _K_A + text(agent)
         self._mids: dict[int, tuple[Binding, bytes]] = {}
         self._ok = _K_OUT + text("ok") + _K_FUEL
-        self._writer = recorder._writer
         # One instance makes one import at a time: one out-parameter for the fuel reading.
         self._left = ctypes.c_uint64()
         self._left_ref = ctypes.byref(self._left)
         # The gate's call store's context pointer (an int), and a c_void_p holding it.
         self._ptr: int | None = None
         self._cptr = ctypes.c_void_p()
+
+    @property
+    def step(self) -> int:
+        """The instance's last step (every record but ``instance`` and ``close`` takes one)."""
+        return self._core.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._core.step = value
+
+    @property
+    def fuel_limit(self) -> int:
+        """The fuel of the export call in flight (fuel used = fuel_limit - fuel left)."""
+        return self._core.fuel_limit
+
+    @fuel_limit.setter
+    def fuel_limit(self, value: int) -> None:
+        self._core.fuel_limit = value
 
     def _append(self, record: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -287,7 +327,8 @@ class InstanceRecording:
         self, ctx: GuestContext, binding: Binding, args: Sequence[Any], value: Any, failed: bool
     ) -> None:
         """The gate's watching side of ``__call__`` (see ``CallHook``): the same record."""
-        self.step = step = self.step + 1
+        core = self._core
+        core.step = step = core.step + 1
         if failed:
             result: Any
             if isinstance(value, GuestExitRequest):
@@ -312,7 +353,7 @@ class InstanceRecording:
             ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
             fuel = -1
         else:
-            fuel = self.fuel_limit - self._left.value
+            fuel = self._core.fuel_limit - self._left.value
         writer = self._writer
         mid = self._mids.get(id(binding))
         if mid is not None and mid[0] is binding and writer._mode != "record":
@@ -348,13 +389,59 @@ class InstanceRecording:
         """The gate's tap of ``binding`` (see ``CallHook``): the record ``watch_import`` makes,
         byte for byte, from a prefix made here once, the step, the encoded arguments and
         result and the fuel; anything its one-go encoding does not take goes the general way.
+        The tap is the compiled one (``_speedups.Tap``, see ``_tap_compiled``) when the writer
+        has the compiled queue, else the pure-Python ``_tap_plain``/``_tap_method``.
         """
         if nparams > 2 or (self_kind is not None and nparams == 0):
             return None
         mid = self._mid(binding)[1] + _ARRAY[nparams]
+        core = self._core
+        if not isinstance(core, _Counters):
+            return self._tap_compiled(core, binding, nparams, self_kind, mid)
         if self_kind is not None:
             return self._tap_method(binding, nparams, self_kind, mid)
         return self._tap_plain(binding, nparams, mid)
+
+    def _tap_compiled(
+        self,
+        core: native.Core,
+        binding: Binding,
+        nparams: int,
+        self_kind: ResourceKind | None,
+        mid: bytes,
+    ) -> Callable[..., None]:
+        """The compiled tap (``_speedups.Tap``): the same record as ``_tap_plain`` and
+        ``_tap_method`` make, byte for byte; it hands what it does not encode to the general
+        path (``_record_import``), as they do."""
+        record = self._record_import
+        if self_kind is None:
+
+            def general(step: int, fuel: int, result: Any, *args: Any) -> None:
+                record(step, binding, args, result, "ok", fuel)
+
+        else:
+            kind = self_kind
+            # The handle's bytes but its rep: _emit's handle encoding, which the tap ends.
+            mid += _T_HANDLE + text(kind.interface) + text(kind.name)
+
+            def general(step: int, fuel: int, result: Any, *args: Any) -> None:
+                record(step, binding, [Handle(kind, args[0]), *args[1:]], result, "ok", fuel)
+
+        queue = self._writer._cq
+        assert queue is not None
+        return native.Tap(
+            core,
+            queue,
+            Ok,
+            self._head,
+            mid,
+            _K_RES,
+            self._ok,
+            self._tail,
+            nparams,
+            self_kind is not None,
+            general,
+        )
 
     def _fuel_at(self, context_ptr: int) -> int:
         """The fuel used since the export call began, read through the call's context (the
@@ -364,7 +451,7 @@ class InstanceRecording:
         error = _get_fuel_raw(self._cptr, self._left_ref)
         if error:
             return _fuel_failed(error)
-        return self.fuel_limit - self._left.value
+        return self._core.fuel_limit - self._left.value
 
     def _point_at(self, context_ptr: int) -> None:
         self._ptr = context_ptr
@@ -372,6 +459,7 @@ class InstanceRecording:
 
     def _tap_plain(self, binding: Binding, nparams: int, mid: bytes) -> Callable[..., None]:  # noqa: PLR0915 - one tap per import shape
         writer = self._writer
+        core = self._core
         blob_min = writer._blob_min
         head, ok, tail = self._head, self._ok, self._tail
         fuel_at, record = self._fuel_at, self._record_import
@@ -383,11 +471,11 @@ class InstanceRecording:
         if nparams == 0:
 
             def tap_none(context_ptr: int, result: Any) -> None:
-                self.step = step = self.step + 1
+                core.step = step = core.step + 1
                 if context_ptr != self._ptr:
                     self._point_at(context_ptr)
                 error = get_fuel(self._cptr, left_ref)
-                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                fuel = _fuel_failed(error) if error else core.fuel_limit - left.value
                 if type(result) is int and 0 <= result <= _U64:
                     rb: bytes | None = uint(result)  # a clock's instant
                 else:
@@ -418,11 +506,11 @@ class InstanceRecording:
         if nparams == 1:
 
             def tap_one(context_ptr: int, result: Any, arg: Any) -> None:
-                self.step = step = self.step + 1
+                core.step = step = core.step + 1
                 if context_ptr != self._ptr:
                     self._point_at(context_ptr)
                 error = get_fuel(self._cptr, left_ref)
-                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                fuel = _fuel_failed(error) if error else core.fuel_limit - left.value
                 if type(arg) is int and 0 <= arg < 256:
                     ab: bytes | None = _UINT[arg]  # get-random-bytes' length
                 else:
@@ -454,7 +542,7 @@ class InstanceRecording:
             return tap_one
 
         def tap(context_ptr: int, result: Any, *args: Any) -> None:
-            self.step = step = self.step + 1
+            core.step = step = core.step + 1
             fuel = fuel_at(context_ptr)
             rb = emit_result(result, blob_min)
             if rb is not None:
@@ -478,6 +566,7 @@ class InstanceRecording:
         self, binding: Binding, nparams: int, self_kind: ResourceKind, mid: bytes
     ) -> Callable[..., None]:
         writer = self._writer
+        core = self._core
         blob_min = writer._blob_min
         head, ok, tail = self._head, self._ok, self._tail
         record = self._record_import
@@ -500,11 +589,11 @@ class InstanceRecording:
         if nparams == 1:
 
             def tap_self(context_ptr: int, result: Any, rep: int) -> None:
-                self.step = step = self.step + 1
+                core.step = step = core.step + 1
                 if context_ptr != self._ptr:
                     self._point_at(context_ptr)
                 error = get_fuel(self._cptr, left_ref)
-                fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+                fuel = _fuel_failed(error) if error else core.fuel_limit - left.value
                 if type(result) is Ok and result.value is None:
                     rb: bytes | None = _T_OK_NONE  # a stream's flush
                 else:
@@ -533,11 +622,11 @@ class InstanceRecording:
             return tap_self
 
         def tap_self_arg(context_ptr: int, result: Any, rep: int, arg: Any) -> None:
-            self.step = step = self.step + 1
+            core.step = step = core.step + 1
             if context_ptr != self._ptr:
                 self._point_at(context_ptr)
             error = get_fuel(self._cptr, left_ref)
-            fuel = _fuel_failed(error) if error else self.fuel_limit - left.value
+            fuel = _fuel_failed(error) if error else core.fuel_limit - left.value
             if type(arg) is bytes and len(arg) < blob_min:
                 size = len(arg)
                 ab: bytes | None = (_BYTES[size] if size < 256 else head_of(2, size)) + arg
@@ -643,7 +732,7 @@ class InstanceRecording:
         if error:
             ffi.wasmtime_error_delete(ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t)))
             return -1
-        return self.fuel_limit - self._left.value
+        return self._core.fuel_limit - self._left.value
 
     # -- export calls (the instance calls these) ----------------------------------------------
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from mighty.trace import TraceWriter, read_trace
 from mighty.trace._emit import emit
+from tests.trace.paths import PATHS, pure_python
 
 ops = st.lists(
     st.one_of(
@@ -29,13 +30,16 @@ ops = st.lists(
 )
 
 
+@PATHS
 @settings(max_examples=60)
 @given(ops, st.sampled_from(["call", "os", "record"]), st.sampled_from([0, 100, 1 << 20]))
 def test_queued_and_appended_records_keep_their_order(
-    tmp_path_factory: Any, steps: list[tuple[str, Any]], mode: Any, buffer_bytes: int
+    tmp_path_factory: Any, pure: bool, steps: list[tuple[str, Any]], mode: Any, buffer_bytes: int
 ) -> None:
+    """On the compiled queue (host/trace/_speedups.c) and the pure-Python one alike."""
     path = Path(tmp_path_factory.mktemp("q")) / "t.bin"
-    writer = TraceWriter(path, {}, flush=mode, buffer_bytes=buffer_bytes)
+    with pure_python(pure):
+        writer = TraceWriter(path, {}, flush=mode, buffer_bytes=buffer_bytes)
     expected: list[dict[str, Any]] = []
     for n, (op, data) in enumerate(steps):
         record = {"k": "import" if op == "queue" else "note", "n": n, "data": data}
@@ -57,11 +61,13 @@ def test_queued_and_appended_records_keep_their_order(
     assert list(read_trace(path, strict=True).records()) == expected
 
 
-def test_threads_queueing_into_one_writer_lose_nothing(tmp_path: Path) -> None:
+@PATHS
+def test_threads_queueing_into_one_writer_lose_nothing(tmp_path: Path, pure: bool) -> None:
     """Four threads queue and append at once (small buffer: many drains race the queueing);
     every record is in the file once, and each thread's records are in its own order."""
     path = tmp_path / "t.bin"
-    writer = TraceWriter(path, {}, flush="call", buffer_bytes=256)
+    with pure_python(pure):
+        writer = TraceWriter(path, {}, flush="call", buffer_bytes=256)
 
     def work(thread: int) -> None:
         for n in range(400):

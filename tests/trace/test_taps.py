@@ -21,6 +21,7 @@ from mighty.trace._emit import emit_result, emit_simple
 from mighty.trace._format import MAX_ITEMS
 from mighty.trace._recorder import InstanceRecording
 from mighty.wasi import Policy
+from tests.trace.paths import PATHS, pure_python
 from tests.trace.test_emit import fast, gate_handles
 from tests.trace.test_values import values
 
@@ -44,6 +45,7 @@ def _record(probe_wasm: Path, path: Path, flush: Any, agent: str | None) -> None
             instance.call("run", "os._exit(3)")  # an import that ends the guest
 
 
+@PATHS
 @pytest.mark.parametrize("flush", ["call", "record", "os"])
 @pytest.mark.parametrize("agent", [None, "probe:1"])
 def test_a_tapped_recording_is_the_general_paths_bytes(
@@ -52,9 +54,15 @@ def test_a_tapped_recording_is_the_general_paths_bytes(
     monkeypatch: pytest.MonkeyPatch,
     flush: str,
     agent: str | None,
+    pure: bool,
 ) -> None:
     """The same run recorded through the taps and with every tap refused (each import goes
-    to watch_import, the path of c04a061): the same file, byte for byte, and it replays."""
+    to watch_import, the path of c04a061): the same file, byte for byte, and it replays; the
+    compiled taps (host/trace/_speedups.c) and the pure-Python ones alike."""
+    if pure:
+        monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("MIGHTY_PURE_PYTHON", raising=False)
     taps: list[str] = []
     tap_import = InstanceRecording.tap_import
 
@@ -122,6 +130,7 @@ def fuel_context() -> tuple[Any, int]:
     return store, ctypes.cast(store._context(), ctypes.c_void_p).value or 0
 
 
+@PATHS
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.tuples(shapes, results), min_size=1, max_size=6),
@@ -131,15 +140,18 @@ def test_each_tapped_record_is_the_general_paths(
     tmp_path_factory: pytest.TempPathFactory,
     probe: Component,
     fuel_context: tuple[Any, int],
+    pure: bool,
     calls: list[Any],
     flush: Any,
 ) -> None:
     """Drawn import calls of every tapped shape, each through a tap of one recording and
-    through ``_record_import`` (the oracle) of another: the two files are the same bytes."""
+    through ``_record_import`` (the oracle) of another: the two files are the same bytes,
+    for the compiled taps and the pure-Python ones."""
     _, context_ptr = fuel_context
     component = probe
     where = tmp_path_factory.mktemp("taps")
     with (
+        pure_python(pure),
         Recorder(where / "tap.bin", flush=flush, created=CREATED) as tapping,
         Recorder(where / "oracle.bin", flush=flush, created=CREATED) as oracle,
     ):
@@ -178,10 +190,16 @@ def test_the_result_encoding_is_the_simple_one(value: Any, blob_min: int) -> Non
         assert (encoded, {}) == fast(value, blob_min, handles=True)
 
 
+@PATHS
 @pytest.mark.parametrize("kind", [None, STREAM])
 @pytest.mark.parametrize("size", [100_000, MAX_ITEMS + 1])
 def test_a_long_result_is_the_general_paths(
-    tmp_path: Path, probe: Component, fuel_context: tuple[Any, int], kind: Any, size: int
+    tmp_path: Path,
+    probe: Component,
+    fuel_context: tuple[Any, int],
+    kind: Any,
+    size: int,
+    pure: bool,
 ) -> None:
     """A result whose record would be over MAX_ITEMS bytes goes the general way, which
     refuses it (too many items) as it always did; a long one under the bound is queued."""
@@ -189,7 +207,7 @@ def test_a_long_result_is_the_general_paths(
     result = [0] * size
     outcomes = []
     for name in ("tap", "oracle"):
-        with Recorder(tmp_path / f"{name}.bin", created=CREATED) as recorder:
+        with pure_python(pure), Recorder(tmp_path / f"{name}.bin", created=CREATED) as recorder:
             recording = recorder.attach(probe, {"fuel": 10**7}, None)
             recording.fuel_limit = 10**7
             binding = Binding("t:x/api", "long", lambda *_: None)
