@@ -8,7 +8,8 @@ installed (`pip install pydantic-monty`); native subprocess p50; runs per second
 threads; per-call overhead of a tool-calling loop, then the same loop timed inside one run
 (beside the guest's raw import with pre-encoded arguments and a guest function), and the floor of
 any call on a worker thread (a bare round trip between two threads, through locks and through
-pipes). The machine's load average is printed too.
+pipes). The machine's load average is printed too, and the process CPU per sync call (the
+hand-off's bounded spin, ``MIGHTY_TOOL_SPIN_US``, costs CPU: see docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -244,7 +245,10 @@ def _tool_call_parts(n: int) -> list[Row]:
     the guest's import and the gate), and the tool run on the calling thread (no hand-off to a
     worker, so no timeout: never what the sandbox does)."""
     us = lambda x: round(x * 1e6, 1)  # noqa: E731
+    cpu, wall = time.process_time(), time.perf_counter()
     stub, raw = _in_run(n)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    calls = 33 * 2 * (n + 10)  # each run: the stub's and the raw import's calls
     rows: list[Row] = [
         {
             "name": f"sync tool call in one run ({n} calls, 30 runs)",
@@ -252,7 +256,16 @@ def _tool_call_parts(n: int) -> list[Row]:
             "raw_import_pre_encoded_us": us(raw),
             "stub_share_us": us(stub - raw),
             "target_us": 60,
-        }
+        },
+        {
+            # The spin's cost shows here: both threads' CPU over the runs' wall time (the
+            # runs' own start and guest work included, the same on either side of an A/B).
+            "name": "the same runs: process CPU and wall per tool call",
+            "cpu_us": us(cpu / calls),
+            "wall_us": us(wall / calls),
+            "cpu_over_wall": round(cpu / wall, 2),
+            "handoff_spin_us": getattr(tools_module, "HANDOFF_SPIN_NS", 0) / 1000,
+        },
     ]
     real_call = tools_module.ToolHost.call
 

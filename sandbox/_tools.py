@@ -1073,6 +1073,7 @@ class _PipeBell:
             self._close_fds()
 
 
+_NOT_RUN = Err({"kind": "cancelled", "message": "the call was cancelled before it ran"})
 _MAX_SPIN_NS = 10_000_000
 _MAX_TIMEOUT_NS = 3600 * 1_000_000_000
 
@@ -1150,7 +1151,7 @@ class _Job:
         self.bound = bound
         self.depth = depth
         self.release = release
-        self.outcome: Ok | Err = _err("cancelled", f"{tool.name}() was cancelled")
+        self.outcome: Ok | Err = _NOT_RUN  # read only once "over": the worker's, or this
         self.then = then
         self.bell = bell
         self.wake: _BellLike | None = None

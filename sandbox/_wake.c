@@ -50,6 +50,7 @@ enum { IDLE = 0, RUNG = 1, PARKED = 2 };
 typedef struct {
     PyObject_HEAD
     atomic_int state;          /* IDLE, RUNG or PARKED (see the top) */
+    atomic_int cpu;            /* the CPU its waiter was on when it last woke, or -1 */
     int read_fd;
     int write_fd;
     int closed;                /* under lock */
@@ -107,6 +108,7 @@ Bell_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     atomic_init(&self->state, IDLE);
+    atomic_init(&self->cpu, -1);
     self->read_fd = self->write_fd = -1;
     self->closed = 0;
     self->users = 0;
@@ -196,11 +198,13 @@ cpu_relax(void)
 #endif
 }
 
-/* Spin up to spin_ns for a ring; 1 when one was taken. Every ~1 us of pauses it yields the
- * CPU: when the thread it waits for runs (or waits to run) on this same CPU, because the other
- * CPUs are busy, a spin without yielding would hold it off for a whole time slice. */
+/* Spin up to spin_ns for a ring; 1 when one was taken. `other` (or NULL) is the bell just
+ * rung, whose waiter is the thread that will ring us back. Every ~1 us of pauses the spin
+ * yields the CPU (a thread of another process waiting for it runs), and it gives up at once
+ * when that thread last woke on this very CPU: the other CPUs are busy, so spinning here
+ * would only hold it off (a time slice at worst), and parking costs nothing extra. */
 static int
-spin_for_ring(Bell *self, long long spin_ns)
+spin_for_ring(Bell *self, Bell *other, long long spin_ns)
 {
     long long start = now_ns();
     for (unsigned i = 1;; i++) {
@@ -210,6 +214,10 @@ spin_for_ring(Bell *self, long long spin_ns)
         }
         if ((i & 63) == 0) {
             if (now_ns() - start >= spin_ns) {
+                return 0;
+            }
+            if (other != NULL &&
+                atomic_load_explicit(&other->cpu, memory_order_relaxed) == sched_getcpu()) {
                 return 0;
             }
             sched_yield();
@@ -284,13 +292,16 @@ Bell_wait(Bell *self, PyObject *args, PyObject *kwds)
             r = 1; /* rung before we came */
         }
         else if (spin_ns > 0) {
-            r = spin_for_ring(self, spin_ns);
+            r = spin_for_ring(self, other, spin_ns);
         }
         if (r == 0 && timeout_ns != 0) {
             r = park(self, timeout_ns);
         }
         got = r > 0;
         interrupted = r < 0;
+        if (got) {
+            atomic_store_explicit(&self->cpu, sched_getcpu(), memory_order_relaxed);
+        }
         PyThread_acquire_lock(self->lock, WAIT_LOCK);
         if (--self->users == 0 && self->closed) {
             close_fds(self); /* closed while we read it: ours to finish */

@@ -450,3 +450,27 @@ def test_the_hand_off(kind: str, spin: int) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus", "micros"),
+    [
+        ("", {0, 1}, 50),
+        ("", {0}, 0),  # one CPU to run on: spinning would only delay the thread waited for
+        ("20", {0, 1}, 20),
+        ("20", {0}, 20),  # said explicitly
+        ("0", {0, 1}, 0),
+        ("5000", {0, 1}, 1000),  # bounded
+        ("-3", {0, 1}, 0),
+        ("lots", {0, 1}, 50),  # not a number: the default
+    ],
+)
+def test_the_spin_setting(
+    monkeypatch: pytest.MonkeyPatch, text: str, cpus: set[int], micros: int
+) -> None:
+    monkeypatch.setenv("MIGHTY_TOOL_SPIN_US", text)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
+    monkeypatch.setattr(tools, "_Bell", _wake.Bell)
+    assert tools._spin_default() == micros * 1000
+    monkeypatch.setattr(tools, "_Bell", _PipeBell)
+    assert tools._spin_default() == 0  # the pure bell cannot spin
