@@ -381,9 +381,40 @@ def _handoff_floor() -> list[Row]:
             os.close(fd)
         return took / rounds
 
+    def bells(rounds: int, spin: int, gap: float) -> tuple[float, float]:
+        """Round trip through the pool's bells (``wait(ring=other)``, both sides), the caller
+        busy for ``gap`` seconds between two (as the code is between two calls); returns
+        seconds per round trip, minus the gap, and the peer thread's CPU per round trip."""
+        here, there = tools_module._Bell(), tools_module._Bell()
+        cpu: list[float] = []
+
+        def peer() -> None:
+            started = time.thread_time()
+            assert there.wait(spin, -1)
+            for n in range(rounds):
+                if n == rounds - 1:
+                    here.ring()
+                else:
+                    there.wait(spin, -1, here)
+            cpu.append(time.thread_time() - started)
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            here.wait(spin, 10**10, there)
+            end = time.perf_counter() + gap
+            while time.perf_counter() < end:
+                pass
+        took = time.perf_counter() - started
+        thread.join()
+        here.close()
+        there.close()
+        return took / rounds - gap, cpu[0] / rounds
+
     lock_times = [locks(2000) for _ in range(7)]
     pipe_times = [pipes(2000) for _ in range(7)]
-    return [
+    rows: list[Row] = [
         {
             "name": "floor: thread round trip (2000 each, 7 x)",
             "locks_p50_us": round(statistics.median(lock_times) * 1e6, 1),
@@ -392,6 +423,15 @@ def _handoff_floor() -> list[Row]:
             "pipes_max_us": round(max(pipe_times) * 1e6, 1),
         }
     ]
+    spin = getattr(tools_module, "HANDOFF_SPIN_NS", None)
+    if spin is not None:  # the tree has the pool's bells (and maybe their spin)
+        row: Row = {"name": "floor: bells' round trip, 20 us of work between (2000, 5 x)"}
+        for label, value in (("spin", spin), ("no_spin", 0)):
+            runs = sorted(bells(2000, value, 20e-6) for _ in range(5))
+            row[f"{label}_p50_us"] = round(runs[2][0] * 1e6, 1)
+            row[f"{label}_peer_cpu_us"] = round(runs[2][1] * 1e6, 1)
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":
