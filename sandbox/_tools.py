@@ -986,9 +986,10 @@ class _PipeBell:
     through two pipes 2.1 us. A byte is only a wake-up, never the answer: the waiter looks at its
     job's state, so a late byte of an abandoned call is a spurious wake-up and nothing else.
 
-    The bell's own lock guards ``closed``: a ring writes under it (never to a closed, perhaps
-    reused, descriptor), and a close while a wait reads the pipe only marks it closed; the last
-    waiter closes the descriptors when it leaves.
+    A bell has one waiter at a time (an instance makes one sync call at a time; a pool thread
+    waits on its own bell). The bell's own lock guards ``closed``: a ring writes under it (never
+    to a closed, perhaps reused, descriptor), and a close while a wait reads the pipe only marks
+    it closed; the last waiter closes the descriptors when it leaves.
     """
 
     __slots__ = ("__weakref__", "_lock", "_poll", "_users", "closed", "read_fd", "write_fd")

@@ -25,6 +25,10 @@
  * out poll but before that exchange stays in the pipe: the next park drains it and returns
  * False (a spurious wake-up, which every caller must expect anyway).
  *
+ * A bell has one waiter at a time (a caller's instance makes one sync call at a time; a pool
+ * thread waits on its own). Two waiting at once are not unsafe, but one of them may sleep
+ * through a ring until its timeout.
+ *
  * Closing: close() may come from another thread while a wait() or ring() runs. The bell's own
  * lock guards `closed`, `users` and every write: a ring never writes to a closed (perhaps
  * reused) descriptor, and a close while a wait() is parked on the pipe only marks the bell
@@ -154,9 +158,10 @@ ring_nogil(Bell *bell)
     }
     PyThread_acquire_lock(bell->lock, WAIT_LOCK);
     if (!bell->closed) {
+        const char byte = 0;
         ssize_t n;
         do {
-            n = write(bell->write_fd, "", 1);
+            n = write(bell->write_fd, &byte, 1);
         } while (n < 0 && errno == EINTR);
     }
     PyThread_release_lock(bell->lock);
@@ -231,10 +236,10 @@ static int
 park(Bell *self, long long timeout_ns)
 {
     int expected = IDLE;
-    if (!atomic_compare_exchange_strong(&self->state, &expected, PARKED)) {
-        atomic_store(&self->state, IDLE); /* it was RUNG */
+    if (!atomic_compare_exchange_strong(&self->state, &expected, PARKED) && expected == RUNG) {
+        atomic_store(&self->state, IDLE);
         return 1;
-    }
+    } /* else PARKED: a second waiter beside the first (misuse, see the top: a late wake-up) */
     struct pollfd pfd = {.fd = self->read_fd, .events = POLLIN, .revents = 0};
     int ms = timeout_ns < 0 ? -1 : (int)((timeout_ns + 999999) / 1000000);
     int r = poll(&pfd, 1, ms);
