@@ -1107,9 +1107,14 @@ _Bell = _bell_type()
 """The bells of this process: sync calls' callers and the pool's idle threads wait on them."""
 
 
+_SPIN_US = 100
+"""The default spin: longer than the code's time between two calls of a loop on this project's
+VM under load (45-65 us; a spin shorter than that parks the pool thread before each call)."""
+
+
 def _spin_default() -> int:
     """How long (ns) a hand-off's waiter spins before it parks: ``MIGHTY_TOOL_SPIN_US``
-    (0-1000 microseconds), by default 50 us with at least two CPUs to run on and 0 with one
+    (0-1000 microseconds), by default 100 us with at least two CPUs to run on and 0 with one
     (spinning there only delays the thread it waits for)."""
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -1117,9 +1122,9 @@ def _spin_default() -> int:
         cpus = os.cpu_count() or 1
     text = os.environ.get("MIGHTY_TOOL_SPIN_US", "")
     try:
-        micros = int(text) if text else (50 if cpus >= 2 else 0)
+        micros = int(text) if text else (_SPIN_US if cpus >= 2 else 0)
     except ValueError:
-        micros = 50 if cpus >= 2 else 0
+        micros = _SPIN_US if cpus >= 2 else 0
     if _Bell is _PipeBell:
         return 0
     return max(0, min(micros, 1000)) * 1000

@@ -465,14 +465,14 @@ def test_the_hand_off(kind: str, spin: int) -> None:
 @pytest.mark.parametrize(
     ("text", "cpus", "micros"),
     [
-        ("", {0, 1}, 50),
+        ("", {0, 1}, 100),
         ("", {0}, 0),  # one CPU to run on: spinning would only delay the thread waited for
         ("20", {0, 1}, 20),
         ("20", {0}, 20),  # said explicitly
         ("0", {0, 1}, 0),
         ("5000", {0, 1}, 1000),  # bounded
         ("-3", {0, 1}, 0),
-        ("lots", {0, 1}, 50),  # not a number: the default
+        ("lots", {0, 1}, 100),  # not a number: the default
     ],
 )
 def test_the_spin_setting(
