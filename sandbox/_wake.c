@@ -25,6 +25,10 @@
  * out poll but before that exchange stays in the pipe: the next park drains it and returns
  * False (a spurious wake-up, which every caller must expect anyway).
  *
+ * Signals: a signal that interrupts the park (EINTR) ends the wait, and a handler that raises
+ * (Ctrl-C) raises out of it. One that lands while the waiter spins is run by Python when the
+ * wait returns: at most its timeout later (the call scope waits in slices of 20 ms).
+ *
  * A bell has one waiter at a time (a caller's instance makes one sync call at a time; a pool
  * thread waits on its own). Two waiting at once are not unsafe, but one of them may sleep
  * through a ring until its timeout.
@@ -292,7 +296,7 @@ Bell_wait(Bell *self, PyObject *args, PyObject *kwds)
     }
     PyThread_release_lock(self->lock);
     if (open) {
-        int r = IDLE;
+        int r = 0; /* 1: rung, 0: not (yet), -1: a signal interrupted the park */
         if (atomic_load(&self->state) == RUNG && atomic_exchange(&self->state, IDLE) == RUNG) {
             r = 1; /* rung before we came */
         }
