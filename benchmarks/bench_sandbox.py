@@ -8,7 +8,8 @@ installed (`pip install pydantic-monty`); native subprocess p50; runs per second
 threads; per-call overhead of a tool-calling loop, then the same loop timed inside one run
 (beside the guest's raw import with pre-encoded arguments and a guest function), and the floor of
 any call on a worker thread (a bare round trip between two threads, through locks and through
-pipes). The machine's load average is printed too.
+pipes). The machine's load average is printed too, and the process CPU per sync call (the
+hand-off's bounded spin, ``MIGHTY_TOOL_SPIN_US``, costs CPU: see docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -244,7 +245,10 @@ def _tool_call_parts(n: int) -> list[Row]:
     the guest's import and the gate), and the tool run on the calling thread (no hand-off to a
     worker, so no timeout: never what the sandbox does)."""
     us = lambda x: round(x * 1e6, 1)  # noqa: E731
+    cpu, wall = time.process_time(), time.perf_counter()
     stub, raw = _in_run(n)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    calls = 33 * 2 * (n + 10)  # each run: the stub's and the raw import's calls
     rows: list[Row] = [
         {
             "name": f"sync tool call in one run ({n} calls, 30 runs)",
@@ -252,7 +256,16 @@ def _tool_call_parts(n: int) -> list[Row]:
             "raw_import_pre_encoded_us": us(raw),
             "stub_share_us": us(stub - raw),
             "target_us": 60,
-        }
+        },
+        {
+            # The spin's cost shows here: both threads' CPU over the runs' wall time (the
+            # runs' own start and guest work included, the same on either side of an A/B).
+            "name": "the same runs: process CPU and wall per tool call",
+            "cpu_us": us(cpu / calls),
+            "wall_us": us(wall / calls),
+            "cpu_over_wall": round(cpu / wall, 2),
+            "handoff_spin_us": getattr(tools_module, "HANDOFF_SPIN_NS", 0) / 1000,
+        },
     ]
     real_call = tools_module.ToolHost.call
 
@@ -368,9 +381,40 @@ def _handoff_floor() -> list[Row]:
             os.close(fd)
         return took / rounds
 
+    def bells(rounds: int, spin: int, gap: float) -> tuple[float, float]:
+        """Round trip through the pool's bells (``wait(ring=other)``, both sides), the caller
+        busy for ``gap`` seconds between two (as the code is between two calls); returns
+        seconds per round trip, minus the gap, and the peer thread's CPU per round trip."""
+        here, there = tools_module._Bell(), tools_module._Bell()
+        cpu: list[float] = []
+
+        def peer() -> None:
+            started = time.thread_time()
+            assert there.wait(spin, -1)
+            for n in range(rounds):
+                if n == rounds - 1:
+                    here.ring()
+                else:
+                    there.wait(spin, -1, here)
+            cpu.append(time.thread_time() - started)
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            here.wait(spin, 10**10, there)
+            end = time.perf_counter() + gap
+            while time.perf_counter() < end:
+                pass
+        took = time.perf_counter() - started
+        thread.join()
+        here.close()
+        there.close()
+        return took / rounds - gap, cpu[0] / rounds
+
     lock_times = [locks(2000) for _ in range(7)]
     pipe_times = [pipes(2000) for _ in range(7)]
-    return [
+    rows: list[Row] = [
         {
             "name": "floor: thread round trip (2000 each, 7 x)",
             "locks_p50_us": round(statistics.median(lock_times) * 1e6, 1),
@@ -379,6 +423,15 @@ def _handoff_floor() -> list[Row]:
             "pipes_max_us": round(max(pipe_times) * 1e6, 1),
         }
     ]
+    spin = getattr(tools_module, "HANDOFF_SPIN_NS", None)
+    if spin is not None:  # the tree has the pool's bells (and maybe their spin)
+        row: Row = {"name": "floor: bells' round trip, 20 us of work between (2000, 5 x)"}
+        for label, value in (("spin", spin), ("no_spin", 0)):
+            runs = sorted(bells(2000, value, 20e-6) for _ in range(5))
+            row[f"{label}_p50_us"] = round(runs[2][0] * 1e6, 1)
+            row[f"{label}_peer_cpu_us"] = round(runs[2][1] * 1e6, 1)
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

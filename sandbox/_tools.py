@@ -524,7 +524,7 @@ class ToolHost:
         self._running = 0
         self._held = 0  # bytes of queued calls' arguments and undelivered results
         self._threads = 0  # this run's sync calls holding a worker thread (stuck ones too)
-        self._bell: _Bell | None = None  # what sync calls wait on, made at the first
+        self._bell: _BellLike | None = None  # what sync calls wait on, made at the first
 
     def close(self) -> None:
         """The instance is gone: cancel what is in flight and free the sync calls' pipe."""
@@ -635,7 +635,7 @@ class ToolHost:
         try:
             done = scope.wait(job.wait, timeout)
         except BaseException:
-            self._abandoned(job)
+            self._abandoned(job)  # wakes the job's thread too if no wait did
             raise
         if done:
             return job.outcome
@@ -971,8 +971,12 @@ def _call_sync(tool: Tool, bound: _Arguments, depth: int) -> Ok | Err:
         _NESTING.reset(token)
 
 
-class _Bell:
-    """What the caller of sync calls waits on: a pipe the call's worker writes a byte to.
+class _PipeBell:
+    """A wake-up pipe: :meth:`ring` writes a byte, :meth:`wait` takes the bytes that came.
+
+    The pure-Python form of ``mighty.sandbox._wake.Bell`` (sandbox/_wake.c), used when that
+    module cannot be imported or ``MIGHTY_PURE_PYTHON=1`` is set, and the oracle the tests hold
+    it to. It cannot spin with the GIL released, so it ignores ``spin_ns``: each wait parks.
 
     A pipe rather than a lock because of how the two wake a sleeping thread on Linux: a pipe
     write is a "sync" wake-up (the writer is about to sleep, so the reader may run on its CPU),
@@ -981,10 +985,14 @@ class _Bell:
     ping-pong between two Python threads through two locks 4-150 us per round trip (bimodal),
     through two pipes 2.1 us. A byte is only a wake-up, never the answer: the waiter looks at its
     job's state, so a late byte of an abandoned call is a spurious wake-up and nothing else.
-    The file descriptors are closed under the workers' lock, which every write takes too.
+
+    A bell has one waiter at a time (an instance makes one sync call at a time; a pool thread
+    waits on its own bell). The bell's own lock guards ``closed``: a ring writes under it (never
+    to a closed, perhaps reused, descriptor), and a close while a wait reads the pipe only marks
+    it closed; the last waiter closes the descriptors when it leaves.
     """
 
-    __slots__ = ("__weakref__", "_poll", "closed", "read_fd", "write_fd")
+    __slots__ = ("__weakref__", "_lock", "_poll", "_users", "closed", "read_fd", "write_fd")
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
@@ -992,47 +1000,149 @@ class _Bell:
         os.set_blocking(self.write_fd, False)
         self._poll = select.poll()
         self._poll.register(self.read_fd, select.POLLIN)
+        self._lock = threading.Lock()
+        self._users = 0
         self.closed = False
 
     def ring(self) -> None:
-        """Wake the waiter (under the workers' lock)."""
-        if not self.closed:
-            try:  # noqa: SIM105 - on the hot path: a try is cheaper than a context manager
-                os.write(self.write_fd, b"\0")
-            except OSError:  # full of late bytes nobody read: the waiter is awake anyway
-                pass
+        """Wake the waiter: one byte, unless closed."""
+        with self._lock:
+            if not self.closed:
+                try:  # noqa: SIM105 - on the hot path: a try is cheaper than a context manager
+                    os.write(self.write_fd, b"\0")
+                except OSError:  # full of late bytes nobody read: the waiter is awake anyway
+                    pass
 
-    def sleep(self, seconds: float) -> None:
-        """Sleep until a byte comes or ``seconds`` pass; swallow the bytes that came."""
-        if self._poll.poll(math.ceil(seconds * 1000) if seconds > 0 else 0):
-            try:  # noqa: SIM105 - on the hot path: a try is cheaper than a context manager
-                os.read(self.read_fd, 64)
-            except OSError:  # BlockingIOError: read by nobody else, but never block here
-                pass
+    def wait(self, spin_ns: int, timeout_ns: int, ring: _PipeBell | None = None) -> bool:
+        """Ring ``ring`` if given, then sleep until a byte comes or ``timeout_ns`` pass (-1:
+        forever) and take the bytes that came. True when one came; a closed bell: False at
+        once."""
+        if not 0 <= spin_ns <= _MAX_SPIN_NS:
+            raise ValueError(f"spin_ns must be in 0..{_MAX_SPIN_NS}, got {spin_ns}")
+        if not -1 <= timeout_ns <= _MAX_TIMEOUT_NS:
+            raise ValueError(f"timeout_ns must be -1 (forever) or in 0..{_MAX_TIMEOUT_NS}")
+        if ring is not None:
+            if not isinstance(ring, _PipeBell):
+                raise TypeError(f"ring must be a Bell or None, got {type(ring).__name__}")
+            ring.ring()
+        with self._lock:
+            if self.closed:
+                return False
+            self._users += 1
+        try:
+            got = self._take()
+            if not got and timeout_ns != 0:
+                ms = -1 if timeout_ns < 0 else -(-timeout_ns // 1_000_000)
+                got = bool(self._poll.poll(ms)) and self._take()
+            return got
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0 and self.closed:
+                    self._close_fds()
+
+    def _take(self) -> bool:
+        """Empty the pipe: True when it held a byte (every ring so far is one wake-up)."""
+        got = False
+        try:
+            while len(os.read(self.read_fd, 64)) == 64:
+                got = True
+        except BlockingIOError:
+            return got
+        return True
 
     def close(self) -> None:
-        """Close the pipe (under the workers' lock). Idempotent."""
-        if not self.closed:
-            self.closed = True
+        """Close the pipe (at once, or when the last wait leaves). Idempotent."""
+        self.ring()  # a waiter parked in poll wakes (and leaves: the bell is closed)
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                if self._users == 0:
+                    self._close_fds()
+
+    def _close_fds(self) -> None:
+        with contextlib.suppress(OSError):
             os.close(self.read_fd)
+        with contextlib.suppress(OSError):
             os.close(self.write_fd)
 
     def __del__(self) -> None:
         # A host never closed (made directly, or dropped without Sandbox.close): no fd leak.
-        # Nothing can ring it now: a job that might holds a reference to it.
+        # Nothing can ring or wait on it now: both hold a reference to it.
         if not self.closed:
             self.closed = True
-            with contextlib.suppress(OSError):
-                os.close(self.read_fd)
-                os.close(self.write_fd)
+            self._close_fds()
+
+
+_NOT_RUN = Err({"kind": "cancelled", "message": "the call was cancelled before it ran"})
+_MAX_SPIN_NS = 10_000_000
+_MAX_TIMEOUT_NS = 3600 * 1_000_000_000
+
+
+class _BellLike(typing.Protocol):
+    """What :class:`_PipeBell` and the compiled ``_wake.Bell`` both are."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def ring(self) -> None: ...
+
+    def wait(self, spin_ns: int, timeout_ns: int, ring: Any = None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def _bell_type() -> Callable[[], _BellLike]:
+    """The compiled bell unless it is missing or ``MIGHTY_PURE_PYTHON`` is set."""
+    if os.environ.get("MIGHTY_PURE_PYTHON", "") not in ("", "0"):
+        return _PipeBell
+    try:
+        from mighty.sandbox import _wake
+    except ImportError:
+        return _PipeBell
+    return _wake.Bell
+
+
+_Bell = _bell_type()
+"""The bells of this process: sync calls' callers and the pool's idle threads wait on them."""
+
+
+_SPIN_US = 100
+"""The default spin: longer than the code's time between two calls of a loop on this project's
+VM under load (45-65 us; a spin shorter than that parks the pool thread before each call)."""
+
+
+def _spin_default() -> int:
+    """How long (ns) a hand-off's waiter spins before it parks: ``MIGHTY_TOOL_SPIN_US``
+    (0-1000 microseconds), by default 100 us with at least two CPUs to run on and 0 with one
+    (spinning there only delays the thread it waits for)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    text = os.environ.get("MIGHTY_TOOL_SPIN_US", "")
+    try:
+        micros = int(text) if text else (_SPIN_US if cpus >= 2 else 0)
+    except ValueError:
+        micros = _SPIN_US if cpus >= 2 else 0
+    if _Bell is _PipeBell:
+        return 0
+    return max(0, min(micros, 1000)) * 1000
+
+
+HANDOFF_SPIN_NS = _spin_default()
+"""How long a sync call's caller spins for its result, and an idle pool thread for its next
+job, before each parks in ``poll`` (nanoseconds; the CPU that costs: see docs/sandbox.md)."""
 
 
 class _Job:
     """One sync call on a worker. ``outcome`` is set when ``state`` becomes ``"over"``; then
     ``bell`` (if set) is rung, ``then`` (if set) receives the outcome on the worker, and
-    ``release`` frees the caller's thread share."""
+    ``release`` frees the caller's thread share. ``wake`` is the bell of the idle thread the
+    job was handed to, rung by the caller's first :meth:`wait` (so that the caller gives up the
+    GIL before the thread wakes) or by :meth:`kick`."""
 
-    __slots__ = ("bell", "bound", "depth", "outcome", "release", "state", "then", "tool")
+    __slots__ = ("bell", "bound", "depth", "outcome", "release", "state", "then", "tool", "wake")
 
     def __init__(
         self,
@@ -1041,23 +1151,36 @@ class _Job:
         depth: int,
         release: Callable[[], None],
         then: Callable[[Ok | Err], None] | None,
-        bell: _Bell | None,
+        bell: _BellLike | None,
     ) -> None:
         self.tool = tool
         self.bound = bound
         self.depth = depth
         self.release = release
-        self.outcome: Ok | Err = _err("cancelled", f"{tool.name}() was cancelled")
+        self.outcome: Ok | Err = _NOT_RUN  # read only once "over": the worker's, or this
         self.then = then
         self.bell = bell
+        self.wake: _BellLike | None = None
         self.state = "queued"  # then "running", "stuck" (abandoned while running), "over"
 
     def wait(self, most: float) -> bool:
-        """``Scope.wait``'s block: True once the call is over (its ``bell`` is rung then)."""
+        """``Scope.wait``'s block: True once the call is over (its ``bell`` is rung then).
+
+        The first wait wakes the job's thread and spins for the outcome before it parks."""
         if self.state != "over":
-            assert self.bell is not None
-            self.bell.sleep(most)
+            bell = self.bell
+            assert bell is not None
+            wake, self.wake = self.wake, None
+            spin = HANDOFF_SPIN_NS if wake is not None else 0
+            timeout = min(int(most * 1e9), _MAX_TIMEOUT_NS) if most > 0 else 0
+            bell.wait(spin, timeout, wake)
         return self.state == "over"
+
+    def kick(self) -> None:
+        """Wake the job's thread if no wait has yet (the caller gave up before waiting)."""
+        wake, self.wake = self.wake, None
+        if wake is not None:
+            wake.ring()
 
 
 class _Workers:
@@ -1066,15 +1189,26 @@ class _Workers:
     A job whose caller gave up (timeout, cancel) while it ran is *stuck*: its thread is busy
     until the tool returns. When all ``size`` threads are stuck, ``submit`` says no at once;
     otherwise a job waits its turn (under its caller's timeout). Each idle thread waits on a
-    pipe of its own (see :class:`_Bell` for why a pipe), and a job is handed to one directly:
-    a call costs two pipe writes, one to wake the thread and one to wake its caller.
+    bell of its own, and a job is handed to one directly: a call costs two rings, one to wake
+    the thread and one to wake its caller. Each ring is made with the GIL released by the one
+    who then waits (:meth:`_Job.wait`, the thread going idle), and each waiter spins
+    :data:`HANDOFF_SPIN_NS` before it parks: a waiter still spinning is woken by the byte alone
+    and finds the GIL free, so a call in a loop of calls costs no scheduler wake-up at all.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        bell: Callable[[], _BellLike] | None = None,
+        spin_ns: int | None = None,
+    ) -> None:
         self.size = size
+        self._bell = bell  # the idle threads' bells (default: this process's _Bell)
+        self._spin = spin_ns  # default: HANDOFF_SPIN_NS, read at each wait
         self._lock = threading.Lock()
         self._queue: collections.deque[_Job] = collections.deque()
-        self._idle: list[list[Any]] = []  # [wake pipe's write end, job] of each idle thread
+        self._idle: list[list[Any]] = []  # [wake bell, job] of each idle thread
         self._threads = 0
         self._stuck = 0
 
@@ -1086,8 +1220,12 @@ class _Workers:
         release: Callable[[], None],
         then: Callable[[Ok | Err], None] | None = None,
         *,
-        bell: _Bell | None = None,
+        bell: _BellLike | None = None,
     ) -> _Job | None:
+        """Hand a job to an idle thread, else queue it (starting a thread if the pool may grow).
+
+        With a ``bell`` the caller must :meth:`_Job.wait` (or :meth:`_Job.kick`): the first
+        wait wakes the thread. Without one the thread is woken here."""
         job = _Job(tool, bound, depth, release, then, bell)
         with self._lock:
             if self._stuck >= self.size:
@@ -1103,11 +1241,15 @@ class _Workers:
                     self._threads += 1
                     threading.Thread(target=self._work, name="mighty-tool", daemon=True).start()
         if slot is not None:
-            os.write(slot[0], b"\0")  # the thread's pipe lives as long as the thread: forever
+            if bell is not None:
+                job.wake = slot[0]  # the thread's bell lives as long as the thread: forever
+            else:
+                slot[0].ring()
         return job
 
     def abandon(self, job: _Job) -> bool:
         """The caller gave up on ``job``. Returns True when it is left running (stuck)."""
+        job.kick()  # handed over but its thread not yet woken: it runs (and may finish) anyway
         with self._lock:
             if job.state == "running":
                 job.state = "stuck"
@@ -1121,10 +1263,9 @@ class _Workers:
         job.release()
         return False
 
-    def close_bell(self, bell: _Bell) -> None:
-        """Close ``bell`` once no worker can be writing to it."""
-        with self._lock:
-            bell.close()
+    def close_bell(self, bell: _BellLike) -> None:
+        """Close ``bell``: a worker's late ring of it is then a no-op (the bell's own lock)."""
+        bell.close()
 
     def stuck(self) -> int:
         """How many threads are in calls their callers gave up on."""
@@ -1137,13 +1278,19 @@ class _Workers:
             return self._threads
 
     def _work(self) -> None:
-        wake, woken = os.pipe()
-        slot: list[Any] = [woken, None]
+        bell = (self._bell or _Bell)()
+        slot: list[Any] = [bell, None]
+        ring: _BellLike | None = None  # the caller to wake on the way to sleep
         with self._lock:
             job = self._next(slot)
         while True:
             if job is None:
-                os.read(wake, 1)  # blocks (the GIL released) until a job is handed over
+                # Idle: wake the last caller (the GIL released first), then spin and park
+                # until a job is handed over (one byte per hand-over).
+                spin = HANDOFF_SPIN_NS if self._spin is None else self._spin
+                while not bell.wait(spin, -1, ring):
+                    ring = None  # interrupted by a signal: rung already, wait again
+                ring = None
                 job, slot[1] = slot[1], None
                 assert job is not None
             outcome = _call_sync(job.tool, job.bound, job.depth)
@@ -1157,10 +1304,13 @@ class _Workers:
                 # The next job, or this thread idle, before the caller is woken: once the
                 # bell rings this thread only goes to sleep, and the caller gets the GIL.
                 job = self._next(slot)
-                if done.bell is not None:
-                    done.bell.ring()  # under the lock: the bell is not closed meanwhile
             if done.then is not None:
                 done.then(outcome)
+            if done.bell is not None:
+                if job is None:
+                    ring = done.bell  # rung by the wait above, with the GIL released
+                else:
+                    done.bell.ring()
 
     def _next(self, slot: list[Any]) -> _Job | None:
         """Under the lock: the next queued job for this thread, else the thread is idle."""

@@ -1,0 +1,16 @@
+"""Spin-then-park wake-up pipes for the sandbox's sync tool calls (sandbox/_wake.c)."""
+
+from typing import final
+
+MAX_SPIN_NS: int
+
+@final
+class Bell:
+    """A wake-up pipe with a spin-then-park wait (the compiled ``_tools._PipeBell``)."""
+
+    def __init__(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def ring(self) -> None: ...
+    def wait(self, spin_ns: int, timeout_ns: int, ring: Bell | None = None) -> bool: ...
+    def close(self) -> None: ...
