@@ -441,6 +441,8 @@ class AgentProcess:
         if envelope.name == INSPECT:
             _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
             return
+        if here is not None and self.run_here(envelope, here):
+            return
         try:
             accepted = self.mailbox.put(envelope, timeout=timeout)
         except MailboxFull as exc:
@@ -452,8 +454,6 @@ class AgentProcess:
             self.runtime.emit("message.dropped", self.address, {"message": envelope.name})
             if envelope.reply is not None:
                 envelope.reply.set_exception(MailboxFullError(f"{self.address}: dropped"))
-            return
-        if here is not None and self.run_here(envelope, here):
             return
         self._wake()
 
@@ -475,96 +475,138 @@ class AgentProcess:
             self._exit(exit_reason)
         return handled, more
 
-    def _turn(self, limit: int) -> tuple[int, bool, str | None]:
+    def _turn(self, limit: int, claimed: Envelope | None = None) -> tuple[int, bool, str | None]:
         """Up to ``limit`` messages under the run lock: (handled, more to do, crash reason).
 
         ``_scheduled`` is cleared when there is no more to do; the caller reports a crash
-        (``_exit``) once it holds no run lock of its own.
+        (``_exit``) once it holds no run lock of its own. ``claimed``: the first message, taken
+        by ``run_here`` (``Mailbox.claim``) with the run lock, which the caller holds already
+        and this turn releases; it is handled even if a stop came since (as a message taken
+        just before the stop is: the stop waits for it, then closes the instance).
         """
         handled, fuel, wall = 0, 0, 0.0
         exit_reason: str | None = None
         turns = _TURNS
         turns.depth += 1
-        with self._run:
+        if claimed is None:
+            self._run.acquire()
+        try:
             self._owner = threading.get_ident()
-            try:
-                if self.hibernated:
-                    exit_reason = self._wake_in_turn()
-                for _ in range(limit):
+            if claimed is None and self.instance is None and self.alive:  # hibernated
+                exit_reason = self._wake_in_turn()
+            envelope = claimed
+            for _ in range(limit):
+                if envelope is None:
                     if not self.alive:
                         break
                     envelope = self.mailbox.take()
                     if envelope is None:
                         break
-                    handled += 1
-                    self._outcome, self._fuel = OK, 0
-                    self.started = started = time.monotonic()
-                    telemetry = self.runtime.telemetry
-                    span = (
-                        None
-                        if telemetry is None
-                        else telemetry.handle_begin(
-                            self.address,
-                            self.type.name,
-                            envelope.name,
-                            envelope.sender,
-                            envelope.trace,
-                            envelope.body,
-                        )
+                handled += 1
+                self._outcome, self._fuel = OK, 0
+                self.started = started = time.monotonic()
+                telemetry = self.runtime.telemetry
+                span = (
+                    None
+                    if telemetry is None
+                    else telemetry.handle_begin(
+                        self.address,
+                        self.type.name,
+                        envelope.name,
+                        envelope.sender,
+                        envelope.trace,
+                        envelope.body,
                     )
-                    try:
-                        exit_reason = self._handle(envelope)
-                    except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
-                        _log.exception(
-                            "%s: unexpected error handling %r", self.address, envelope.name
-                        )
-                        error = HostError(f"internal error: {type(exc).__name__}: {exc}")
-                        error.__cause__ = exc
-                        exit_reason = self._crashed(envelope, error)
-                    outcome = CRASHED if exit_reason is not None else self._outcome
-                    if span is not None:
-                        assert telemetry is not None
-                        telemetry.handle_end(span, self.type.name, outcome, self._fuel)
-                    took = time.monotonic() - started
-                    fuel, wall = fuel + self._fuel, wall + took
-                    self.recent.append(
-                        (
-                            envelope.name,
-                            envelope.sender,
-                            outcome,
-                            started,
-                            took,
-                            self._fuel,
-                            envelope.body if self.runtime.introspect else None,
-                        )
+                )
+                try:
+                    exit_reason = self._handle(envelope)
+                except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
+                    _log.exception("%s: unexpected error handling %r", self.address, envelope.name)
+                    error = HostError(f"internal error: {type(exc).__name__}: {exc}")
+                    error.__cause__ = exc
+                    exit_reason = self._crashed(envelope, error)
+                outcome = CRASHED if exit_reason is not None else self._outcome
+                if span is not None:
+                    assert telemetry is not None
+                    telemetry.handle_end(span, self.type.name, outcome, self._fuel)
+                took = time.monotonic() - started
+                fuel, wall = fuel + self._fuel, wall + took
+                self.recent.append(
+                    (
+                        envelope.name,
+                        envelope.sender,
+                        outcome,
+                        started,
+                        took,
+                        self._fuel,
+                        envelope.body if self.runtime.introspect else None,
                     )
-                    if exit_reason is not None:
-                        break
-            finally:
-                self.current = None
-                self._owner = None
-                turns.depth -= 1
-                # Stopped meanwhile (stop timed out, or was called from this turn).
-                self._close_instance()
-        if handled:
-            self.light = fuel < _LIGHT_FUEL * handled and wall < _LIGHT_WALL * handled
-        with self._state:
-            # A paused mailbox (hot swap in progress) is woken again when it resumes.
-            more = self.alive and self.mailbox.ready()
-            if not more:
-                self._scheduled = False
+                )
+                if exit_reason is not None:
+                    break
+                envelope = None
+        finally:
+            turns.depth -= 1
+            more = self._end_turn(handled, fuel, wall)
         if exit_reason is None and not more and self.runtime.hibernation is not None:
             self.runtime.hibernation.touch(self)
         return handled, more, exit_reason
 
+    def _end_turn(self, handled: int, fuel: int, wall: float) -> bool:
+        """The end of a turn (run lock held; released here): whether there is more to do."""
+        self.current = None
+        self._owner = None
+        if handled:
+            self.light = fuel < _LIGHT_FUEL * handled and wall < _LIGHT_WALL * handled
+        # One hold of the state lock, the run lock still held: an instance stopped meanwhile
+        # (stop timed out, or was called from this turn) is taken to be closed here, and
+        # whether there is more to do is read.
+        with self._state:
+            stopped = None
+            if not self.alive:
+                stopped, self.instance = self.instance, None
+            # A paused mailbox (hot swap in progress) is woken again when it resumes.
+            more = self.alive and self.mailbox.ready()
+            if not more:
+                self._scheduled = False
+        try:
+            if stopped is not None:
+                stopped.close()
+        finally:
+            self._run.release()
+        return more
+
+    def _claim(self) -> bool:
+        """Claim the agent for a turn run in place (see ``run_here``): True with the run lock
+        held and ``_scheduled`` set, the message counted as accepted by the mailbox."""
+        run = self._run
+        with self._state:
+            # The run lock is taken without waiting under the state lock: a try cannot
+            # deadlock, and a held one means a stop or a migration has the agent.
+            if self._scheduled or not self.alive or self.instance is None or not run.acquire(False):
+                return False
+            if not self.mailbox.claim():
+                run.release()
+                return False
+            self._scheduled = True
+            return True
+
     def run_here(self, envelope: Envelope, deadline: float) -> bool:
-        """The shortest path of an ask just put in the mailbox: when the agent is idle (awake,
-        not scheduled, ``envelope`` the only message) and a worker is free, the calling thread
-        runs the turn itself, no thread hop either way. False (nothing done): the caller wakes
-        the agent as usual.
+        """The shortest path of an ask about to be put in the mailbox: when the agent is idle
+        (awake, not scheduled, its mailbox empty and not paused) and a worker is free, the
+        calling thread takes ``envelope`` at once (``Mailbox.claim``: counted as accepted,
+        never queued) and runs the turn itself, no thread hop either way. False (nothing
+        done): the caller puts it in the mailbox as usual.
+
+        The claim is made holding the agent's state lock, with the run lock taken (without
+        waiting) and ``_scheduled`` set, so no worker, wake or other ask can run the agent
+        until this turn ends, and a message put by another sender after the claim is handled
+        after this one (it queues, and the turn's end schedules the agent for it).
 
         Only when the agent's per-message budget ends before the ask's ``deadline`` would (the
-        asker cannot be held past its deadline by more than the budget allows), on a thread
+        asker cannot be held past its deadline by more than the budget allows: the caller
+        checked that of ``deadline``, this checks it of a shorter deadline it is nested in),
+        on a thread
         that is a worker in a turn (a guest's ask) or borrowed an idle worker's place (a host
         ask). A crash in the turn is reported to the supervisor from here when this thread
         holds no other run lock, else by a worker. A signal on the main thread interrupts the
@@ -573,33 +615,27 @@ class AgentProcess:
         :data:`_NESTED_TURNS`), each ending by ``deadline`` as well.
         """
         turns = _TURNS
-        # Nested in a turn run in place for an ask: that ask's deadline bounds this one too.
-        deadline = min(deadline, turns.limit)
-        if self.instance is None or self.type.budget.timeout > deadline - time.monotonic():
-            return False
+        limit = turns.limit
+        if limit < deadline:
+            # Nested in a turn run in place for an ask: that ask's deadline bounds this one
+            # too, and the budget must end before it (the caller checked its own deadline).
+            deadline = limit
+            if self.type.budget.timeout > deadline - time.monotonic():
+                return False
         depth = turns.depth
-        if depth >= _NESTED_TURNS:
+        if self.instance is None or depth >= _NESTED_TURNS:
             return False
         scheduler = self.runtime.scheduler
         borrowed = depth == 0 and not scheduler.on_worker()
         if borrowed and not scheduler.borrow():
             return False
         try:
-            with self._state:
-                idle = (
-                    not self._scheduled
-                    and self.alive
-                    and self.instance is not None
-                    and self.mailbox.peek_only(envelope)
-                )
-                if idle:
-                    self._scheduled = True
-            if not idle:
+            if not self._claim():
                 return False
             self._interrupted = None
-            outer, turns.limit = turns.limit, deadline
+            turns.limit = deadline
             try:
-                _, more, exit_reason = self._turn(1)
+                _, more, exit_reason = self._turn(1, envelope)
             except BaseException:
                 # A signal's handler raised (SystemExit) out of the guest call: the turn did
                 # not finish its bookkeeping. The message counts as crashed-on.
@@ -609,7 +645,7 @@ class AgentProcess:
                 self._wake()
                 raise
             finally:
-                turns.limit = outer
+                turns.limit = limit
         finally:
             if borrowed:
                 scheduler.give_back()
@@ -693,7 +729,9 @@ class AgentProcess:
             return self._crashed(envelope, exc)
         finally:
             self.current = None
-            self._flush_output()
+            for splitter in self._splitters:  # _flush_output, inline: a frame less a message
+                if splitter._partial:
+                    splitter.flush()
             usage = instance.last_usage
             if usage is not None:
                 self._fuel = usage.fuel
@@ -708,8 +746,14 @@ class AgentProcess:
                 return self._crashed(envelope, exc)
         if isinstance(outcome, Ok):
             self.stats.handled += 1
-            reply = outcome.value
-            _settle(envelope, value=None if reply is None else bytes(reply["body"]))
+            future = envelope.reply
+            if future is not None:
+                reply = outcome.value
+                # _settle, inline (a frame less an ask; no contextlib.suppress object either)
+                try:  # noqa: SIM105
+                    future.set_result(None if reply is None else bytes(reply["body"]))
+                except InvalidStateError:  # settled already (by a shutdown that gave up on it)
+                    pass
         else:
             self.stats.failed += 1
             text = str(outcome.value if isinstance(outcome, Err) else outcome)
@@ -1392,8 +1436,9 @@ class Runtime:
             return future, breaker
         now = time.monotonic()
         deadline = now + (within if timeout is None else timeout)
-        process.deliver(envelope, timeout, here=now + within)
-        if time.monotonic() > deadline and future.done():
+        if name == INSPECT or not process.run_here(envelope, now + within):
+            process.deliver(envelope, timeout)
+        elif time.monotonic() > deadline and future.done():
             # Run in place and answered past the asker's deadline: the reply is too late.
             raise AskTimeout(f"no reply from {process.address} to {name!r} within {timeout:g} s")
         return future, breaker
