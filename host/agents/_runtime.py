@@ -495,6 +495,8 @@ class AgentProcess:
             if claimed is None and self.instance is None and self.alive:  # hibernated
                 exit_reason = self._wake_in_turn()
             envelope = claimed
+            runtime = self.runtime
+            telemetry, introspect = runtime.telemetry, runtime.introspect
             for _ in range(limit):
                 if envelope is None:
                     if not self.alive:
@@ -505,7 +507,6 @@ class AgentProcess:
                 handled += 1
                 self._outcome, self._fuel = OK, 0
                 self.started = started = time.monotonic()
-                telemetry = self.runtime.telemetry
                 span = (
                     None
                     if telemetry is None
@@ -539,7 +540,7 @@ class AgentProcess:
                         started,
                         took,
                         self._fuel,
-                        envelope.body if self.runtime.introspect else None,
+                        envelope.body if introspect else None,
                     )
                 )
                 if exit_reason is not None:
@@ -1334,8 +1335,8 @@ class Runtime:
             future, breaker = self._deliver_ask(
                 process, name, body, sender, chain, timeout, None, here, Reply, within
             )
-            if wait is None and breaker is None and future.done():  # answered in place
-                return future.result()
+            if breaker is None and future.done():  # answered in place: nothing to wait for
+                return future.result() if wait is None else wait(future, timeout)
             return self._await_reply(local, name, future, breaker, timeout, wait)
         span = telemetry.ask_begin(process.address, name, sender)
         try:
@@ -1645,7 +1646,9 @@ class AgentHostProvider:
             return Ok(None)
 
         def ask(ctx: GuestContext, to: str, msg: dict[str, Any], timeout_ms: int) -> Any:
-            process = _process(ctx)
+            process = ctx.find(_PROCESS)  # _process, inline: a frame less a guest's ask
+            if process is None:
+                return _process(ctx)  # raises
             current = process.current
             chain = (*(current.asker_chain if current is not None else ()), process.address)
             scope = ctx.scope
