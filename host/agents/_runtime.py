@@ -577,21 +577,6 @@ class AgentProcess:
             self._run.release()
         return more
 
-    def _claim(self) -> bool:
-        """Claim the agent for a turn run in place (see ``run_here``): True with the run lock
-        held and ``_scheduled`` set, the message counted as accepted by the mailbox."""
-        run = self._run
-        with self._state:
-            # The run lock is taken without waiting under the state lock: a try cannot
-            # deadlock, and a held one means a stop or a migration has the agent.
-            if self._scheduled or not self.alive or self.instance is None or not run.acquire(False):
-                return False
-            if not self.mailbox.claim():
-                run.release()
-                return False
-            self._scheduled = True
-            return True
-
     def run_here(self, envelope: Envelope, deadline: float) -> bool:
         """The shortest path of an ask about to be put in the mailbox: when the agent is idle
         (awake, not scheduled, its mailbox empty and not paused) and a worker is free, the
@@ -631,8 +616,21 @@ class AgentProcess:
         if borrowed and not scheduler.borrow():
             return False
         try:
-            if not self._claim():
-                return False
+            run = self._run
+            with self._state:  # the claim (see above)
+                # The run lock is taken without waiting under the state lock: a try cannot
+                # deadlock, and a held one means a stop or a migration has the agent.
+                if (
+                    self._scheduled
+                    or not self.alive
+                    or self.instance is None
+                    or not run.acquire(False)
+                ):
+                    return False
+                if not self.mailbox.claim():
+                    run.release()
+                    return False
+                self._scheduled = True
             self._interrupted = None
             turns.limit = deadline
             try:
@@ -650,19 +648,27 @@ class AgentProcess:
         finally:
             if borrowed:
                 scheduler.give_back()
+        if exit_reason is not None or more or self._interrupted is not None:
+            self._after_here(depth, exit_reason, more)
+        return True
+
+    def _after_here(self, depth: int, exit_reason: str | None, more: bool) -> None:
+        """What a turn run in place leaves to do (rarely anything): report its crash (from
+        here when this thread holds no other run lock, else by a worker), schedule the agent
+        for messages that came meanwhile, raise a Ctrl-C that interrupted the guest."""
+        scheduler = self.runtime.scheduler
         if exit_reason is not None:
             if depth == 0:
                 self._exit(exit_reason)
             else:
                 scheduler.schedule(_Exit(self, exit_reason))
-        elif more:
+        elif more:  # messages came meanwhile: the turn's end left it scheduled, for us to queue
             scheduler.schedule(self)
         interrupted = self._interrupted
         if interrupted is not None and threading.current_thread() is threading.main_thread():
             self._interrupted = None
             if interrupted == signal.SIGINT:
                 raise KeyboardInterrupt
-        return True
 
     def _wake_in_turn(self) -> str | None:
         """Wake a hibernated agent before its next message (``_run`` held); a crash reason if
