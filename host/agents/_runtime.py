@@ -244,6 +244,8 @@ class AgentProcess:
     """The last messages handled (see mighty.agents._introspect)."""
     _outcome: str = OK
     _fuel: int = 0
+    _took: float = 0.0
+    """How long the latest message took (``_message``), for the turn's lightness."""
     # The signal that interrupted the guest in a turn run by ``run_here``, if one did.
     _interrupted: int | None = None
     light: bool = False
@@ -475,85 +477,41 @@ class AgentProcess:
             self._exit(exit_reason)
         return handled, more
 
-    def _turn(self, limit: int, claimed: Envelope | None = None) -> tuple[int, bool, str | None]:
+    def _turn(self, limit: int) -> tuple[int, bool, str | None]:
         """Up to ``limit`` messages under the run lock: (handled, more to do, crash reason).
 
         ``_scheduled`` is cleared when there is no more to do; the caller reports a crash
-        (``_exit``) once it holds no run lock of its own. ``claimed``: the first message, taken
-        by ``run_here`` (``Mailbox.claim``) with the run lock, which the caller holds already
-        and this turn releases; it is handled even if a stop came since (as a message taken
-        just before the stop is: the stop waits for it, then closes the instance).
+        (``_exit``) once it holds no run lock of its own. (An ask run in place runs its one
+        claimed message the same way, inline: see ``run_here``.)
         """
         handled, fuel, wall = 0, 0, 0.0
         exit_reason: str | None = None
         turns = _TURNS
         turns.depth += 1
-        if claimed is None:
-            self._run.acquire()
+        self._run.acquire()
         try:
             self._owner = threading.get_ident()
-            if claimed is None and self.instance is None and self.alive:  # hibernated
+            if self.hibernated:
                 exit_reason = self._wake_in_turn()
-            envelope = claimed
             runtime = self.runtime
             telemetry, introspect = runtime.telemetry, runtime.introspect
             for _ in range(limit):
+                if not self.alive:
+                    break
+                envelope = self.mailbox.take()
                 if envelope is None:
-                    if not self.alive:
-                        break
-                    envelope = self.mailbox.take()
-                    if envelope is None:
-                        break
+                    break
                 handled += 1
-                self._outcome, self._fuel = OK, 0
-                self.started = started = time.monotonic()
-                span = (
-                    None
-                    if telemetry is None
-                    else telemetry.handle_begin(
-                        self.address,
-                        self.type.name,
-                        envelope.name,
-                        envelope.sender,
-                        envelope.trace,
-                        envelope.body,
-                    )
-                )
-                try:
-                    exit_reason = self._handle(envelope)
-                except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
-                    _log.exception("%s: unexpected error handling %r", self.address, envelope.name)
-                    error = HostError(f"internal error: {type(exc).__name__}: {exc}")
-                    error.__cause__ = exc
-                    exit_reason = self._crashed(envelope, error)
-                outcome = CRASHED if exit_reason is not None else self._outcome
-                if span is not None:
-                    assert telemetry is not None
-                    telemetry.handle_end(span, self.type.name, outcome, self._fuel)
-                took = time.monotonic() - started
-                fuel, wall = fuel + self._fuel, wall + took
-                self.recent.append(
-                    (
-                        envelope.name,
-                        envelope.sender,
-                        outcome,
-                        started,
-                        took,
-                        self._fuel,
-                        envelope.body if introspect else None,
-                    )
-                )
+                exit_reason = self._message(envelope, telemetry, introspect)
+                fuel, wall = fuel + self._fuel, wall + self._took
                 if exit_reason is not None:
                     break
-                envelope = None
         finally:
             turns.depth -= 1
-            more = self._end_turn(handled, fuel, wall)
-        if exit_reason is None and not more and self.runtime.hibernation is not None:
-            self.runtime.hibernation.touch(self)
+            more = self._end_turn(handled, fuel, wall, exit_reason)
         return handled, more, exit_reason
 
-    def _end_turn(self, handled: int, fuel: int, wall: float) -> bool:
+    def _end_turn(self, handled: int, fuel: int, wall: float, exit_reason: str | None) -> bool:
         """The end of a turn (run lock held; released here): whether there is more to do."""
         self.current = None
         self._owner = None
@@ -575,6 +533,8 @@ class AgentProcess:
                 stopped.close()
         finally:
             self._run.release()
+        if exit_reason is None and not more and self.runtime.hibernation is not None:
+            self.runtime.hibernation.touch(self)
         return more
 
     def run_here(self, envelope: Envelope, deadline: float) -> bool:
@@ -631,10 +591,21 @@ class AgentProcess:
                     run.release()
                     return False
                 self._scheduled = True
+            # The claimed message is handled even if a stop came since (as a message taken just
+            # before a stop is: the stop waits for the run lock, then closes the instance).
             self._interrupted = None
             turns.limit = deadline
+            turns.depth = depth + 1
+            self._owner = threading.get_ident()
+            exit_reason: str | None = None
             try:
-                _, more, exit_reason = self._turn(1, envelope)
+                # The turn of one claimed message, inline (what _turn does, without its loop).
+                runtime = self.runtime
+                try:
+                    exit_reason = self._message(envelope, runtime.telemetry, runtime.introspect)
+                finally:
+                    turns.depth = depth
+                    more = self._end_turn(1, self._fuel, self._took, exit_reason)
             except BaseException:
                 # A signal's handler raised (SystemExit) out of the guest call: the turn did
                 # not finish its bookkeeping. The message counts as crashed-on.
@@ -714,72 +685,138 @@ class AgentProcess:
             self._exiting = False
         self.runtime._bury(self, reason)
 
-    def _handle(self, envelope: Envelope) -> str | None:
-        """Handle one message; the crash reason when the agent crashed on it."""
-        refusal = None if self.type.accepts is None else self._check_protocol(envelope)
-        if refusal is not None:
-            self.stats.failed += 1
-            self._outcome = REFUSED
-            _settle(envelope, error=refusal)
-            return None
-        instance = self.instance
-        assert instance is not None
-        self.current = envelope
-        try:
-            outcome = instance.call(
-                "handle",
+    def _message(  # noqa: PLR0915 -- one frame per message on the hot path, on purpose
+        self, envelope: Envelope, telemetry: Telemetry | None, introspect: bool
+    ) -> str | None:
+        """Handle one message in a turn (run lock held), count it and keep it in the history
+        (``_fuel``, ``_took``); the crash reason when the agent crashed on it. One frame for
+        the common case (a turn's loop, and an ask run in place, call it directly); the rare
+        outcomes have their own."""
+        self._outcome = OK
+        self._fuel = 0
+        self.started = started = time.monotonic()
+        agent_type = self.type
+        span = (
+            None
+            if telemetry is None
+            else telemetry.handle_begin(
+                self.address,
+                agent_type.name,
+                envelope.name,
                 envelope.sender,
-                {"name": envelope.name, "body": envelope.body},
-                budget=self.type.budget,
+                envelope.trace,
+                envelope.body,
             )
-        except (GuestError, HostError) as exc:
-            return self._crashed(envelope, exc)
-        finally:
-            self.current = None
-            for splitter in self._splitters:  # _flush_output, inline: a frame less a message
-                if splitter._partial:
-                    splitter.flush()
-            usage = instance.last_usage
-            if usage is not None:
-                self._fuel = usage.fuel
-        if usage is not None:
-            self.stats.fuel += usage.fuel
+        )
+        exit_reason: str | None = None
+        try:
+            refusal = None if agent_type.accepts is None else self._check_protocol(envelope)
+            if refusal is not None:
+                self._refuse(envelope, refusal)
+            else:
+                instance = self.instance
+                assert instance is not None
+                self.current = envelope
+                try:
+                    result = instance.call(
+                        "handle",
+                        envelope.sender,
+                        {"name": envelope.name, "body": envelope.body},
+                        budget=agent_type.budget,
+                    )
+                except (GuestError, HostError) as exc:
+                    exit_reason = self._crashed(envelope, exc)
+                finally:
+                    self.current = None
+                    for splitter in self._splitters:  # _flush_output, inline
+                        if splitter._partial:
+                            splitter.flush()
+                    usage = instance.last_usage
+                    if usage is not None:
+                        self._fuel = usage.fuel
+                if exit_reason is None and usage is not None:
+                    self.stats.fuel += usage.fuel
+                if (
+                    exit_reason is None
+                    and agent_type.durable
+                    and self.runtime.hibernation is not None
+                ):
+                    exit_reason = self._persist(envelope, instance)
+                if exit_reason is None:
+                    if isinstance(result, Ok):
+                        self.stats.handled += 1
+                        future = envelope.reply
+                        if future is not None:
+                            reply = result.value
+                            body = None if reply is None else bytes(reply["body"])
+                            # _settle, inline (no contextlib.suppress object either)
+                            try:  # noqa: SIM105
+                                future.set_result(body)
+                            except InvalidStateError:  # settled by a shutdown that gave up
+                                pass
+                    else:
+                        self._failed(envelope, result)
+                    limit = agent_type.lifetime_fuel
+                    if limit is not None and self.stats.fuel > limit:
+                        exit_reason = self._out_of_lifetime(limit)
+        except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
+            _log.exception("%s: unexpected error handling %r", self.address, envelope.name)
+            error = HostError(f"internal error: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            exit_reason = self._crashed(envelope, error)
+        outcome = CRASHED if exit_reason is not None else self._outcome
+        if span is not None:
+            assert telemetry is not None
+            telemetry.handle_end(span, agent_type.name, outcome, self._fuel)
+        self._took = took = time.monotonic() - started
+        self.recent.append(
+            (
+                envelope.name,
+                envelope.sender,
+                outcome,
+                started,
+                took,
+                self._fuel,
+                envelope.body if introspect else None,
+            )
+        )
+        return exit_reason
+
+    def _refuse(self, envelope: Envelope, refusal: AgentError) -> None:
+        """The message broke the type's protocol: refused, not handled."""
+        self.stats.failed += 1
+        self._outcome = REFUSED
+        _settle(envelope, error=refusal)
+
+    def _persist(self, envelope: Envelope, instance: Instance) -> str | None:
+        """Write-ahead for a durable type: the state is on disk before the reply is released;
+        the crash reason if it cannot be stored."""
         hibernation = self.runtime.hibernation
-        if self.type.durable and hibernation is not None:
-            # Write-ahead: the state is on disk before the reply is released.
-            try:
-                hibernation.persist(self, instance)
-            except MightyError as exc:
-                return self._crashed(envelope, exc)
-        if isinstance(outcome, Ok):
-            self.stats.handled += 1
-            future = envelope.reply
-            if future is not None:
-                reply = outcome.value
-                # _settle, inline (a frame less an ask; no contextlib.suppress object either)
-                try:  # noqa: SIM105
-                    future.set_result(None if reply is None else bytes(reply["body"]))
-                except InvalidStateError:  # settled already (by a shutdown that gave up on it)
-                    pass
-        else:
-            self.stats.failed += 1
-            text = str(outcome.value if isinstance(outcome, Err) else outcome)
-            self._outcome = REFUSED if text.startswith("refused: ") else FAILED
-            error: AgentError = (
-                Refused(f"{self.address}: {text[len('refused: ') :]}")
-                if text.startswith("refused: ")
-                else HandlerFailed(f"{self.address} failed on {envelope.name!r}: {text}")
-            )
-            _settle(envelope, error=error)
-        limit = self.type.lifetime_fuel
-        if limit is not None and self.stats.fuel > limit:
-            self.runtime.emit(
-                "budget.exhausted", self.address, {"reason": "lifetime_fuel", "limit": limit}
-            )
-            return self._crashed(
-                None, HostError(f"{self.address} used its lifetime fuel of {limit}")
-            )
+        assert hibernation is not None
+        try:
+            hibernation.persist(self, instance)
+        except MightyError as exc:
+            return self._crashed(envelope, exc)
         return None
+
+    def _failed(self, envelope: Envelope, outcome: Any) -> None:
+        """The handler returned an error: the asker gets Refused or HandlerFailed."""
+        self.stats.failed += 1
+        text = str(outcome.value if isinstance(outcome, Err) else outcome)
+        self._outcome = REFUSED if text.startswith("refused: ") else FAILED
+        error: AgentError = (
+            Refused(f"{self.address}: {text[len('refused: ') :]}")
+            if text.startswith("refused: ")
+            else HandlerFailed(f"{self.address} failed on {envelope.name!r}: {text}")
+        )
+        _settle(envelope, error=error)
+
+    def _out_of_lifetime(self, limit: int) -> str:
+        """The agent used its lifetime fuel: it crashes (after this message's reply)."""
+        self.runtime.emit(
+            "budget.exhausted", self.address, {"reason": "lifetime_fuel", "limit": limit}
+        )
+        return self._crashed(None, HostError(f"{self.address} used its lifetime fuel of {limit}"))
 
     def _check_protocol(self, envelope: Envelope) -> AgentError | None:
         accepts = self.type.accepts
