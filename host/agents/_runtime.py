@@ -30,9 +30,11 @@ order is: a supervisor's runner role, then any agent's ``_run``, then the leaf l
 holding a ``_run`` waits for a runner role or for another ``_run``: a crash is reported to the
 supervisor only after the worker released the crashed agent's lock, so the supervisor can stop,
 revive or retire any agent, that one included; and ``stop`` called from inside the agent's own
-turn does not wait for it. Rejected: a reentrant run lock (the supervisor would close the
-instance under the turn still using it) and a supervisor thread (one more thread per
-supervisor, and stop/start would still have to wait for it).
+turn does not wait for it. The one acquisition against the order, an ask's claim of an idle
+agent (``run_here``), tries ``_run`` under ``_state`` without waiting, which cannot deadlock.
+Rejected: a reentrant run lock (the supervisor would close the instance under the turn still
+using it) and a supervisor thread (one more thread per supervisor, and stop/start would still
+have to wait for it).
 """
 
 from __future__ import annotations
