@@ -1482,9 +1482,8 @@ class Runtime:
             return future, breaker
         now = time.monotonic()
         deadline = now + (within if timeout is None else timeout)
-        if name == INSPECT or not process.run_here(envelope, now + within):
-            process.deliver(envelope, timeout)
-        elif time.monotonic() > deadline and future.done():
+        process.deliver(envelope, timeout, here=now + within)
+        if time.monotonic() > deadline and future.done():
             # Run in place and answered past the asker's deadline: the reply is too late.
             raise AskTimeout(f"no reply from {process.address} to {name!r} within {timeout:g} s")
         return future, breaker
