@@ -224,9 +224,32 @@ class Mailbox(Generic[T]):
 
     def ready(self) -> bool:
         """An envelope could be handed out now: some are held and the mailbox is not paused
-        (or is closed, which ends the pause)."""
+        (or is closed, which ends the pause).
+
+        Read without the lock: each of the three reads is atomic, and the answer is true of
+        the mailbox at the moment ``_items`` was read (an empty one is not ready whatever
+        follows; items that were there were ready unless a pause came first, and then the
+        pause is read too). Like any answer it may be stale on return; its callers (an agent
+        ending its turn, a wake) are made safe by the producer's wake after every put.
+        """
+        return bool(self._items) and (self._closed or not self._paused)
+
+    def claim(self) -> bool:
+        """Accept an envelope and hand it out at once, never queueing it: True (counted as
+        accepted) when the mailbox is empty, open and not paused, so that the envelope is
+        the next one out in every order a ``put`` would have given it; False (nothing done)
+        otherwise, and the caller puts it as usual.
+
+        For an ask whose asking thread runs the agent's turn itself: the caller holds the
+        agent's lock that keeps any other consumer away until it has handled the envelope.
+        """
         with self._lock:
-            return bool(self._items) and (self._closed or not self._paused)
+            if self._items or self._closed or self._paused:
+                return False
+            self._accepted += 1
+            if not self._high_water:
+                self._high_water = 1
+            return True
 
     def get_nowait(self) -> T:
         """Take the oldest envelope now, or raise ``MailboxEmpty`` / ``MailboxClosed``."""

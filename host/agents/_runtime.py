@@ -30,9 +30,11 @@ order is: a supervisor's runner role, then any agent's ``_run``, then the leaf l
 holding a ``_run`` waits for a runner role or for another ``_run``: a crash is reported to the
 supervisor only after the worker released the crashed agent's lock, so the supervisor can stop,
 revive or retire any agent, that one included; and ``stop`` called from inside the agent's own
-turn does not wait for it. Rejected: a reentrant run lock (the supervisor would close the
-instance under the turn still using it) and a supervisor thread (one more thread per
-supervisor, and stop/start would still have to wait for it).
+turn does not wait for it. The one acquisition against the order, an ask's claim of an idle
+agent (``run_here``), tries ``_run`` under ``_state`` without waiting, which cannot deadlock.
+Rejected: a reentrant run lock (the supervisor would close the instance under the turn still
+using it) and a supervisor thread (one more thread per supervisor, and stop/start would still
+have to wait for it).
 """
 
 from __future__ import annotations
@@ -244,6 +246,8 @@ class AgentProcess:
     """The last messages handled (see mighty.agents._introspect)."""
     _outcome: str = OK
     _fuel: int = 0
+    _took: float = 0.0
+    """How long the latest message took (``_message``), for the turn's lightness."""
     # The signal that interrupted the guest in a turn run by ``run_here``, if one did.
     _interrupted: int | None = None
     light: bool = False
@@ -441,6 +445,8 @@ class AgentProcess:
         if envelope.name == INSPECT:
             _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
             return
+        if here is not None and self.run_here(envelope, here):
+            return
         try:
             accepted = self.mailbox.put(envelope, timeout=timeout)
         except MailboxFull as exc:
@@ -452,8 +458,6 @@ class AgentProcess:
             self.runtime.emit("message.dropped", self.address, {"message": envelope.name})
             if envelope.reply is not None:
                 envelope.reply.set_exception(MailboxFullError(f"{self.address}: dropped"))
-            return
-        if here is not None and self.run_here(envelope, here):
             return
         self._wake()
 
@@ -479,92 +483,78 @@ class AgentProcess:
         """Up to ``limit`` messages under the run lock: (handled, more to do, crash reason).
 
         ``_scheduled`` is cleared when there is no more to do; the caller reports a crash
-        (``_exit``) once it holds no run lock of its own.
+        (``_exit``) once it holds no run lock of its own. (An ask run in place runs its one
+        claimed message the same way, inline: see ``run_here``.)
         """
         handled, fuel, wall = 0, 0, 0.0
         exit_reason: str | None = None
         turns = _TURNS
         turns.depth += 1
-        with self._run:
+        self._run.acquire()
+        try:
             self._owner = threading.get_ident()
-            try:
-                if self.hibernated:
-                    exit_reason = self._wake_in_turn()
-                for _ in range(limit):
-                    if not self.alive:
-                        break
-                    envelope = self.mailbox.take()
-                    if envelope is None:
-                        break
-                    handled += 1
-                    self._outcome, self._fuel = OK, 0
-                    self.started = started = time.monotonic()
-                    telemetry = self.runtime.telemetry
-                    span = (
-                        None
-                        if telemetry is None
-                        else telemetry.handle_begin(
-                            self.address,
-                            self.type.name,
-                            envelope.name,
-                            envelope.sender,
-                            envelope.trace,
-                            envelope.body,
-                        )
-                    )
-                    try:
-                        exit_reason = self._handle(envelope)
-                    except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
-                        _log.exception(
-                            "%s: unexpected error handling %r", self.address, envelope.name
-                        )
-                        error = HostError(f"internal error: {type(exc).__name__}: {exc}")
-                        error.__cause__ = exc
-                        exit_reason = self._crashed(envelope, error)
-                    outcome = CRASHED if exit_reason is not None else self._outcome
-                    if span is not None:
-                        assert telemetry is not None
-                        telemetry.handle_end(span, self.type.name, outcome, self._fuel)
-                    took = time.monotonic() - started
-                    fuel, wall = fuel + self._fuel, wall + took
-                    self.recent.append(
-                        (
-                            envelope.name,
-                            envelope.sender,
-                            outcome,
-                            started,
-                            took,
-                            self._fuel,
-                            envelope.body if self.runtime.introspect else None,
-                        )
-                    )
-                    if exit_reason is not None:
-                        break
-            finally:
-                self.current = None
-                self._owner = None
-                turns.depth -= 1
-                # Stopped meanwhile (stop timed out, or was called from this turn).
-                self._close_instance()
+            if self.hibernated:
+                exit_reason = self._wake_in_turn()
+            runtime = self.runtime
+            telemetry, introspect = runtime.telemetry, runtime.introspect
+            for _ in range(limit):
+                if not self.alive:
+                    break
+                envelope = self.mailbox.take()
+                if envelope is None:
+                    break
+                handled += 1
+                exit_reason = self._message(envelope, telemetry, introspect)
+                fuel, wall = fuel + self._fuel, wall + self._took
+                if exit_reason is not None:
+                    break
+        finally:
+            turns.depth -= 1
+            more = self._end_turn(handled, fuel, wall, exit_reason)
+        return handled, more, exit_reason
+
+    def _end_turn(self, handled: int, fuel: int, wall: float, exit_reason: str | None) -> bool:
+        """The end of a turn (run lock held; released here): whether there is more to do."""
+        self.current = None
+        self._owner = None
         if handled:
             self.light = fuel < _LIGHT_FUEL * handled and wall < _LIGHT_WALL * handled
+        # One hold of the state lock, the run lock still held: an instance stopped meanwhile
+        # (stop timed out, or was called from this turn) is taken to be closed here, and
+        # whether there is more to do is read.
         with self._state:
+            stopped = None
+            if not self.alive:
+                stopped, self.instance = self.instance, None
             # A paused mailbox (hot swap in progress) is woken again when it resumes.
             more = self.alive and self.mailbox.ready()
             if not more:
                 self._scheduled = False
+        try:
+            if stopped is not None:
+                stopped.close()
+        finally:
+            self._run.release()
         if exit_reason is None and not more and self.runtime.hibernation is not None:
             self.runtime.hibernation.touch(self)
-        return handled, more, exit_reason
+        return more
 
     def run_here(self, envelope: Envelope, deadline: float) -> bool:
-        """The shortest path of an ask just put in the mailbox: when the agent is idle (awake,
-        not scheduled, ``envelope`` the only message) and a worker is free, the calling thread
-        runs the turn itself, no thread hop either way. False (nothing done): the caller wakes
-        the agent as usual.
+        """The shortest path of an ask about to be put in the mailbox: when the agent is idle
+        (awake, not scheduled, its mailbox empty and not paused) and a worker is free, the
+        calling thread takes ``envelope`` at once (``Mailbox.claim``: counted as accepted,
+        never queued) and runs the turn itself, no thread hop either way. False (nothing
+        done): the caller puts it in the mailbox as usual.
+
+        The claim is made holding the agent's state lock, with the run lock taken (without
+        waiting) and ``_scheduled`` set, so no worker, wake or other ask can run the agent
+        until this turn ends, and a message put by another sender after the claim is handled
+        after this one (it queues, and the turn's end schedules the agent for it).
 
         Only when the agent's per-message budget ends before the ask's ``deadline`` would (the
-        asker cannot be held past its deadline by more than the budget allows), on a thread
+        asker cannot be held past its deadline by more than the budget allows: the caller
+        checked that of ``deadline``, this checks it of a shorter deadline it is nested in),
+        on a thread
         that is a worker in a turn (a guest's ask) or borrowed an idle worker's place (a host
         ask). A crash in the turn is reported to the supervisor from here when this thread
         holds no other run lock, else by a worker. A signal on the main thread interrupts the
@@ -573,33 +563,51 @@ class AgentProcess:
         :data:`_NESTED_TURNS`), each ending by ``deadline`` as well.
         """
         turns = _TURNS
-        # Nested in a turn run in place for an ask: that ask's deadline bounds this one too.
-        deadline = min(deadline, turns.limit)
-        if self.instance is None or self.type.budget.timeout > deadline - time.monotonic():
-            return False
+        limit = turns.limit
+        if limit < deadline:
+            # Nested in a turn run in place for an ask: that ask's deadline bounds this one
+            # too, and the budget must end before it (the caller checked its own deadline).
+            deadline = limit
+            if self.type.budget.timeout > deadline - time.monotonic():
+                return False
         depth = turns.depth
-        if depth >= _NESTED_TURNS:
+        if self.instance is None or depth >= _NESTED_TURNS:
             return False
         scheduler = self.runtime.scheduler
         borrowed = depth == 0 and not scheduler.on_worker()
         if borrowed and not scheduler.borrow():
             return False
         try:
-            with self._state:
-                idle = (
-                    not self._scheduled
-                    and self.alive
-                    and self.instance is not None
-                    and self.mailbox.peek_only(envelope)
-                )
-                if idle:
-                    self._scheduled = True
-            if not idle:
-                return False
+            run = self._run
+            with self._state:  # the claim (see above)
+                # The run lock is taken without waiting under the state lock: a try cannot
+                # deadlock, and a held one means a stop or a migration has the agent.
+                if (
+                    self._scheduled
+                    or not self.alive
+                    or self.instance is None
+                    or not run.acquire(False)
+                ):
+                    return False
+                if not self.mailbox.claim():
+                    run.release()
+                    return False
+                self._scheduled = True
+            # The claimed message is handled even if a stop came since (as a message taken just
+            # before a stop is: the stop waits for the run lock, then closes the instance).
             self._interrupted = None
-            outer, turns.limit = turns.limit, deadline
+            turns.limit = deadline
+            turns.depth = depth + 1
+            self._owner = threading.get_ident()
+            exit_reason: str | None = None
             try:
-                _, more, exit_reason = self._turn(1)
+                # The turn of one claimed message, inline (what _turn does, without its loop).
+                runtime = self.runtime
+                try:
+                    exit_reason = self._message(envelope, runtime.telemetry, runtime.introspect)
+                finally:
+                    turns.depth = depth
+                    more = self._end_turn(1, self._fuel, self._took, exit_reason)
             except BaseException:
                 # A signal's handler raised (SystemExit) out of the guest call: the turn did
                 # not finish its bookkeeping. The message counts as crashed-on.
@@ -609,23 +617,31 @@ class AgentProcess:
                 self._wake()
                 raise
             finally:
-                turns.limit = outer
+                turns.limit = limit
         finally:
             if borrowed:
                 scheduler.give_back()
+        if exit_reason is not None or more or self._interrupted is not None:
+            self._after_here(depth, exit_reason, more)
+        return True
+
+    def _after_here(self, depth: int, exit_reason: str | None, more: bool) -> None:
+        """What a turn run in place leaves to do (rarely anything): report its crash (from
+        here when this thread holds no other run lock, else by a worker), schedule the agent
+        for messages that came meanwhile, raise a Ctrl-C that interrupted the guest."""
+        scheduler = self.runtime.scheduler
         if exit_reason is not None:
             if depth == 0:
                 self._exit(exit_reason)
             else:
                 scheduler.schedule(_Exit(self, exit_reason))
-        elif more:
+        elif more:  # messages came meanwhile: the turn's end left it scheduled, for us to queue
             scheduler.schedule(self)
         interrupted = self._interrupted
         if interrupted is not None and threading.current_thread() is threading.main_thread():
             self._interrupted = None
             if interrupted == signal.SIGINT:
                 raise KeyboardInterrupt
-        return True
 
     def _wake_in_turn(self) -> str | None:
         """Wake a hibernated agent before its next message (``_run`` held); a crash reason if
@@ -671,64 +687,138 @@ class AgentProcess:
             self._exiting = False
         self.runtime._bury(self, reason)
 
-    def _handle(self, envelope: Envelope) -> str | None:
-        """Handle one message; the crash reason when the agent crashed on it."""
-        refusal = None if self.type.accepts is None else self._check_protocol(envelope)
-        if refusal is not None:
-            self.stats.failed += 1
-            self._outcome = REFUSED
-            _settle(envelope, error=refusal)
-            return None
-        instance = self.instance
-        assert instance is not None
-        self.current = envelope
-        try:
-            outcome = instance.call(
-                "handle",
+    def _message(  # noqa: PLR0915 -- one frame per message on the hot path, on purpose
+        self, envelope: Envelope, telemetry: Telemetry | None, introspect: bool
+    ) -> str | None:
+        """Handle one message in a turn (run lock held), count it and keep it in the history
+        (``_fuel``, ``_took``); the crash reason when the agent crashed on it. One frame for
+        the common case (a turn's loop, and an ask run in place, call it directly); the rare
+        outcomes have their own."""
+        self._outcome = OK
+        self._fuel = 0
+        self.started = started = time.monotonic()
+        agent_type = self.type
+        span = (
+            None
+            if telemetry is None
+            else telemetry.handle_begin(
+                self.address,
+                agent_type.name,
+                envelope.name,
                 envelope.sender,
-                {"name": envelope.name, "body": envelope.body},
-                budget=self.type.budget,
+                envelope.trace,
+                envelope.body,
             )
-        except (GuestError, HostError) as exc:
-            return self._crashed(envelope, exc)
-        finally:
-            self.current = None
-            self._flush_output()
-            usage = instance.last_usage
-            if usage is not None:
-                self._fuel = usage.fuel
-        if usage is not None:
-            self.stats.fuel += usage.fuel
+        )
+        exit_reason: str | None = None
+        try:
+            refusal = None if agent_type.accepts is None else self._check_protocol(envelope)
+            if refusal is not None:
+                self._refuse(envelope, refusal)
+            else:
+                instance = self.instance
+                assert instance is not None
+                self.current = envelope
+                try:
+                    result = instance.call(
+                        "handle",
+                        envelope.sender,
+                        {"name": envelope.name, "body": envelope.body},
+                        budget=agent_type.budget,
+                    )
+                except (GuestError, HostError) as exc:
+                    exit_reason = self._crashed(envelope, exc)
+                finally:
+                    self.current = None
+                    for splitter in self._splitters:  # _flush_output, inline
+                        if splitter._partial:
+                            splitter.flush()
+                    usage = instance.last_usage
+                    if usage is not None:
+                        self._fuel = usage.fuel
+                if exit_reason is None and usage is not None:
+                    self.stats.fuel += usage.fuel
+                if (
+                    exit_reason is None
+                    and agent_type.durable
+                    and self.runtime.hibernation is not None
+                ):
+                    exit_reason = self._persist(envelope, instance)
+                if exit_reason is None:
+                    if isinstance(result, Ok):
+                        self.stats.handled += 1
+                        future = envelope.reply
+                        if future is not None:
+                            reply = result.value
+                            body = None if reply is None else bytes(reply["body"])
+                            # _settle, inline (no contextlib.suppress object either)
+                            try:  # noqa: SIM105
+                                future.set_result(body)
+                            except InvalidStateError:  # settled by a shutdown that gave up
+                                pass
+                    else:
+                        self._failed(envelope, result)
+                    limit = agent_type.lifetime_fuel
+                    if limit is not None and self.stats.fuel > limit:
+                        exit_reason = self._out_of_lifetime(limit)
+        except Exception as exc:  # noqa: BLE001 -- a host bug in a turn is this agent's crash
+            _log.exception("%s: unexpected error handling %r", self.address, envelope.name)
+            error = HostError(f"internal error: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            exit_reason = self._crashed(envelope, error)
+        outcome = CRASHED if exit_reason is not None else self._outcome
+        if span is not None:
+            assert telemetry is not None
+            telemetry.handle_end(span, agent_type.name, outcome, self._fuel)
+        self._took = took = time.monotonic() - started
+        self.recent.append(
+            (
+                envelope.name,
+                envelope.sender,
+                outcome,
+                started,
+                took,
+                self._fuel,
+                envelope.body if introspect else None,
+            )
+        )
+        return exit_reason
+
+    def _refuse(self, envelope: Envelope, refusal: AgentError) -> None:
+        """The message broke the type's protocol: refused, not handled."""
+        self.stats.failed += 1
+        self._outcome = REFUSED
+        _settle(envelope, error=refusal)
+
+    def _persist(self, envelope: Envelope, instance: Instance) -> str | None:
+        """Write-ahead for a durable type: the state is on disk before the reply is released;
+        the crash reason if it cannot be stored."""
         hibernation = self.runtime.hibernation
-        if self.type.durable and hibernation is not None:
-            # Write-ahead: the state is on disk before the reply is released.
-            try:
-                hibernation.persist(self, instance)
-            except MightyError as exc:
-                return self._crashed(envelope, exc)
-        if isinstance(outcome, Ok):
-            self.stats.handled += 1
-            reply = outcome.value
-            _settle(envelope, value=None if reply is None else bytes(reply["body"]))
-        else:
-            self.stats.failed += 1
-            text = str(outcome.value if isinstance(outcome, Err) else outcome)
-            self._outcome = REFUSED if text.startswith("refused: ") else FAILED
-            error: AgentError = (
-                Refused(f"{self.address}: {text[len('refused: ') :]}")
-                if text.startswith("refused: ")
-                else HandlerFailed(f"{self.address} failed on {envelope.name!r}: {text}")
-            )
-            _settle(envelope, error=error)
-        limit = self.type.lifetime_fuel
-        if limit is not None and self.stats.fuel > limit:
-            self.runtime.emit(
-                "budget.exhausted", self.address, {"reason": "lifetime_fuel", "limit": limit}
-            )
-            return self._crashed(
-                None, HostError(f"{self.address} used its lifetime fuel of {limit}")
-            )
+        assert hibernation is not None
+        try:
+            hibernation.persist(self, instance)
+        except MightyError as exc:
+            return self._crashed(envelope, exc)
         return None
+
+    def _failed(self, envelope: Envelope, outcome: Any) -> None:
+        """The handler returned an error: the asker gets Refused or HandlerFailed."""
+        self.stats.failed += 1
+        text = str(outcome.value if isinstance(outcome, Err) else outcome)
+        self._outcome = REFUSED if text.startswith("refused: ") else FAILED
+        error: AgentError = (
+            Refused(f"{self.address}: {text[len('refused: ') :]}")
+            if text.startswith("refused: ")
+            else HandlerFailed(f"{self.address} failed on {envelope.name!r}: {text}")
+        )
+        _settle(envelope, error=error)
+
+    def _out_of_lifetime(self, limit: int) -> str:
+        """The agent used its lifetime fuel: it crashes (after this message's reply)."""
+        self.runtime.emit(
+            "budget.exhausted", self.address, {"reason": "lifetime_fuel", "limit": limit}
+        )
+        return self._crashed(None, HostError(f"{self.address} used its lifetime fuel of {limit}"))
 
     def _check_protocol(self, envelope: Envelope) -> AgentError | None:
         accepts = self.type.accepts
@@ -1290,8 +1380,8 @@ class Runtime:
             future, breaker = self._deliver_ask(
                 process, name, body, sender, chain, timeout, None, here, Reply, within
             )
-            if wait is None and breaker is None and future.done():  # answered in place
-                return future.result()
+            if breaker is None and future.done():  # answered in place: nothing to wait for
+                return future.result() if wait is None else wait(future, timeout)
             return self._await_reply(local, name, future, breaker, timeout, wait)
         span = telemetry.ask_begin(process.address, name, sender)
         try:
@@ -1600,7 +1690,9 @@ class AgentHostProvider:
             return Ok(None)
 
         def ask(ctx: GuestContext, to: str, msg: dict[str, Any], timeout_ms: int) -> Any:
-            process = _process(ctx)
+            process = ctx.find(_PROCESS)  # _process, inline: a frame less a guest's ask
+            if process is None:
+                return _process(ctx)  # raises
             current = process.current
             chain = (*(current.asker_chain if current is not None else ()), process.address)
             scope = ctx.scope

@@ -293,6 +293,17 @@ class MailboxModel(RuleBasedStateMachine):
                 self.box.get_nowait()
 
     @rule()
+    def claim(self) -> None:
+        """Accept and hand out at once (an ask run in place): only from an empty, open,
+        unpaused mailbox, so that nothing queued is passed over; counted as accepted."""
+        claimable = not self.model and not self.closed and not self.paused
+        assert self.box.claim() is claimable
+        if claimable:
+            self.next += 1
+            self.accepted += 1
+            self.high = max(self.high, 1)
+
+    @rule()
     def drain(self) -> None:
         """Take everything."""
         assert self.box.drain() == list(self.model)
@@ -321,6 +332,7 @@ class MailboxModel(RuleBasedStateMachine):
     def counters_match(self) -> None:
         """Length and counters agree with the model."""
         assert len(self.box) == len(self.model)
+        assert self.box.ready() is (bool(self.model) and (self.closed or not self.paused))
         assert self.box.accepted == self.accepted
         assert self.box.rejected == self.rejected
         assert self.box.high_water == self.high
