@@ -39,7 +39,10 @@ NEITHER = {
 # Bare builtins still raised, each inside the host where the caller never sees it: decoders
 # whose ValueError is caught at their boundary (and becomes TraceCorrupt or SchemaError),
 # pydantic validators (pydantic wants ValueError and reports BadInput), json constant hooks,
-# and invariant checks inside WASI host functions (the gate reports HostFunctionFailed).
+# invariant checks inside WASI host functions (the gate reports HostFunctionFailed), and the
+# pure-Python bell's argument checks (sandbox._tools._PipeBell.wait: the same ValueError and
+# TypeError the compiled mighty.sandbox._wake.Bell raises, which the tests hold it to; only the
+# tool pool calls it, with arguments it made).
 INTERNAL_RAISES = {
     ("mighty.agents._manifest", "_size"),
     ("mighty.cluster._config", "_names"),
@@ -48,6 +51,7 @@ INTERNAL_RAISES = {
     ("mighty.reload._schema", "_reject_constant"),
     ("mighty.sandbox._api", "_not_json"),
     ("mighty.sandbox._tools", "_no_constants"),
+    ("mighty.sandbox._tools", "wait"),
     ("mighty.trace._format", "_blob_hook"),
     ("mighty.trace._format", "_no_blobs"),
     ("mighty.trace._values", "_array"),

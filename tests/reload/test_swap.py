@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mighty import Component
+from mighty import Budget, Component
 from mighty.agents import (
     AgentChild,
     AgentType,
@@ -21,10 +21,13 @@ from mighty.agents import decode_body as decode
 from mighty.reload import ReloadFailed, ReloadRefused
 
 
-def runtime_with(counters: dict[str, Path], agents: int = 1) -> Runtime:
+def runtime_with(
+    counters: dict[str, Path], agents: int = 1, budget: Budget | None = None
+) -> Runtime:
     """A runtime running `agents` supervised v1 counters named c0, c1, ..."""
     rt = Runtime(workers=2)
-    rt.register(AgentType("counter", Component.load(counters["v1"])))
+    component = Component.load(counters["v1"])
+    rt.register(AgentType("counter", component, budget=budget or Budget()))
     start_tree(rt, SupervisorSpec("root", [AgentChild(f"c{i}", "counter") for i in range(agents)]))
     return rt
 
@@ -86,8 +89,11 @@ def test_restore_that_traps_rolls_back(counters: dict[str, Path]) -> None:
 @pytest.mark.slow
 def test_swap_waiting_past_the_drain_deadline_rolls_back(counters: dict[str, Path]) -> None:
     """A handler still running at the drain deadline makes the swap roll back, nothing lost."""
-    with runtime_with(counters) as rt:
-        slow = rt.ask_future("c0", "work", {"n": 2_000_000})
+    with runtime_with(counters, budget=Budget(fuel=10**11)) as rt:
+        # ~1 s of guest work on a quiet machine: it must outlast the swap's checks of the new
+        # component (loaded, schema compared) and the 0.1 s drain deadline after them. 2,000,000
+        # iterations (~0.23 s) did not once the guest and the host got faster.
+        slow = rt.ask_future("c0", "work", {"n": 10_000_000})
         queued = [rt.ask_future("c0", "incr", {"by": 1}) for _ in range(5)]
         # The swap must meet the handler running, not still queued (a loaded machine may not
         # have started it yet, and a paused queue drains at once).
