@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,19 +58,32 @@ class Meeting:
 
 
 class Gauge:
-    """Counts how many calls of a tool are in flight, and the most at once."""
+    """Counts how many calls of a tool are in flight, and the most at once.
 
-    def __init__(self) -> None:
+    With ``fill``, each call also waits until ``fill`` calls have been in flight at once (or 10 s
+    have passed since the first call began, for all calls together), so that the most reached
+    does not depend on how fast a loaded machine starts them; a bound that lets more run is
+    still seen (``most`` counts every one that started).
+    """
+
+    def __init__(self, fill: int = 0) -> None:
         self.now = 0
         self.most = 0
+        self.fill = fill
+        self.until: float | None = None
         self.lock = threading.Lock()
 
     async def work(self, i: int, delay: float = 0.005) -> int:
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
+            if self.until is None:
+                self.until = time.monotonic() + 10.0
+            until = self.until
         try:
             await asyncio.sleep(delay)
+            while self.most < self.fill and time.monotonic() < until:
+                await asyncio.sleep(0.001)
         finally:
             with self.lock:
                 self.now -= 1
@@ -185,7 +199,7 @@ def test_concurrency_is_bounded_and_results_keep_order(
     interpreter: object, limit: int, calls: int
 ) -> None:
     """However many calls the code fires, at most tool_concurrency run at once; all complete."""
-    gauge = Gauge()
+    gauge = Gauge(fill=min(limit, calls))
     with Sandbox(tools={"work": gauge.work}, limits=Limits(tool_concurrency=limit), pool=0) as sb:
         result = sb.run(
             f"import asyncio\nawait asyncio.gather(*[work(i=i) for i in range({calls})])"
