@@ -270,5 +270,9 @@ def test_a_guest_ask_waits_until_its_own_deadline_or_its_own_timeout(
         while not [e for e in events if e.kind == "agent.crashed" and e.address == spinner]:
             assert time.monotonic() < deadline, "the spinning target was never stopped"
             time.sleep(0.01)
-        # Both pings reached the spinner by a worker (none ran on this thread).
-        assert sum(w.messages for w in rt.worker_stats()) >= 1
+        # Both pings reached the spinner by a worker (none ran on this thread). A worker
+        # counts a batch's messages after the batch returns, which is after the crash event
+        # the loop above saw: wait for the count as well (in place, it would stay 0).
+        while sum(w.messages for w in rt.worker_stats()) < 1:
+            assert time.monotonic() < deadline, "no worker handled the spinner's messages"
+            time.sleep(0.01)
