@@ -46,6 +46,8 @@ from wasmtime.component import FuncType, ResourceAny, ResourceHost
 
 from mighty._errors import ArgumentError, WrongType
 
+from ._native import native as _cmod
+from ._native import use_native
 from ._types import (
     INT_RANGES,
     BorrowType,
@@ -891,6 +893,64 @@ def codec_for(wit: WitType) -> _Codec:
     raise WrongType(f"no codec for {wit!r}")
 
 
+_NO_SPEC: Final = "none"
+
+
+def _spec(wit: WitType) -> tuple[Any, ...] | None:
+    """The compiled codec's description of ``wit`` (``_speedups.c``'s nested tuples), or None
+    when it has a part that only the Python codec serves (flags, maps, resources)."""
+    if isinstance(wit, PrimitiveType):
+        return (wit.name,)
+    if isinstance(wit, ListType):
+        if wit.element == PrimitiveType("u8"):
+            return ("bytes",)
+        inner = _spec(wit.element)
+        return None if inner is None else ("list", inner)
+    if isinstance(wit, OptionType):
+        inner = _spec(wit.payload)
+        return None if inner is None else ("option", inner)
+    if isinstance(wit, (RecordType, TupleType)):
+        kinds = [t for _, t in wit.fields] if isinstance(wit, RecordType) else list(wit.elements)
+        specs = [_spec(t) for t in kinds]
+        if any(sp is None for sp in specs):
+            return None
+        if isinstance(wit, TupleType):
+            return ("tuple", tuple(specs))
+        return ("record", tuple(n for n, _ in wit.fields), tuple(specs))
+    if isinstance(wit, ResultType):
+        ok = None if wit.ok is None else _spec(wit.ok)
+        err = None if wit.err is None else _spec(wit.err)
+        if (wit.ok is not None and ok is None) or (wit.err is not None and err is None):
+            return None
+        return ("result", ok, err)
+    if isinstance(wit, EnumType):
+        return ("enum", tuple(wit.names))
+    if isinstance(wit, VariantType):
+        cases = [None if t is None else _spec(t) for _, t in wit.cases]
+        if any(sp is None and t is not None for sp, (_, t) in zip(cases, wit.cases, strict=True)):
+            return None
+        return ("variant", tuple(n for n, _ in wit.cases), tuple(cases))
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(wit: WitType) -> Any:
+    """The compiled codec of ``wit`` (shared, immutable), or None (see ``_spec``)."""
+    if _cmod is None:
+        return None
+    spec = _spec(wit)
+    if spec is None:
+        return None
+    try:
+        return _cmod.Codec(spec)
+    except ValueError:  # nests deeper than the compiled codec goes: the Python codec's
+        return None
+
+
+def _lift_at(lift: Callable[[Any], Any], address: int) -> Any:
+    return lift(_val_at(address))
+
+
 class ParamArray(NamedTuple):
     """Lowered arguments for ``wasmtime_component_func_call``; free with ``free_params``."""
 
@@ -899,20 +959,37 @@ class ParamArray(NamedTuple):
 
 
 class FuncCodec:
-    """Lowers and lifts the values of one component function signature."""
+    """Lowers and lifts the values of one component function signature.
 
-    __slots__ = ("_names", "_params", "_result", "sig")
+    ``native`` (``native=None``: whenever :func:`use_native` says so) adds the compiled codec
+    (``_speedups.c``) for the types it covers: it lowers and lifts first, and wherever it
+    declines a value the Python codec takes it, so both give the same values and errors.
+    ``self.native`` is the whole signature compiled (a ``_speedups.Func`` that also makes the
+    call), or None when a parameter or the result is not covered or the codec is not used.
+    """
 
-    def __init__(self, sig: FuncSig) -> None:
+    __slots__ = ("_cparams", "_cresult", "_names", "_params", "_result", "native", "sig")
+
+    def __init__(self, sig: FuncSig, native: bool | None = None) -> None:
         self.sig = sig
         self._names = tuple(n for n, _ in sig.params)
         self._params = tuple(codec_for(t) for _, t in sig.params)
         self._result = None if sig.result is None else codec_for(sig.result)
+        use = (use_native() if native is None else native) and _cmod is not None
+        self._cparams: tuple[Any, ...] = tuple(_compiled(t) if use else None for _, t in sig.params)
+        self._cresult: Any = _compiled(sig.result) if use and sig.result is not None else None
+        self.native: Any = None
+        if (
+            use
+            and all(c is not None for c in self._cparams)
+            and (sig.result is None or self._cresult is not None)
+        ):
+            self.native = _cmod.Func(self._cparams, self._cresult)
 
     @classmethod
-    def from_func_type(cls, fty: FuncType) -> FuncCodec:
+    def from_func_type(cls, fty: FuncType, native: bool | None = None) -> FuncCodec:
         """Compile the codec for a wasmtime ``FuncType`` (reads the type once)."""
-        return cls(FuncSig.from_func_type(fty))
+        return cls(FuncSig.from_func_type(fty), native)
 
     @property
     def nparams(self) -> int:
@@ -967,6 +1044,14 @@ class FuncCodec:
         gate turns top-level resource handles straight into its own handles)."""
         return [c.lift for c in self._params]
 
+    def address_lifters(self) -> list[Callable[[int], Any]]:
+        """One lift function per parameter that takes the value's address (an int): the
+        compiled codec's where it covers the type, else the Python codec's."""
+        return [
+            fast.lift if fast is not None else functools.partial(_lift_at, c.lift)
+            for fast, c in zip(self._cparams, self._params, strict=True)
+        ]
+
     def lift_args(self, args_ptr: Any, nargs: int) -> list[Any]:
         """Lift a host import's arguments. Reads only: wasmtime frees them after the callback."""
         if nargs != len(self._params):
@@ -982,6 +1067,13 @@ class FuncCodec:
                 )
             return
         self.lower_result_into(store, value, results_ptr[0])
+
+    def lower_result_at(self, store: Any, value: Any, address: int) -> None:
+        """``lower_result`` into the result slot at ``address``: the compiled codec first."""
+        fast = self._cresult
+        if fast is not None and fast.lower(value, address):
+            return
+        self.lower_result_into(store, value, _val_at(address))
 
     def lower_result_into(self, store: Any, value: Any, slot: Any) -> None:
         """``lower_result`` into the result slot itself (a ``wasmtime_component_val_t``), for

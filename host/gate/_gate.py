@@ -875,7 +875,9 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
     # A top-level own/borrow parameter (most WASI calls: the stream, the descriptor) is read
     # straight off wasmtime's value: no ResourceAny/ResourceHost objects, no clone. Resources
     # nested in lists, options and records go through the codec and then the converter.
-    getters = [_getter(t, lift) for t, lift in zip(param_types, codec.lifters(), strict=True)]
+    getters = [
+        _getter(t, lift) for t, lift in zip(param_types, codec.address_lifters(), strict=True)
+    ]
     nparams = len(getters)
     top = [isinstance(t, OwnType | BorrowType) for t in param_types]
 
@@ -970,15 +972,16 @@ _INT_AT: dict[str, Any] = {
 }
 
 
-def _getter(t: WitType, lift: Callable[[Any], Any]) -> Callable[[int], Any]:
+def _getter(t: WitType, lift_at: Callable[[int], Any]) -> Callable[[int], Any]:
     """Reads one argument of type ``t`` (not a top-level resource) from its value's address:
-    the integers, bools and ``list<u8>`` directly, everything else through its codec."""
+    the integers, bools and ``list<u8>`` directly, everything else through its codec (its
+    ``address_lifters``: the compiled one where it covers the type)."""
     if isinstance(t, PrimitiveType) and t.name in _INT_AT:
         at = _INT_AT[t.name]
         return lambda addr: at(addr + _PAYLOAD).value
     if isinstance(t, ListType) and t.element == PrimitiveType("u8"):
         return _bytes_at
-    return lambda addr: lift(_VAL_AT(addr))
+    return lift_at
 
 
 def _bytes_at(addr: int) -> bytes:
@@ -1028,7 +1031,7 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
         if results_ptr is None:
             codec.lower_result(store, result, None)
         else:
-            codec.lower_result_into(store, result, _VAL_AT(results_ptr))
+            codec.lower_result_at(store, result, results_ptr)
 
     wt = codec.sig.result
     if (

@@ -255,6 +255,7 @@ def build(wat: str) -> bytes:
 # -- our host-function trampoline, modelled on wasmtime-py's func_impl + catch_exceptions ------
 
 _HOST_FUNCS: dict[int, tuple[FuncCodec, Callable[..., Any]]] = {}
+_VAL_SIZE = ctypes.sizeof(ffi.wasmtime_component_val_t)
 _LAST_EXCEPTION: list[BaseException] = []
 
 
@@ -263,8 +264,18 @@ def _trampoline(idx, context, _ty, args, nargs, results, nresults):  # type: ign
     store = StoreContext(context)
     try:
         codec, fn = _HOST_FUNCS[idx or 0]
-        value = fn(*codec.lift_args(args, nargs))
-        codec.lower_result(store, value, results)
+        if codec.native is not None:  # the compiled codec's address paths, as the gate uses
+            base = ctypes.cast(args, ctypes.c_void_p).value or 0
+            lifted = [lift(base + i * _VAL_SIZE) for i, lift in enumerate(codec.address_lifters())]
+            value = fn(*lifted)
+            at = ctypes.cast(results, ctypes.c_void_p).value if codec.has_result else None
+            if at is None:
+                codec.lower_result(store, value, None)
+            else:
+                codec.lower_result_at(store, value, at)
+        else:
+            value = fn(*codec.lift_args(args, nargs))
+            codec.lower_result(store, value, results)
     except Exception as e:  # noqa: BLE001  # parked and re-raised by call()
         _LAST_EXCEPTION.append(e)
         return ctypes.cast(WasmtimeError("python exception")._consume(), ctypes.c_void_p).value
@@ -297,7 +308,9 @@ class Echo:
     """An instantiated echo component for one type, with a Python host function ``f``.
 
     With ``wat`` given, that component is used instead (it must export ``g`` and may import
-    nothing).
+    nothing). ``native`` (export side) and ``native_import`` choose the compiled codec or the
+    Python one for each side (None: whatever ``FuncCodec`` chooses by default); ``paths``
+    records, per call, whether the compiled export path took the arguments.
     """
 
     def __init__(
@@ -306,7 +319,11 @@ class Echo:
         host: Callable[[Any], Any] = lambda x: x,
         wat: str | None = None,
         engine: wasmtime.Engine = ENGINE,
+        native: bool | None = False,
+        native_import: bool | None = False,
     ) -> None:
+        self.native_import = native_import
+        self.paths: list[str] = []
         text = wat or wat_type(wt)
         key = (id(engine), text)
         comp = _COMPONENTS.get(key)
@@ -323,11 +340,11 @@ class Echo:
         func = instance.get_func(self.store, "g")
         assert func is not None
         self.func = func
-        self.codec = FuncCodec.from_func_type(func.type(self.store))
+        self.codec = FuncCodec.from_func_type(func.type(self.store), native)
 
     def _define(self, root: Any, comp: Component, text: str, host: Callable[[Any], Any]) -> None:
         fty = comp.type.imports(self.engine)["f"].ty
-        self.import_codec = FuncCodec.from_func_type(fty)
+        self.import_codec = FuncCodec.from_func_type(fty, self.native_import)
         idx = max(_HOST_FUNCS, default=0) + 1
         _HOST_FUNCS[idx] = (self.import_codec, host)
         if "$r" in text:
@@ -341,6 +358,23 @@ class Echo:
 
     def call(self, *args: Any) -> Any:
         """Call ``g`` through our codec and ``wasmtime_component_func_call``."""
+        fast = self.codec.native
+        params = fast.lower(args) if fast is not None else None
+        if params is not None:
+            self.paths.append("compiled")
+            try:
+                error, value = fast.call(self.func._func, self.store._context(), params)
+            finally:
+                params.free()
+            if error:
+                raised = WasmtimeError._from_ptr(
+                    ctypes.cast(error, ctypes.POINTER(ffi.wasmtime_error_t))
+                )
+                if _LAST_EXCEPTION:
+                    raise _LAST_EXCEPTION.pop() from raised
+                raise raised
+            return value
+        self.paths.append("python")
         array, n = self.codec.lower_params(self.store, args)
         result = ffi.wasmtime_component_val_t()
         try:
