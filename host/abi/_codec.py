@@ -1044,6 +1044,16 @@ class FuncCodec:
         gate turns top-level resource handles straight into its own handles)."""
         return [c.lift for c in self._params]
 
+    @property
+    def compiled_params(self) -> tuple[bool, ...]:
+        """Per parameter, whether the compiled codec serves it."""
+        return tuple(c is not None for c in self._cparams)
+
+    @property
+    def compiled_result(self) -> bool:
+        """Whether the compiled codec serves the result."""
+        return self._cresult is not None
+
     def address_lifters(self) -> list[Callable[[int], Any]]:
         """One lift function per parameter that takes the value's address (an int): the
         compiled codec's where it covers the type, else the Python codec's."""

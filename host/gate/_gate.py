@@ -876,7 +876,10 @@ def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
     # straight off wasmtime's value: no ResourceAny/ResourceHost objects, no clone. Resources
     # nested in lists, options and records go through the codec and then the converter.
     getters = [
-        _getter(t, lift) for t, lift in zip(param_types, codec.address_lifters(), strict=True)
+        _getter(t, lift, compiled)
+        for t, lift, compiled in zip(
+            param_types, codec.address_lifters(), codec.compiled_params, strict=True
+        )
     ]
     nparams = len(getters)
     top = [isinstance(t, OwnType | BorrowType) for t in param_types]
@@ -972,10 +975,12 @@ _INT_AT: dict[str, Any] = {
 }
 
 
-def _getter(t: WitType, lift_at: Callable[[int], Any]) -> Callable[[int], Any]:
+def _getter(t: WitType, lift_at: Callable[[int], Any], compiled: bool) -> Callable[[int], Any]:
     """Reads one argument of type ``t`` (not a top-level resource) from its value's address:
-    the integers, bools and ``list<u8>`` directly, everything else through its codec (its
-    ``address_lifters``: the compiled one where it covers the type)."""
+    through the compiled codec when it serves the type (``compiled``), else the integers,
+    bools and ``list<u8>`` directly and everything else through the Python codec."""
+    if compiled:
+        return lift_at
     if isinstance(t, PrimitiveType) and t.name in _INT_AT:
         at = _INT_AT[t.name]
         return lambda addr: at(addr + _PAYLOAD).value
@@ -1041,7 +1046,9 @@ def _lowerer(codec: FuncCodec, to_guest: _Conv | None) -> _Lower:
     ):
         return _int_record_lowerer(codec, wt, generic)
     if isinstance(wt, ListType) and wt.element == PrimitiveType("u8"):
-        return _bytes_lowerer(generic)
+        # The compiled codec writes the element slots in one C call: faster than building them
+        # in a Python buffer, at every size.
+        return generic if codec.compiled_result else _bytes_lowerer(generic)
     if isinstance(wt, PrimitiveType) and wt.name in _PRIM_KINDS:
         # A bare integer (a clock's instant): the whole slot in one write.
         lo, hi, kind, pack_slot = _int_slot(wt.name)

@@ -135,15 +135,18 @@ def _arg_values(t: Any) -> st.SearchStrategy[Any]:
 
 @given(st.sampled_from([U8, U32, U64, S16, BOOL, ListType(U8)]).flatmap(
     lambda t: st.tuples(st.just(t), _arg_values(t))
-))  # fmt: skip
-def test_arguments_read_at_their_address_are_the_codecs(case: tuple[Any, Any]) -> None:
-    """An argument the gate reads straight from its value's address is what the codec lifts."""
+), st.booleans())  # fmt: skip
+def test_arguments_read_at_their_address_are_the_codecs(
+    case: tuple[Any, Any], native: bool
+) -> None:
+    """An argument the gate reads straight from its value's address is what the codec lifts,
+    with the compiled codec (when built) and without it."""
     t, value = case
-    codec = FuncCodec(FuncSig((("x", t),), None))
+    codec = FuncCodec(FuncSig((("x", t),), None), native=native)
     params = codec.lower_params(None, [value])
     try:
         lift = codec.lifters()[0]
-        read = _getter(t, lift)
+        read = _getter(t, codec.address_lifters()[0], codec.compiled_params[0])
         assert read(ctypes.addressof(params.array[0])) == lift(params.array[0]) == value
     finally:
         codec.free_params(params.array, 1)
