@@ -19,11 +19,9 @@ import os
 import re
 import signal
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -36,6 +34,7 @@ from mighty._errors import (
     HostError,
     MightyError,
 )
+from mighty.cli._interrupts import Terminated, interruptible
 from mighty.cli._progress import Waits
 
 if TYPE_CHECKING:
@@ -144,40 +143,6 @@ def _fail(
     sys.exit(code)
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived: raised by the handler ``mty`` installs, to end like Ctrl-C does."""
-
-
-def _in_finalizer(frame: FrameType | None) -> bool:
-    """True when ``frame`` runs inside a ``__del__`` (a few frames up at most)."""
-    for _ in range(16):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _redeliver(signum: int) -> None:
-    os.kill(os.getpid(), signum)
-
-
-def _on_interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM raises Terminated (as Ctrl-C raises KeyboardInterrupt), except in a finalizer.
-
-    Python prints and drops what a ``__del__`` raises (a wasmtime object freed by the garbage
-    collector at the moment the signal lands): the signal would be lost and a traceback shown.
-    There it is delivered again from a short timer, once the finalizer has returned.
-    """
-    if _in_finalizer(frame):
-        timer = threading.Timer(0.01, _redeliver, (signum,))
-        timer.daemon = True
-        timer.start()
-        return
-    raise Terminated
-
-
 def _signal_exit(signum: int) -> int:
     # Shells report a death by signal N as 128 + N; exiting with that code says the same thing
     # without dying, so that every byte of output is flushed first.
@@ -263,11 +228,14 @@ class _Group(click.Group):
     """The `mty` group: a signal before a command's own error handling still ends cleanly."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        # Commands render their own errors; this only covers the moments before they start
-        # (imports, argument parsing), where a Ctrl-C would otherwise print a traceback.
+        # While the command runs, SIGINT and SIGTERM raise and are never lost (see
+        # mighty.cli._interrupts). Commands render their own errors; this only covers the
+        # moments before they start (imports, argument parsing) and an interrupt owed until the
+        # command's end, where a Ctrl-C would otherwise print a traceback.
         as_json = "--json" in ctx.args
         try:
-            return super().invoke(ctx)
+            with interruptible():
+                return super().invoke(ctx)
         except BrokenPipeError:
             broken_pipe()
         except KeyboardInterrupt:
@@ -315,11 +283,9 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 )
 def main() -> None:
     """mighty: build and run handlers compiled to WebAssembly components."""
-    # SIGTERM ends a command the way Ctrl-C does: the guest call is cancelled cleanly, the
-    # command reports one line and exits 143. Commands that stop more gracefully (mty run)
-    # install their own handler.
-    with suppress(ValueError):  # not the main thread (click invoked from a test's thread)
-        signal.signal(signal.SIGTERM, _on_interrupt)
+    # SIGTERM ends a command the way Ctrl-C does (`_Group.invoke` set that up): the guest call
+    # is cancelled cleanly, the command reports one line and exits 143. Commands that stop more
+    # gracefully (mty run) install their own handlers.
 
 
 @main.command()

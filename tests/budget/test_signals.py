@@ -60,7 +60,9 @@ def _interrupt(
             out, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             # As a user would: a signal CPython lost (its handler ran inside some object's
-            # __del__ outside mighty's shields, where exceptions are only printed) is sent again.
+            # __del__ or a weakref callback, where exceptions are only printed) is sent again.
+            # `mty` loses none since its unraisable hook (tests/cli/test_interrupts.py); a plain
+            # Python program (test_python_instance_call_is_cancelled) still can.
             _RESENT.append(argv[-1])
             proc.send_signal(signum)
             out, err = proc.communicate(timeout=60)
