@@ -43,7 +43,7 @@ from contextlib import contextmanager, suppress
 from types import CodeType, FrameType
 from typing import Any
 
-__all__ = ["Terminated", "interruptible"]
+__all__ = ["Terminated", "interruptible", "signal_behind"]
 
 # How long a command that is about to return waits for an owed signal, at most; then it
 # raises the signal's exception itself (the helper thread is gone, which should not happen).
@@ -111,6 +111,22 @@ def _signal_of(exc: BaseException | None) -> int | None:
     if tb.tb_frame.f_code is not _on_interrupt.__code__:
         return None  # raised by other code (`raise KeyboardInterrupt` in a finalizer)
     return signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+
+
+def signal_behind(exc: BaseException) -> int | None:
+    """The signal whose handler raised what ``exc`` wraps (its ``__cause__``/``__context__``
+    chain, a few links deep), or None. Python 3.11 turns what a ``__set_name__`` raises into a
+    ``RuntimeError`` (a dataclass field's descriptor, while a module is imported), so a Ctrl-C
+    landing there would come out as that error and a traceback."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if seen is None:
+            return None
+        signum = _signal_of(seen)
+        if signum is not None:
+            return signum
+    return None
 
 
 def _unraisable(unraisable: Any) -> None:

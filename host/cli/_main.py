@@ -34,7 +34,7 @@ from mighty._errors import (
     HostError,
     MightyError,
 )
-from mighty.cli._interrupts import Terminated, interruptible
+from mighty.cli._interrupts import Terminated, interruptible, signal_behind
 from mighty.cli._progress import Waits
 
 if TYPE_CHECKING:
@@ -200,6 +200,9 @@ def _errors(as_json: bool) -> Iterator[None]:
     except BrokenPipeError:
         broken_pipe()
     except Exception as exc:
+        signum = signal_behind(exc)  # a signal's exception another one wraps
+        if signum is not None:
+            _fail_signal(signum, as_json)
         if os.environ.get("MTY_DEBUG"):
             raise
         _fail(
@@ -242,6 +245,11 @@ class _Group(click.Group):
             _fail_signal(signal.SIGINT, as_json)
         except Terminated:
             _fail_signal(signal.SIGTERM, as_json)
+        except Exception as exc:
+            signum = signal_behind(exc)  # a signal's exception another one wraps
+            if signum is None:
+                raise
+            _fail_signal(signum, as_json)
 
 
 def version_text() -> str:
