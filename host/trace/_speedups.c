@@ -277,6 +277,7 @@ put_bytes_object(Out *o, PyObject *bytes)
 static PyObject *u64_max; /* 2**64 - 1 */
 static PyObject *zero;
 static PyObject *str_value; /* "value" */
+static PyObject *str_ok; /* "ok" */
 
 static int
 put_int(Out *o, PyObject *v)
@@ -1219,12 +1220,257 @@ sp_encode(PyObject *Py_UNUSED(module), PyObject *args)
     return out;
 }
 
+
+/* ---- split: an import record's variable fields (host/trace/_template.py's _split) ---------
+ *
+ * The same function as the Python one, byte for byte: (call_start, call_end, i, s, res, out,
+ * fuel) of a payload in the recorder's import layout whose result is simple, or None. The
+ * Python _split documents the layout; tests/trace/test_template.py holds the two to the same
+ * answer for valid, damaged and random payloads. */
+
+static int
+split_uint(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, int info, uint64_t *value,
+           Py_ssize_t *stop)
+{
+    /* The argument of a head whose info is 24..27 (1, 2, 4, 8 bytes after it): 0 when cut. */
+    Py_ssize_t after = pos + 1 + ((Py_ssize_t)1 << (info - 24));
+    if (after > end) {
+        return 0;
+    }
+    uint64_t v = 0;
+    for (Py_ssize_t k = pos + 1; k < after; k++) {
+        v = (v << 8) | p[k];
+    }
+    *value = v;
+    *stop = after;
+    return 1;
+}
+
+static int
+split_small(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, uint64_t *value)
+{
+    /* An unsigned int head at *pos (its first byte below 0x1C is the caller's check). */
+    int b = p[*pos];
+    if (b < 24) {
+        *value = (uint64_t)b;
+        *pos += 1;
+        return 1;
+    }
+    if (b < 28) {
+        return split_uint(p, *pos, end, b, value, pos);
+    }
+    return 0;
+}
+
+static PyObject *
+sp_split(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "split(payload: bytes, ok_type: type)");
+        return NULL;
+    }
+    PyObject *ok_type = args[1];
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
+    static const unsigned char after_head[] = "\x61k\x66import\x61i";
+    if (end < 24 || p[0] < 0xA6 || p[0] > 0xB7 || memcmp(p + 1, after_head, 11) != 0) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t pos = 12;
+    uint64_t i, s;
+    if (!split_small(p, &pos, end, &i)) {
+        Py_RETURN_NONE;
+    }
+    if (pos + 2 > end || p[pos] != 0x61 || p[pos + 1] != 's') {
+        Py_RETURN_NONE;
+    }
+    pos += 2;
+    if (pos >= end || !split_small(p, &pos, end, &s)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t call_start = pos, call_end = -1;
+    for (Py_ssize_t k = pos; k + 4 <= end; k++) { /* payload.find(b"\x63res", pos) */
+        if (p[k] == 0x63 && p[k + 1] == 'r' && p[k + 2] == 'e' && p[k + 3] == 's') {
+            call_end = k;
+            break;
+        }
+    }
+    if (call_end < 0 || call_end + 4 >= end) {
+        Py_RETURN_NONE;
+    }
+    pos = call_end + 4;
+    int b = p[pos];
+    PyObject *res = NULL;
+    if (b < 0x1C || (b >= 0x40 && b < 0x5C)) { /* an unsigned int or a byte string */
+        int info = b & 31;
+        uint64_t n;
+        if (info < 24) {
+            n = (uint64_t)info;
+            pos += 1;
+        }
+        else if (!split_uint(p, pos, end, info, &n, &pos)) {
+            Py_RETURN_NONE;
+        }
+        if (b < 0x1C) {
+            res = PyLong_FromUnsignedLongLong(n);
+        }
+        else {
+            if (n > (uint64_t)(end - pos)) {
+                Py_RETURN_NONE;
+            }
+            res = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)n);
+            pos += (Py_ssize_t)n;
+        }
+    }
+    else if (pos + 3 <= end && p[pos] == 0xD9 && p[pos + 1] == 0x69 && p[pos + 2] == 0x7A) {
+        pos += 3; /* Ok(...) of null or an unsigned int */
+        if (pos >= end) {
+            Py_RETURN_NONE;
+        }
+        b = p[pos];
+        PyObject *inner;
+        uint64_t n;
+        if (b == 0xF6) {
+            inner = Py_NewRef(Py_None);
+            pos += 1;
+        }
+        else if (b < 28 && split_small(p, &pos, end, &n)) {
+            inner = PyLong_FromUnsignedLongLong(n);
+        }
+        else {
+            Py_RETURN_NONE;
+        }
+        if (inner == NULL) {
+            return NULL;
+        }
+        res = PyObject_CallOneArg(ok_type, inner);
+        Py_DECREF(inner);
+    }
+    else if (b >= 0xF4 && b <= 0xF6) {
+        res = Py_NewRef(b == 0xF4 ? Py_False : b == 0xF5 ? Py_True : Py_None);
+        pos += 1;
+    }
+    else if (b >= 0xA0 && b <= 0xA8) { /* a WIT record of ints: text keys, unsigned ints */
+        res = PyDict_New();
+        if (res == NULL) {
+            return NULL;
+        }
+        pos += 1;
+        for (int k = 0; k < (b & 31); k++) {
+            if (pos >= end || p[pos] < 0x60 || p[pos] >= 0x78) {
+                goto none;
+            }
+            Py_ssize_t stop = pos + 1 + (p[pos] & 31);
+            if (stop >= end) {
+                goto none;
+            }
+            PyObject *key = PyUnicode_DecodeUTF8((const char *)p + pos + 1, stop - pos - 1,
+                                                 "strict");
+            if (key == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    Py_DECREF(res);
+                    return NULL;
+                }
+                PyErr_Clear();
+                goto none;
+            }
+            int has = PyDict_Contains(res, key);
+            uint64_t n;
+            pos = stop;
+            if (has != 0 || p[pos] >= 28 || !split_small(p, &pos, end, &n)) {
+                Py_DECREF(key);
+                if (has < 0) {
+                    Py_DECREF(res);
+                    return NULL;
+                }
+                goto none;
+            }
+            PyObject *v = PyLong_FromUnsignedLongLong(n);
+            int set = v == NULL ? -1 : PyDict_SetItem(res, key, v);
+            Py_XDECREF(v);
+            Py_DECREF(key);
+            if (set < 0) {
+                Py_DECREF(res);
+                return NULL;
+            }
+        }
+    }
+    else {
+        Py_RETURN_NONE;
+    }
+    if (res == NULL) {
+        return NULL;
+    }
+    PyObject *out;
+    Py_ssize_t stop;
+    static const unsigned char out_ok[] = "\x63out\x62ok";
+    if (pos + 7 <= end && memcmp(p + pos, out_ok, 7) == 0) {
+        out = Py_NewRef(str_ok);
+        stop = pos + 7;
+    }
+    else {
+        if (!(pos + 4 <= end && memcmp(p + pos, out_ok, 4) == 0)) {
+            goto none;
+        }
+        pos += 4;
+        if (pos >= end || p[pos] < 0x60 || p[pos] >= 0x78) {
+            goto none;
+        }
+        stop = pos + 1 + (p[pos] & 31);
+        if (stop > end) {
+            goto none;
+        }
+        out = PyUnicode_DecodeUTF8((const char *)p + pos + 1, stop - pos - 1, "strict");
+        if (out == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                Py_DECREF(res);
+                return NULL;
+            }
+            PyErr_Clear();
+            goto none;
+        }
+    }
+    static const unsigned char key_fuel[] = "\x64" "fuel";
+    uint64_t fuel;
+    if (!(stop + 5 <= end && memcmp(p + stop, key_fuel, 5) == 0)) {
+        goto none_out;
+    }
+    pos = stop + 5;
+    if (pos >= end) {
+        goto none_out;
+    }
+    b = p[pos];
+    if (b < 24) {
+        if (pos + 1 != end) {
+            goto none_out;
+        }
+        fuel = (uint64_t)b;
+    }
+    else if (b < 28) {
+        if (pos + 1 + ((Py_ssize_t)1 << (b - 24)) != end || !split_uint(p, pos, end, b, &fuel, &stop)) {
+            goto none_out;
+        }
+    }
+    else {
+        goto none_out;
+    }
+    return Py_BuildValue("(nnKKNNK)", call_start, call_end, (unsigned long long)i,
+                         (unsigned long long)s, res, out, (unsigned long long)fuel);
+none_out:
+    Py_DECREF(out);
+none:
+    Py_DECREF(res);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"crc32", sp_crc32, METH_VARARGS, "crc32(data, value=0): zlib.crc32's CRC-32."},
     {"frame", sp_frame, METH_O, "frame(payload): the trace frame of one payload."},
     {"encode", sp_encode, METH_VARARGS,
      "encode(value, blob_min, result, ok_type): a tap's CBOR of an argument (result False: "
      "emit_item's) or of a result (emit_result's), or None where the general path takes it."},
+    {"split", (PyCFunction)(void (*)(void))sp_split, METH_FASTCALL,
+     "split(payload, ok_type): _template._split of an import record, or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1248,7 +1494,8 @@ PyInit__speedups(void)
         u64_max = PyLong_FromUnsignedLongLong(UINT64_MAX);
         zero = PyLong_FromLong(0);
         str_value = PyUnicode_InternFromString("value");
-        if (u64_max == NULL || zero == NULL || str_value == NULL) {
+        str_ok = PyUnicode_InternFromString("ok");
+        if (u64_max == NULL || zero == NULL || str_value == NULL || str_ok == NULL) {
             return NULL;
         }
     }

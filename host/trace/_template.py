@@ -38,11 +38,13 @@ against ``canonical_record`` of the learnt record, and the variable fields are e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mighty.abi import Ok
 from mighty.trace._cbor import CBORInvalid, decode
 from mighty.trace._emit import _canonical_simple, canonical_record, uint
+from mighty.trace._native import native, use_native
 from mighty.trace._schema import OUTCOMES
 from mighty.trace._values import MAX_DEPTH, HandleRef, value_from_tag
 
@@ -122,11 +124,14 @@ def _canonical_res(res: Any) -> bytes:
 _Split = tuple[int, int, int, int, Any, str, int]
 
 
-def _split(payload: bytes) -> _Split | None:  # noqa: PLR0915 - one pass
+def _split(payload: bytes, ok: type[Ok] = Ok) -> _Split | None:  # noqa: PLR0915 - one pass
     """``(call_start, call_end, i, s, res, out, fuel)`` of a payload in the recorder's import
     layout whose result is simple (see the module note), read as the closed decoder reads
     them; the call is ``payload[call_start:call_end]``. None when it is not in that layout.
-    (Every head is read inline, as ``_head`` reads it: this runs once per record.)"""
+    (Every head is read inline, as ``_head`` reads it: this runs once per record.) ``ok`` makes
+    an ``Ok`` result. The trace's compiled speedups have this very function (``split``): the
+    reader uses that one unless ``MIGHTY_PURE_PYTHON`` is set, and tests/trace/test_template.py
+    holds the two to the same answer."""
     end = len(payload)
     if end < 24 or not 0xA6 <= payload[0] <= 0xB7 or not payload.startswith(_AFTER_HEAD, 1):
         return None
@@ -184,14 +189,14 @@ def _split(payload: bytes) -> _Split | None:  # noqa: PLR0915 - one pass
             return None
         b = payload[pos]
         if b == 0xF6:
-            res, pos = Ok(None), pos + 1
+            res, pos = ok(None), pos + 1
         elif b < 24:
-            res, pos = Ok(b), pos + 1
+            res, pos = ok(b), pos + 1
         elif b < 28:
             stop = pos + 1 + (1 << (b - 24))
             if stop > end:
                 return None
-            res, pos = Ok(int.from_bytes(payload[pos + 1 : stop], "big")), stop
+            res, pos = ok(int.from_bytes(payload[pos + 1 : stop], "big")), stop
         else:
             return None
     elif 0xF4 <= b <= 0xF6:
@@ -365,9 +370,13 @@ def _join(pieces: list[bytes] | tuple[bytes, ...], record: dict[str, Any]) -> by
 class ImportTemplates:
     """The learnt calls of one reader (at most ``_KEEP``, each at most ``_CALL_MAX`` bytes)."""
 
-    __slots__ = ("_calls", "_learn", "_misses", "_seen")
+    __slots__ = ("_calls", "_learn", "_misses", "_seen", "_split")
 
     def __init__(self) -> None:
+        # The compiled split when it is there and wanted (asked once, as the trace writer does).
+        self._split: Callable[[bytes, type[Ok]], _Split | None] = (
+            native.split if use_native() else _split
+        )
         self._calls: dict[bytes, _Call] = {}
         # Calls seen and not learnt: False once seen (learnt the second time: most calls of a
         # trace that prints varied lines never repeat, and learning costs a decode more),
@@ -390,7 +399,7 @@ class ImportTemplates:
         misses = self._misses = self._misses + 1
         if misses > _COLD and misses % _SAMPLE:
             return None
-        split = _split(payload)
+        split = self._split(payload, Ok)
         if split is None:
             return None
         call_start, call_end, i, s, res, out, fuel = split

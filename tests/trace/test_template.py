@@ -16,11 +16,13 @@ from mighty.trace import TraceReader, TraceWriter
 from mighty.trace._cbor import CBORInvalid, decode_reference
 from mighty.trace._emit import canonical_record, emit
 from mighty.trace._format import MAX_ITEMS
+from mighty.trace._native import native
 from mighty.trace._schema import check_record
 from mighty.trace._template import ImportTemplates, _split
 from mighty.trace._values import MAX_DEPTH, HandleRef, value_from_tag
 
 UINT = st.integers(0, 2**64 - 1)
+_AFTER = b"\x61k\x66import\x61i"  # what every import record starts with, after its map head
 small = (
     UINT
     | st.integers(-(2**64), -1)
@@ -149,6 +151,47 @@ def test_damaged_payloads_get_no_answer_the_decoder_would_not_give(
         else:
             damaged += data.draw(st.binary(min_size=1, max_size=9))
     _check(templates, bytes(damaged))
+
+
+def _damage(payload: bytes, data: st.DataObject) -> bytes:
+    damaged = bytearray(payload)
+    for _ in range(data.draw(st.integers(0, 3))):
+        how = data.draw(st.sampled_from(["set", "insert", "delete", "cut", "extend"]))
+        at = data.draw(st.integers(0, max(0, len(damaged) - 1)))
+        byte = data.draw(st.integers(0, 255))
+        if how == "set" and damaged:
+            damaged[at] = byte
+        elif how == "insert":
+            damaged.insert(at, byte)
+        elif how == "delete" and damaged:
+            del damaged[at]
+        elif how == "cut":
+            del damaged[at:]
+        else:
+            damaged += data.draw(st.binary(min_size=1, max_size=9))
+    return bytes(damaged)
+
+
+@pytest.mark.skipif(native is None, reason="the trace speedups are not built")
+@settings(max_examples=500, deadline=None)
+@given(calls, st.tuples(UINT, UINT, results, outs, UINT), st.data())
+def test_the_compiled_split_is_the_python_split(
+    call: dict[str, Any], row: tuple[int, int, Any, str, int], data: st.DataObject
+) -> None:
+    """The reader's compiled ``split`` gives what ``_split`` gives (values, types, key order),
+    for records in the recorder's layout, damaged ones and random bytes."""
+    i, s, res, out, fuel = row
+    payload = data.draw(
+        st.one_of(
+            st.just(emit(_record(call, i, s, res, out, fuel))),
+            st.binary(max_size=64),
+            st.binary(min_size=24, max_size=64).map(lambda b: b"\xa9" + _AFTER + b),
+        )
+    )
+    payload = _damage(payload, data)
+    assert native is not None
+    want, got = _split(payload), native.split(payload, Ok)
+    assert (None if want is None else _shape(want)) == (None if got is None else _shape(got))
 
 
 def test_a_call_is_learnt_the_second_time_and_read_by_template_from_the_third() -> None:
