@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, median, report, samples
+from _common import ROOT, median, report
 
 from mighty import Component, Instance
 from mighty.build import build_component
@@ -82,11 +82,18 @@ def main() -> None:
         work(instance)
     traces.append(one)
     size = one.stat().st_size
-    replay_t = median(samples(lambda: replay_trace(one), repeat=7, warmup=1))
-    record_once = median(samples(lambda: _record_once(component, tmp), repeat=7, warmup=1))
-    plain_once = median(samples(lambda: _plain_once(out), repeat=7, warmup=1))
-    replay_cpu = median(_process_cpu(lambda: replay_trace(one), repeat=7))
-    plain_once_cpu = median(_process_cpu(lambda: _plain_once(out), repeat=7))
+    # Whole runs, interleaved round by round (as the per-call figures above), so the machine's
+    # drift between blocks of runs does not land on one side of the ratio.
+    whole = _interleaved_runs(
+        {
+            "replay": lambda: replay_trace(one),
+            "record": lambda: _record_once(component, tmp),
+            "plain": lambda: _plain_once(out),
+        },
+        rounds=9,
+    )
+    replay_t, record_once, plain_once = (whole[k][0] for k in ("replay", "record", "plain"))
+    replay_cpu, plain_once_cpu = whole["replay"][1], whole["plain"][1]
     report(
         [
             {
@@ -202,22 +209,29 @@ def _interleaved(
     )
 
 
+def _interleaved_runs(
+    runs: dict[str, Callable[[], object]], *, rounds: int
+) -> dict[str, tuple[float, float]]:
+    """(median wall time, median process CPU time) of each of ``runs``, after one warm-up
+    each, over ``rounds`` rounds that each run every one once, in turn."""
+    for fn in runs.values():
+        fn()
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            started, started_cpu = time.perf_counter(), time.process_time()
+            fn()
+            cpu[name].append(time.process_time() - started_cpu)
+            wall[name].append(time.perf_counter() - started)
+    return {name: (median(wall[name]), median(cpu[name])) for name in runs}
+
+
 def _taps() -> str:
     """Which recorder taps ran: the compiled ones (host/trace/_speedups.c) or pure Python."""
     built = importlib.util.find_spec("mighty.trace._speedups") is not None
     pure = os.environ.get("MIGHTY_PURE_PYTHON", "") not in ("", "0")
     return "compiled" if built and not pure else "pure"
-
-
-def _process_cpu(fn: Callable[[], object], *, repeat: int) -> list[float]:
-    """CPU seconds of the whole process (every thread) for each of ``repeat`` calls."""
-    fn()
-    out = []
-    for _ in range(repeat):
-        started = time.process_time()
-        fn()
-        out.append(time.process_time() - started)
-    return out
 
 
 def _plain_once(path: Path) -> None:
