@@ -12,7 +12,7 @@ import ctypes
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
@@ -53,6 +53,15 @@ def default_gate() -> Gate:
 
 
 _ERROR_PTR = ctypes.POINTER(ffi.wasmtime_error_t)
+
+
+def _raise_call_error(error: Any) -> NoReturn:
+    """Raise what a failed ``wasmtime_component_func_call`` returned (``error``, a pointer to
+    its ``wasmtime_error_t``): a Python exception a host function parked first, else the
+    error itself."""
+    err = WasmtimeError._from_ptr(error)
+    maybe_raise_last_exn()
+    raise err
 
 
 @dataclass(eq=False, slots=True)
@@ -220,9 +229,7 @@ class Instance:
                 func_ref, context, params.array, params.size, result_ref, int(has_result)
             )
             if error:
-                err = WasmtimeError._from_ptr(error)
-                maybe_raise_last_exn()
-                raise err
+                _raise_call_error(error)
 
         try:
             _, usage = self._meter.run(enter, budget, cancel, self._stderr_note, self._ctx)
@@ -259,9 +266,7 @@ class Instance:
         def enter() -> Any:
             error, value = native.call(func, store._context(), lowered)
             if error:
-                err = WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
-                maybe_raise_last_exn()
-                raise err
+                _raise_call_error(ctypes.cast(error, _ERROR_PTR))
             return value
 
         try:
