@@ -92,6 +92,20 @@ def build_in_place(root: Path = ROOT) -> list[Path]:
     return built
 
 
+def build_for_wheel(root: Path = ROOT) -> dict[str, str]:
+    """Compile every extension into a temporary folder: {compiled file: its path in the
+    wheel}. Each file is named by its path in the wheel: two modules may share a name
+    (``mighty/abi/_speedups`` and ``mighty/trace/_speedups``), and one temporary file for both
+    would carry one of them under both names."""
+    out = Path(tempfile.mkdtemp(prefix="mighty-ext-"))
+    included = {}
+    for source, target in extensions(root):
+        output = out / (target + suffix())
+        compile_one(source, output)
+        included[str(output)] = target + suffix()
+    return included
+
+
 def pure() -> bool:
     return os.environ.get("MIGHTY_PURE_PYTHON", "") not in ("", "0")
 
@@ -106,11 +120,7 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc]
         if version == "editable":
             build_in_place(Path(self.root))
             return
-        out = Path(tempfile.mkdtemp(prefix="mighty-ext-"))
-        for source, target in extensions(Path(self.root)):
-            output = out / (source.stem + suffix())
-            compile_one(source, output)
-            build_data["force_include"][str(output)] = target + suffix()
+        build_data["force_include"].update(build_for_wheel(Path(self.root)))
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
 

@@ -80,6 +80,31 @@ def test_a_source_compiles_into_an_importable_module_and_is_rebuilt_only_when_ne
     assert hatch_build.build_in_place(tmp_path) == [output]
 
 
+def test_modules_of_one_name_in_two_folders_are_two_files_in_the_wheel(tmp_path: Path) -> None:
+    """mighty/abi/_speedups and mighty/trace/_speedups: each target gets its own compiled
+    file (one temporary file for both once put the trace's module under both names)."""
+    (tmp_path / "sandbox").mkdir()
+    for folder, answer in (("abi", 1), ("trace", 2)):
+        (tmp_path / "host" / folder).mkdir(parents=True)
+        source = MODULE.replace("_probe", "_speedups").replace("42", str(answer))
+        (tmp_path / "host" / folder / "_speedups.c").write_text(source)
+
+    included = hatch_build.build_for_wheel(tmp_path)
+
+    assert sorted(included.values()) == [
+        f"mighty/abi/_speedups{hatch_build.suffix()}",
+        f"mighty/trace/_speedups{hatch_build.suffix()}",
+    ]
+    answers = {}
+    for built, target in included.items():
+        spec = importlib.util.spec_from_file_location("_speedups", built)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        answers[target.split("/")[1]] = module.answer()
+    assert answers == {"abi": 1, "trace": 2}
+
+
 def test_a_compiler_error_fails_with_the_compilers_output(tmp_path: Path) -> None:
     source = tmp_path / "_broken.c"
     source.write_text("int broken( {\n")
