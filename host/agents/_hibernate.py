@@ -226,11 +226,13 @@ class Hibernator:
                     # A message came while the snapshot was taken: stay awake (the row just
                     # written is a valid snapshot, overwritten at the next hibernation).
                     return None
+                # Counted before the instance goes: a status read meanwhile (unlocked) that
+                # sees the agent asleep sees it counted. Closing the instance takes a while.
+                process.stats.hibernations += 1
+                self.stats.hibernations += 1
                 process.instance = None
                 process._in_store = True
             instance.close()
-            process.stats.hibernations += 1
-            self.stats.hibernations += 1
         finally:
             process._run.release()
         self.runtime.emit("agent.hibernated", process.address, {})

@@ -127,6 +127,30 @@ def test_activity_postpones_the_idle_deadline(rt: Runtime, clock: Clock) -> None
     assert rt.hibernation.pending() == 0  # one entry per agent at most, none once asleep
 
 
+def test_an_agent_seen_asleep_is_counted_asleep(rt: Runtime) -> None:
+    """A status read while the hibernating agent's instance is still being closed (it takes
+    milliseconds for a CPython agent; the reads take no lock) sees it asleep and counted, in
+    the agent's counters and the runtime's: `mty run`'s control `status` once read
+    hibernated=True with hibernations=0."""
+    address = rt.spawn("counter")
+    process = rt.process(address)
+    instance = process.instance
+    assert instance is not None
+    seen: list[tuple[bool, int, int]] = []
+    close = instance.close
+
+    def observed_close() -> None:
+        assert rt.hibernation is not None
+        seen.append(
+            (process.hibernated, process.stats.hibernations, rt.hibernation.stats.hibernations)
+        )
+        close()
+
+    instance.close = observed_close  # type: ignore[method-assign]
+    assert rt.hibernate(address)
+    assert seen == [(True, 1, 1)]
+
+
 def test_hibernate_by_hand_declines_while_busy(rt: Runtime) -> None:
     address = rt.spawn("counter")
     process = rt.process(address)
