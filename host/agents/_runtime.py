@@ -433,19 +433,14 @@ class AgentProcess:
         """Schedule the agent if it has messages and its mailbox is not paused."""
         self._wake()
 
-    def deliver(
-        self, envelope: Envelope, timeout: float | None = None, *, here: float | None = None
-    ) -> None:
+    def deliver(self, envelope: Envelope, timeout: float | None = None) -> None:
         """Put ``envelope`` in the mailbox (the mailbox policy applies when it is full).
 
         ``__inspect`` is answered here and now, never queued (see mighty.agents._introspect).
-        ``here`` (an ask's deadline, on ``time.monotonic``) lets the calling thread run the turn
-        (see ``run_here``).
+        An ask may try ``run_here`` first (the runtime's asks do).
         """
         if envelope.name == INSPECT:
             _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
-            return
-        if here is not None and self.run_here(envelope, here):
             return
         try:
             accepted = self.mailbox.put(envelope, timeout=timeout)
@@ -1151,9 +1146,11 @@ class Runtime:
             return self._names.get(name)
 
     def process(self, address: str) -> AgentProcess:
-        with self._lock:
-            target = self._names.get(address, address)
-            process = self._agents.get(target)
+        # Read without the lock (every ask and send passes here): each dict read is atomic,
+        # and each write is one item, so the answer is the registry as it was at some instant
+        # of the call, as a locked read's would be by the time it returns.
+        target = self._names.get(address, address)
+        process = self._agents.get(target)
         if process is None:
             process = self._recover(target)
         if process is None or (not process.alive and process.on_exit is None):
@@ -1482,7 +1479,10 @@ class Runtime:
             return future, breaker
         now = time.monotonic()
         deadline = now + (within if timeout is None else timeout)
-        process.deliver(envelope, timeout, here=now + within)
+        # The shortest path first (``run_here``), else the mailbox; ``__inspect`` never runs a
+        # turn (``deliver`` answers it).
+        if name == INSPECT or not process.run_here(envelope, now + within):
+            process.deliver(envelope, timeout)
         if time.monotonic() > deadline and future.done():
             # Run in place and answered past the asker's deadline: the reply is too late.
             raise AskTimeout(f"no reply from {process.address} to {name!r} within {timeout:g} s")

@@ -162,7 +162,6 @@ class Envelope:
     name: str
     body: bytes
     reply: Future[bytes | None] | None = None
-    sent_at: float = field(default_factory=time.monotonic)
     asker_chain: tuple[str, ...] = ()
     """The addresses waiting on this reply, innermost last (for cycle detection)."""
     trace: Any = None
