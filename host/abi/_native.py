@@ -29,6 +29,10 @@ _FUNCTIONS = (
     "wasmtime_component_val_free",
     "wasmtime_component_val_delete",
     "wasmtime_component_func_call",
+    "wasmtime_context_set_fuel",
+    "wasmtime_context_get_fuel",
+    "wasmtime_context_set_epoch_deadline",
+    "wasmtime_error_delete",
 )
 
 try:

@@ -137,6 +137,10 @@ static struct {
     void (*val_free)(val *);
     void (*val_delete)(val *);
     void *(*func_call)(const void *, void *, const val *, size_t, val *, size_t);
+    void *(*set_fuel)(void *, uint64_t);
+    void *(*get_fuel)(const void *, uint64_t *);
+    void (*set_epoch_deadline)(void *, uint64_t);
+    void (*error_delete)(void *);
     int ready;
 } fn;
 
@@ -1314,11 +1318,23 @@ buffer_address(PyObject *obj, Py_ssize_t need, int deref)
 static PyObject *
 Func_call(FuncObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    /* call(func, context, params): wasmtime_component_func_call with the GIL released, as
-     * ctypes calls it. Returns (0, the lifted result or None) or (error address, None). */
-    if (nargs != 3 || !Py_IS_TYPE(args[2], &Params_Type)) {
-        PyErr_SetString(PyExc_TypeError, "call(func, context, params: Params)");
+    /* call(func, context, params, fuel=None): with ``fuel``, the store's fuel set to it and
+     * its epoch deadline to the next tick (what the budget layer's Python path does with
+     * three ctypes calls); then wasmtime_component_func_call with the GIL released, as ctypes
+     * calls it; then, with ``fuel``, the fuel left read (a failed read counts as none left, as
+     * the Python path's does). Returns (0, the lifted result or None, fuel left or None) or
+     * (error address, None, fuel left or None). */
+    if (nargs < 3 || nargs > 4 || !Py_IS_TYPE(args[2], &Params_Type)) {
+        PyErr_SetString(PyExc_TypeError, "call(func, context, params: Params, fuel: int | None)");
         return NULL;
+    }
+    int fueled = nargs == 4 && args[3] != Py_None;
+    unsigned long long fuel = 0;
+    if (fueled) {
+        fuel = PyLong_AsUnsignedLongLong(args[3]);
+        if (fuel == (unsigned long long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
     }
     const void *func = buffer_address(args[0], 32, 0); /* wasmtime_component_func_t */
     if (func == NULL) {
@@ -1336,11 +1352,24 @@ Func_call(FuncObject *self, PyObject *const *args, Py_ssize_t nargs)
     int has_result = self->result != Py_None;
     val result;
     zero_slot(&result);
-    void *error;
-    Py_BEGIN_ALLOW_THREADS
-    error = fn.func_call(func, context, params->vals, (size_t)params->size,
-                         has_result ? &result : NULL, (size_t)has_result);
-    Py_END_ALLOW_THREADS
+    void *error = fueled ? fn.set_fuel(context, (uint64_t)fuel) : NULL;
+    if (error == NULL) {
+        if (fueled) {
+            fn.set_epoch_deadline(context, 1);
+        }
+        Py_BEGIN_ALLOW_THREADS
+        error = fn.func_call(func, context, params->vals, (size_t)params->size,
+                             has_result ? &result : NULL, (size_t)has_result);
+        Py_END_ALLOW_THREADS
+    }
+    uint64_t left = 0;
+    if (fueled) {
+        void *fuel_error = fn.get_fuel(context, &left);
+        if (fuel_error != NULL) {
+            fn.error_delete(fuel_error);
+            left = 0;
+        }
+    }
     PyObject *value;
     if (error != NULL || !has_result) {
         fn.val_delete(&result); /* a zero slot, unless a failing call wrote one */
@@ -1358,9 +1387,17 @@ Func_call(FuncObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(value);
         return NULL;
     }
-    PyObject *out = PyTuple_Pack(2, address, value);
+    PyObject *rest =
+        fueled ? PyLong_FromUnsignedLongLong((unsigned long long)left) : Py_NewRef(Py_None);
+    if (rest == NULL) {
+        Py_DECREF(address);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(3, address, value, rest);
     Py_DECREF(address);
     Py_DECREF(value);
+    Py_DECREF(rest);
     return out;
 }
 
@@ -1368,7 +1405,8 @@ static PyMethodDef Func_methods[] = {
     {"lower", (PyCFunction)Func_lower, METH_O,
      "lower(args): the arguments lowered (Params), or None for the Python codec to take."},
     {"call", (PyCFunction)(void (*)(void))Func_call, METH_FASTCALL,
-     "call(func, context, params): (error address or 0, lifted result)."},
+     "call(func, context, params, fuel=None): (error address or 0, lifted result, fuel left "
+     "or None)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1447,6 +1485,10 @@ sp_init(PyObject *Py_UNUSED(module), PyObject *args, PyObject *kwds)
     ADDRESS(val_free, "wasmtime_component_val_free");
     ADDRESS(val_delete, "wasmtime_component_val_delete");
     ADDRESS(func_call, "wasmtime_component_func_call");
+    ADDRESS(set_fuel, "wasmtime_context_set_fuel");
+    ADDRESS(get_fuel, "wasmtime_context_get_fuel");
+    ADDRESS(set_epoch_deadline, "wasmtime_context_set_epoch_deadline");
+    ADDRESS(error_delete, "wasmtime_error_delete");
 #undef ADDRESS
     Py_XSETREF(Some_type, Py_NewRef(types[0]));
     Py_XSETREF(Ok_type, Py_NewRef(types[1]));

@@ -192,12 +192,19 @@ class Meter:
         cancel: CancelScope | None = None,
         describe: Callable[[], str] | None = None,
         ctx: GuestContext | None = None,
+        *,
+        fueled: bool = False,
     ) -> tuple[_T, Usage]:
         """Run ``work`` (which enters the guest) under ``budget``; translate how it stopped.
 
         ``describe`` returns extra context for a trap message (for example the guest's stderr).
         ``ctx`` is the instance's gate context: it knows whether the guest asked to exit and
         whether a host function failed. On failure the raised error carries ``usage``.
+
+        ``fueled``: ``work`` sets the store's fuel to ``budget.fuel`` and its epoch deadline to
+        the next tick itself, and returns ``(result, fuel left)`` (the compiled call does all
+        of it in one C call: mighty.abi's ``FuncCodec.native``); otherwise this sets them and
+        reads the fuel left afterwards.
         """
         if not self._busy.acquire(blocking=False):
             raise Misuse("a mighty instance is being used by two threads at once")
@@ -205,29 +212,34 @@ class Meter:
         state = CallScope(budget.timeout, cancel, self.account)
         try:
             # A signal's handler marks this call interrupted: it stops at the next epoch tick.
-            return SignalShield(state.interrupt).run(self._run, work, state, budget, describe, ctx)
+            return SignalShield(state.interrupt).run(
+                self._run, work, state, budget, describe, ctx, fueled
+            )
         finally:
             self._busy.release()
 
     def _run(
         self,
-        work: Callable[[], _T],
+        work: Callable[[], Any],
         state: CallScope,
         budget: Budget,
         describe: Callable[[], str] | None,
         ctx: GuestContext | None,
-    ) -> tuple[_T, Usage]:
+        fueled: bool,
+    ) -> tuple[Any, Usage]:
         cancel = state.cancel
         if cancel is not None and cancel.cancel_called:
             err = state.error("cancel", before_start=True)
             err.usage = Usage(0, self.account.current, 0.0)
             raise err
-        context = self.store._context()
-        error = _set_fuel(context, budget.fuel)
-        if error:
-            raise wasmtime.WasmtimeError._from_ptr(error)
+        if not fueled:
+            context = self.store._context()
+            error = _set_fuel(context, budget.fuel)
+            if error:
+                raise wasmtime.WasmtimeError._from_ptr(error)
         self.account.start_call(budget.memory)
-        _set_epoch_deadline(context, 1)
+        if not fueled:
+            _set_epoch_deadline(context, 1)
         if ctx is not None:
             ctx.failure = None
             ctx.exit_code = None
@@ -249,7 +261,11 @@ class Meter:
             _ACTIVE.pop(self._key, None)
             if ctx is not None:
                 ctx.scope = UNSCOPED
-        usage = self._usage(budget, started)
+        if fueled:
+            result, left = result
+            usage = Usage(budget.fuel - left, self.account.peak, _now() - started)
+        else:
+            usage = self._usage(budget, started)
         if self.account.denied is not None:
             # Returned before the next epoch check noticed: same outcome, the result of a
             # call that broke its memory ceiling is not trusted.

@@ -263,14 +263,20 @@ class Instance:
         func = export.func._func
         store = self._meter.store
 
-        def enter() -> Any:
-            error, value = native.call(func, store._context(), lowered)
+        fuel = budget.fuel
+
+        def enter() -> tuple[Any, int | None]:
+            # The compiled call sets the fuel and the epoch deadline and reads the fuel left
+            # (see Meter.run's ``fueled``).
+            error, value, left = native.call(func, store._context(), lowered, fuel)
             if error:
                 _raise_call_error(ctypes.cast(error, _ERROR_PTR))
-            return value
+            return value, left
 
         try:
-            value, usage = self._meter.run(enter, budget, cancel, self._stderr_note, self._ctx)
+            value, usage = self._meter.run(
+                enter, budget, cancel, self._stderr_note, self._ctx, fueled=True
+            )
         except BaseException as exc:
             self._failed(name, exc, recording)
             raise

@@ -363,7 +363,7 @@ class Echo:
         if params is not None:
             self.paths.append("compiled")
             try:
-                error, value = fast.call(self.func._func, self.store._context(), params)
+                error, value, _ = fast.call(self.func._func, self.store._context(), params)
             finally:
                 params.free()
             if error:

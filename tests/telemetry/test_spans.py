@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mighty import Budget, Component
 from mighty._errors import BadInput
-from mighty.agents import AgentChild, AgentType, Runtime, SupervisorSpec, start_tree
+from mighty.agents import AgentChild, AgentType, Envelope, Runtime, SupervisorSpec, start_tree
 from mighty.telemetry import Telemetry, TelemetryConfig, load_config, traceparent
 
 
@@ -181,20 +181,27 @@ def test_export_failures_are_counted_and_logged_once(
 
 def test_off_means_no_trace_context(echo_agent: Component) -> None:
     """Without telemetry the message carries no trace context at all."""
-    seen = []
+    seen: list[Envelope] = []  # each envelope once, whichever way it went (held: ids are reused)
     with Runtime(workers=1) as rt:
         rt.register(AgentType("echo", echo_agent))
         process = rt.process(rt.spawn("echo"))
-        original = process.deliver
+        deliver, run_here = process.deliver, process.run_here
 
-        def spy(envelope, timeout=None, **how):  # type: ignore[no-untyped-def]
-            seen.append(envelope.trace)
-            original(envelope, timeout, **how)
+        def spy(envelope, timeout=None):  # type: ignore[no-untyped-def]
+            if not any(e is envelope for e in seen):
+                seen.append(envelope)
+            deliver(envelope, timeout)
+
+        def spy_here(envelope, deadline):  # type: ignore[no-untyped-def]
+            if not any(e is envelope for e in seen):
+                seen.append(envelope)
+            return run_here(envelope, deadline)
 
         process.deliver = spy  # type: ignore[method-assign]
-        rt.ask(process.address, "x", 1)
+        process.run_here = spy_here  # type: ignore[method-assign]
+        assert rt.ask(process.address, "x", 1) == 1
         rt.send(process.address, "x", 2)
-    assert seen == [None, None]
+    assert [e.trace for e in seen] == [None, None]
     assert rt.telemetry is None
 
 
