@@ -19,8 +19,8 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
   (target >= 25,000), against direct ``handle`` calls on one thread in the same run; and the
   same sends on 1 worker (two workers must not handle fewer: light work stays on one worker).
 - ``--against REV``: the message rows above also for the tree at git revision REV (its
-  ``host/`` unpacked into a temporary directory, run in a child process), for an A/B in one
-  run. ``--messages`` runs only the message rows.
+  ``host/`` unpacked into a temporary directory, its C extensions compiled there, run in a
+  child process), for an A/B in one run. ``--messages`` runs only the message rows.
 - CPU-bound throughput with 1 vs 2 workers (target >= 1.8x on 2 cores).
 - resident memory per idle agent after one handled message: CPython agent with copy-on-write
   memory images (the default) vs the same component loaded with ``share_memory=False``, and the
@@ -32,6 +32,7 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--json]
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import subprocess
@@ -274,7 +275,9 @@ def message_rows(runs: dict[str, list[Any]]) -> list[dict[str, object]]:
 
 
 def _old_tree(revision: str) -> Path:
-    """The ``host/`` of ``revision`` unpacked into a temporary directory, as ``mighty``."""
+    """The ``host/`` of ``revision`` unpacked into a temporary directory, as ``mighty``, its C
+    extensions compiled in place as this tree's are (by this tree's ``hatch_build.py``), so an
+    A/B compares compiled with compiled (unless ``MIGHTY_PURE_PYTHON`` is set)."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", revision, "host"], capture_output=True, check=True
     ).stdout
@@ -282,6 +285,12 @@ def _old_tree(revision: str) -> Path:
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
     (tree / "mighty").symlink_to("host")
+    if os.environ.get("MIGHTY_PURE_PYTHON", "") in ("", "0"):
+        spec = importlib.util.spec_from_file_location("hatch_build", ROOT / "hatch_build.py")
+        assert spec is not None and spec.loader is not None
+        hatch_build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hatch_build)
+        hatch_build.build_in_place(tree)
     return tree
 
 
