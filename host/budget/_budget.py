@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -185,6 +185,7 @@ class Meter:
             self.store.ptr(), _C_ON_EPOCH, self._key, _NO_FINALIZER
         )
 
+    @overload
     def run(
         self,
         work: Callable[[], _T],
@@ -193,8 +194,31 @@ class Meter:
         describe: Callable[[], str] | None = None,
         ctx: GuestContext | None = None,
         *,
+        fueled: Literal[False] = False,
+    ) -> tuple[_T, Usage]: ...
+
+    @overload
+    def run(
+        self,
+        work: Callable[[], tuple[_T, int]],
+        budget: Budget,
+        cancel: CancelScope | None = None,
+        describe: Callable[[], str] | None = None,
+        ctx: GuestContext | None = None,
+        *,
+        fueled: Literal[True],
+    ) -> tuple[_T, Usage]: ...
+
+    def run(
+        self,
+        work: Callable[[], Any],
+        budget: Budget,
+        cancel: CancelScope | None = None,
+        describe: Callable[[], str] | None = None,
+        ctx: GuestContext | None = None,
+        *,
         fueled: bool = False,
-    ) -> tuple[_T, Usage]:
+    ) -> tuple[Any, Usage]:
         """Run ``work`` (which enters the guest) under ``budget``; translate how it stopped.
 
         ``describe`` returns extra context for a trap message (for example the guest's stderr).
@@ -202,9 +226,9 @@ class Meter:
         whether a host function failed. On failure the raised error carries ``usage``.
 
         ``fueled``: ``work`` sets the store's fuel to ``budget.fuel`` and its epoch deadline to
-        the next tick itself, and returns ``(result, fuel left)`` (the compiled call does all
-        of it in one C call: mighty.abi's ``FuncCodec.native``); otherwise this sets them and
-        reads the fuel left afterwards.
+        the next tick itself, right before it enters the guest, and returns ``(result, fuel
+        left)`` (the compiled call does all of it in one C call: mighty.abi's
+        ``FuncCodec.native``); otherwise this sets them and reads the fuel left afterwards.
         """
         if not self._busy.acquire(blocking=False):
             raise Misuse("a mighty instance is being used by two threads at once")

@@ -265,12 +265,13 @@ class Instance:
 
         fuel = budget.fuel
 
-        def enter() -> tuple[Any, int | None]:
+        def enter() -> tuple[Any, int]:
             # The compiled call sets the fuel and the epoch deadline and reads the fuel left
             # (see Meter.run's ``fueled``).
             error, value, left = native.call(func, store._context(), lowered, fuel)
             if error:
                 _raise_call_error(ctypes.cast(error, _ERROR_PTR))
+            assert left is not None  # given a fuel, the call says what is left
             return value, left
 
         try:
