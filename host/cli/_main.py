@@ -418,6 +418,22 @@ def _agent_defaults(
 )
 @click.option("--seed", type=int, help="Seed the guest's random numbers (default: OS entropy).")
 @click.option(
+    "--allow-http",
+    "allow_http",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let wasi:http reach ORIGIN (https://api.x.com, https://*.x.com:*); repeatable.",
+)
+@click.option(
+    "--http-secret",
+    "http_secrets",
+    multiple=True,
+    nargs=2,
+    metavar="ORIGIN HEADER=VALUE",
+    help="Add a header to ORIGIN's requests, VALUE naming a secret: 'Bearer ${ENV_VAR}' or "
+    "@FILE; the guest never sees it (docs/http.md).",
+)
+@click.option(
     "--record",
     "record",
     is_flag=False,
@@ -448,6 +464,8 @@ def call(
     dirs: Sequence[str],
     clock: str,
     seed: int | None,
+    allow_http: Sequence[str],
+    http_secrets: Sequence[tuple[str, str]],
     record: str | None,
     flush: FlushMode,
     as_json: bool,
@@ -467,6 +485,7 @@ def call(
         changes: dict[str, Any] = {"fuel": fuel, "memory": memory, "timeout": timeout}
         budget = Budget(**{k: v for k, v in changes.items() if v is not None})
         policy = _policy(env, guest_args, stdin, dirs, clock, seed)
+        policy = _http(policy, allow_http, http_secrets)
         decoded = _json_args(args)
         with Waits(not quiet) as show:
             loaded = Component.load(component, progress=show)
@@ -809,6 +828,21 @@ def _policy(
             policy = policy.with_dir(host.resolve(), parts[1], readonly=readonly)
         except ValueError as exc:
             raise BadInput(f"--dir {spec}: {exc}") from None
+    return policy
+
+
+def _http(policy: Policy, origins: Sequence[str], secrets: Sequence[tuple[str, str]]) -> Policy:
+    from mighty.wasi import Origin, Secret
+
+    granted = {str(Origin.parse(o)): o for o in origins}
+    attached: dict[str, list[Secret]] = {key: [] for key in granted}
+    for origin, spec in secrets:
+        key = str(Origin.parse(origin))
+        if key not in attached:
+            raise BadInput(f"--http-secret {origin}: that origin has no --allow-http")
+        attached[key].append(Secret.parse(spec))
+    for key, origin in granted.items():
+        policy = policy.with_http(origin, secrets=attached[key])
     return policy
 
 

@@ -1,6 +1,7 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
 from mighty.wasi._cli import outputs
+from mighty.wasi._http_policy import HttpGrant, HttpLimits, HttpPolicy, Origin, Secret
 from mighty.wasi._logging import LOG_SINK, LogSink
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import DEFAULT_OUTPUT_CAP, DirGrant, MemoryDir, OutputPolicy, Policy
@@ -12,10 +13,15 @@ __all__ = [
     "WASI_POLICY",
     "CaptureOutput",
     "DirGrant",
+    "HttpGrant",
+    "HttpLimits",
+    "HttpPolicy",
     "LogSink",
     "MemoryDir",
+    "Origin",
     "OutputPolicy",
     "Policy",
+    "Secret",
     "WasiProvider",
     "outputs",
 ]

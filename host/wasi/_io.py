@@ -28,6 +28,7 @@ zeroes of the ``*-zeroes`` calls are made by the host, so those are bounded by `
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from mighty.wasi._streams import (
     IO_ERROR,
     OUTPUT_STREAM,
     POLLABLE,
+    CodedMessage,
     InputStream,
     OutputStream,
     Pollable,
@@ -102,6 +104,9 @@ class StreamPollable(Pollable):
     def ready(self) -> bool:
         return self.stream.ready()
 
+    def waker(self) -> threading.Event | None:
+        return self.stream.waker()
+
 
 @dataclass(frozen=True, slots=True)
 class _IoState:
@@ -149,15 +154,28 @@ def wait_any(ctx: GuestContext, pollables: Sequence[Pollable]) -> list[int]:
             raise PollRefused("a virtual-clock pollable was fired but did not become ready")
         return ready
 
+    wakers = list({id(w): w for p in pollables if (w := p.waker()) is not None}.values())
+
     def sleep(most: float) -> bool:
         nonlocal ready
         waits = [w for p in pollables if (w := p.wait_seconds()) is not None]
-        if not waits:
+        if not waits and not wakers:
             raise PollRefused(
                 f"the guest waits on {len(pollables)} pollable(s) that are not ready and "
                 "that nothing in this host will ever make ready"
             )
-        time.sleep(max(0.0, min(*waits, most)))
+        longest = max(0.0, min(*waits, most)) if waits else most
+        if wakers:
+            # Cleared before the check, so a wake-up between the check and the wait is kept.
+            for waker in wakers:
+                waker.clear()
+            ready = _ready(pollables)
+            if ready:
+                return True
+            # One instance's host threads share one waker; several are waited on in turns.
+            wakers[0].wait(longest if len(wakers) == 1 else min(longest, 0.005))
+        else:
+            time.sleep(longest)
         ready = _ready(pollables)
         return bool(ready)
 
@@ -195,7 +213,11 @@ def _failed(ctx: GuestContext, message: str) -> Err:
 def _stream_error(ctx: GuestContext, exc: Exception) -> Err:
     if isinstance(exc, StreamClosed):
         return Err(Variant("closed"))
-    return _failed(ctx, str(exc) or type(exc).__name__)
+    message = str(exc) or type(exc).__name__
+    code = exc.code if isinstance(exc, StreamFailed) else None
+    if code is None:
+        return _failed(ctx, message)
+    return Err(Variant("last-operation-failed", ctx.new(IO_ERROR, CodedMessage(message, code))))
 
 
 # A failing file or device is the guest's error to handle, not a host bug: OSError is reported

@@ -6,12 +6,13 @@ shared by many instances and threads, and a trace can record exactly the policy 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from mighty._errors import BadInput
+from mighty.wasi._http_policy import HttpGrant, HttpPolicy, Origin, Secret
 
 __all__ = [
     "DEFAULT_MAX_OPEN",
@@ -96,6 +97,8 @@ class Policy:
     - ``dirs``: preopened directories; paths always resolve inside their root.
     - ``network``: sockets are refused unless True (and even then, not implemented yet).
     - ``max_open``: descriptors the guest may hold at once; more opens fail with ``quota``.
+    - ``http``: the origins ``wasi:http`` may reach, the secrets injected, the limits
+      (see :mod:`mighty.wasi._http_policy`); nothing by default.
     """
 
     env: tuple[tuple[str, str], ...] = ()
@@ -115,6 +118,7 @@ class Policy:
     """Descriptors, streams on files and directory listings the guest may hold open at once.
     Each host one costs the process a file descriptor, which is shared with the host's own
     traces, sockets and tools; an open past it fails with ``quota`` (WASI 0.2 has no EMFILE)."""
+    http: HttpPolicy = field(default_factory=HttpPolicy)
 
     def __post_init__(self) -> None:
         if self.clock not in ("real", "fixed", "virtual"):
@@ -162,6 +166,30 @@ class Policy:
 
     def with_seed(self, seed: int | None) -> Policy:
         return replace(self, seed=seed)
+
+    def with_http(
+        self,
+        origin: str | Origin,
+        *,
+        methods: Sequence[str] | None = None,
+        secrets: Sequence[Secret] = (),
+        allow_private: bool = False,
+    ) -> Policy:
+        """A copy that may reach ``origin`` (``https://api.example.com``, ``https://*.x.org:*``)
+        over wasi:http, with ``secrets`` injected as headers into each of its requests."""
+        parsed = origin if isinstance(origin, Origin) else Origin.parse(origin)
+        grant = HttpGrant(
+            parsed,
+            None if methods is None else tuple(m.upper() for m in methods),
+            tuple(secrets),
+            allow_private,
+        )
+        return replace(self, http=replace(self.http, grants=(*self.http.grants, grant)))
+
+    def with_http_limits(self, **limits: int | float) -> Policy:
+        """A copy with these :class:`HttpLimits` fields changed."""
+        changed = replace(self.http.limits, **limits)  # type: ignore[arg-type]
+        return replace(self, http=replace(self.http, limits=changed))
 
     def replace(self, **changes: object) -> Policy:
         """A copy with the given fields changed (validated like the original)."""

@@ -7,7 +7,7 @@ from types import ModuleType
 
 from mighty._errors import WrongType
 from mighty.gate import Binding, GuestContext, ResourceKind, Slot
-from mighty.wasi import _cli, _clocks, _filesystem, _io, _logging, _random, _sockets
+from mighty.wasi import _cli, _clocks, _filesystem, _http, _io, _logging, _random, _sockets
 from mighty.wasi._policy import Policy
 
 __all__ = ["WASI_POLICY", "WasiProvider"]
@@ -15,7 +15,16 @@ __all__ = ["WASI_POLICY", "WasiProvider"]
 WASI_POLICY: Slot[Policy] = Slot("wasi.policy")
 """The slot of an instance's WASI :class:`Policy` (seeded by ``Instance``; default: none)."""
 
-_MODULES: tuple[ModuleType, ...] = (_io, _cli, _clocks, _random, _filesystem, _sockets, _logging)
+_MODULES: tuple[ModuleType, ...] = (
+    _io,
+    _cli,
+    _clocks,
+    _random,
+    _filesystem,
+    _sockets,
+    _logging,
+    _http,
+)
 
 
 class WasiProvider:
@@ -44,5 +53,6 @@ class WasiProvider:
             module.setup(ctx, policy)
 
     def teardown(self, ctx: GuestContext) -> None:
-        """Close every host file descriptor the instance still holds."""
+        """Close every host file descriptor the instance still holds; cancel its requests."""
         _filesystem.close_all(ctx)
+        _http.close_all(ctx)

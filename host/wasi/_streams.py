@@ -7,7 +7,9 @@ cli only construct them. All sizes are bounded by the caller (the policy's ``max
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from typing import Any
 
 from mighty.gate import GuestContext, ResourceKind
 
@@ -16,6 +18,7 @@ __all__ = [
     "IO_ERROR",
     "OUTPUT_STREAM",
     "POLLABLE",
+    "CodedMessage",
     "InputStream",
     "OutputStream",
     "Pollable",
@@ -31,8 +34,24 @@ class StreamClosed(Exception):
 class StreamFailed(Exception):
     """The last operation failed: WIT ``stream-error.last-operation-failed(error)``.
 
-    ``str(exc)`` becomes the ``wasi:io/error`` resource's debug string.
+    ``str(exc)`` becomes the ``wasi:io/error`` resource's debug string; ``code``, when given, is
+    what an interface's error accessor answers for it (``wasi:http``'s ``http-error-code``).
     """
+
+    def __init__(self, message: str, code: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class CodedMessage(str):
+    """A ``wasi:io/error`` object: its debug string, carrying the ``code`` of the failure."""
+
+    code: Any
+
+    def __new__(cls, text: str, code: Any) -> CodedMessage:
+        obj = super().__new__(cls, text)
+        obj.code = code
+        return obj
 
 
 class InputStream(ABC):
@@ -45,6 +64,11 @@ class InputStream(ABC):
     def ready(self) -> bool:
         """Whether a read would return data or the end without waiting (for pollables)."""
         return True
+
+    def waker(self) -> threading.Event | None:
+        """An event set when :meth:`ready` may have changed by itself (a host thread feeds the
+        stream), or None when only the guest's own calls change it."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the stream holds (called when the guest drops it)."""
@@ -67,6 +91,10 @@ class OutputStream(ABC):
     def ready(self) -> bool:
         return True
 
+    def waker(self) -> threading.Event | None:
+        """As :meth:`InputStream.waker`."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the stream holds (called when the guest drops it)."""
 
@@ -80,6 +108,11 @@ class Pollable(ABC):
 
     def wait_seconds(self) -> float | None:
         """How long until it is ready if nothing else happens (None: unknown or never)."""
+        return None
+
+    def waker(self) -> threading.Event | None:
+        """An event a host thread sets when this pollable may have become ready (a response
+        arrived), or None. A wait on pollables with a waker sleeps on it instead of refusing."""
         return None
 
 

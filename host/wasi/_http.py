@@ -1,0 +1,837 @@
+"""``wasi:http`` 0.2: ``types`` and ``outgoing-handler``, under the policy's :class:`HttpPolicy`.
+
+The guest builds a request out of resources (``fields``, ``outgoing-request``, its
+``outgoing-body`` written through a ``wasi:io`` output stream), hands it to
+``outgoing-handler.handle`` and gets a ``future-incoming-response``. Here:
+
+- ``handle`` checks the request against the grants (origin and method: else
+  ``HTTP-request-denied``) and the limits (requests in flight and per call: else
+  ``connection-limit-reached``), adds the grant's secret headers, and starts an
+  :class:`~mighty.wasi._http_client.Exchange` on a worker thread; it never blocks;
+- the future, the response and its body read what the worker left, and their pollables carry
+  the instance's wake event, so ``poll`` sleeps until something arrives (several requests in
+  flight at once, a body read chunk by chunk as it comes);
+- everything the guest sees passes the gate as import results, so a recorded run replays from
+  the trace with no network and no secret, byte for byte.
+
+A request body is buffered in the host (bounded by ``max_request_bytes``) and sent when the
+guest finishes it, so ``handle`` may come before or after ``outgoing-body.finish``. Trailers
+are not sent (HTTP/1.1 through httpcore has no request trailers); response trailers are always
+none. Header names and values are checked as RFC 9110 asks, and the hop-by-hop headers the host
+owns (``host``, ``connection``, ``transfer-encoding``, ...) are ``forbidden`` to the guest, as
+wasmtime forbids them.
+
+The server side of the types (``incoming-request``, ``response-outparam``) has no object in
+this host: nothing makes one, so a call naming one is a contract violation. ``outgoing-
+response`` works as data (the ``mty serve`` side will hand them on).
+
+Rejected: making the request synchronously inside ``handle`` (one request at a time, and a
+slow server would stall the guest's other work); following redirects in the host (each hop
+must pass the policy, and the guest should see what happened).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mighty.abi import Err, Ok, Variant
+from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Slot
+from mighty.wasi._http_client import BodyBuffer, Exchange, PreparedRequest, error_code, start
+from mighty.wasi._http_policy import HttpPolicy
+from mighty.wasi._io import ReadyPollable
+from mighty.wasi._policy import Policy
+from mighty.wasi._streams import (
+    INPUT_STREAM,
+    OUTPUT_STREAM,
+    POLLABLE,
+    InputStream,
+    OutputStream,
+    Pollable,
+    StreamClosed,
+    StreamFailed,
+)
+
+__all__ = ["bindings", "close_all", "resources", "setup"]
+
+_TYPES = "wasi:http/types"
+_HANDLER = "wasi:http/outgoing-handler"
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_FORBIDDEN = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "http2-settings",
+        "te",
+        "trailer",
+    }
+)
+_METHODS = ("get", "head", "post", "put", "delete", "connect", "options", "trace", "patch")
+_MAX_TARGET = 8 << 10
+_MAX_AUTHORITY = 300
+_NS = 1e-9
+
+
+# -- per-instance state -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _HttpState:
+    policy: HttpPolicy
+    wake: threading.Event = field(default_factory=threading.Event)
+    exchanges: list[Exchange] = field(default_factory=list)
+    held_header_bytes: int = 0
+    scope: object = None
+    calls: int = 0
+
+
+_STATE: Slot[_HttpState] = Slot("wasi.http")
+
+
+def setup(ctx: GuestContext, policy: Policy) -> None:
+    """Remember the HTTP policy; nothing is in flight yet."""
+    ctx.put(_STATE, _HttpState(policy.http))
+
+
+def close_all(ctx: GuestContext) -> None:
+    """Cancel every exchange of the instance (at close): no worker outlives it by more than
+    one read of its connection."""
+    state = ctx.find(_STATE)
+    if state is None:
+        return
+    for exchange in state.exchanges:
+        exchange.cancel()
+    state.exchanges.clear()
+
+
+# -- fields -----------------------------------------------------------------------------------
+
+
+class _Fields:
+    """A header map: entries in order, names as given (compared lower-case)."""
+
+    __slots__ = ("entries", "immutable", "state", "weight")
+
+    def __init__(self, state: _HttpState | None, entries: list[tuple[str, bytes]], immutable: bool):
+        self.state = state
+        self.entries = entries
+        self.immutable = immutable
+        self.weight = 0
+        if state is not None:
+            self._charge(sum(len(k) + len(v) for k, v in entries))
+
+    def _charge(self, delta: int) -> None:
+        if self.state is None:
+            return
+        self.state.held_header_bytes += delta
+        self.weight += delta
+
+    def would_exceed(self, delta: int) -> bool:
+        if self.state is None:
+            return False
+        return self.state.held_header_bytes + delta > self.state.policy.limits.max_held_header_bytes
+
+    def release(self) -> None:
+        self._charge(-self.weight)
+
+    def lowered(self) -> list[tuple[bytes, bytes]]:
+        return [(k.encode(), v) for k, v in self.entries]
+
+
+def _drop_fields(_ctx: GuestContext, fields: _Fields) -> None:
+    fields.release()
+
+
+def _header_error(name: str, value: bytes | None = None) -> str | None:
+    """The header-error case for this name and value, or None if they are acceptable."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if not _TOKEN.match(raw):
+        return "invalid-syntax"
+    if value is not None and _BAD_VALUE.search(bytes(value)):
+        return "invalid-syntax"
+    if name.lower() in _FORBIDDEN:
+        return "forbidden"
+    return None
+
+
+def _fields_new(ctx: GuestContext) -> Any:
+    return ctx.new(FIELDS, _Fields(ctx.slot(_STATE), [], immutable=False))
+
+
+def _fields_from_list(ctx: GuestContext, entries: Sequence[tuple[str, bytes]]) -> Ok | Err:
+    state = ctx.slot(_STATE)
+    checked: list[tuple[str, bytes]] = []
+    size = 0
+    for name, value in entries:
+        problem = _header_error(name, value)
+        if problem is not None:
+            return Err(Variant(problem))
+        checked.append((name, bytes(value)))
+        size += len(name) + len(value)
+    if state.held_header_bytes + size > state.policy.limits.max_held_header_bytes:
+        return Err(Variant("forbidden"))
+    return Ok(ctx.new(FIELDS, _Fields(state, checked, immutable=False)))
+
+
+def _fields_get(_ctx: GuestContext, fields: _Fields, name: str) -> list[bytes]:
+    key = name.lower()
+    return [v for k, v in fields.entries if k.lower() == key]
+
+
+def _fields_has(_ctx: GuestContext, fields: _Fields, name: str) -> bool:
+    key = name.lower()
+    return any(k.lower() == key for k, _ in fields.entries)
+
+
+def _mutable(fields: _Fields, name: str, values: Sequence[bytes]) -> str | None:
+    if fields.immutable:
+        return "immutable"
+    for value in values or [None]:  # type: ignore[list-item]
+        problem = _header_error(name, value)
+        if problem is not None:
+            return problem
+    if fields.would_exceed(len(name) * len(values) + sum(len(v) for v in values)):
+        return "forbidden"
+    return None
+
+
+def _fields_set(_ctx: GuestContext, fields: _Fields, name: str, values: list[bytes]) -> Ok | Err:
+    problem = _mutable(fields, name, values)
+    if problem is not None:
+        return Err(Variant(problem))
+    key = name.lower()
+    kept = [(k, v) for k, v in fields.entries if k.lower() != key]
+    removed = sum(len(k) + len(v) for k, v in fields.entries if k.lower() == key)
+    fields.entries = kept + [(name, bytes(v)) for v in values]
+    fields._charge(sum(len(name) + len(v) for v in values) - removed)
+    return Ok(None)
+
+
+def _fields_delete(_ctx: GuestContext, fields: _Fields, name: str) -> Ok | Err:
+    problem = _mutable(fields, name, [])
+    if problem is not None:
+        return Err(Variant(problem))
+    key = name.lower()
+    removed = sum(len(k) + len(v) for k, v in fields.entries if k.lower() == key)
+    fields.entries = [(k, v) for k, v in fields.entries if k.lower() != key]
+    fields._charge(-removed)
+    return Ok(None)
+
+
+def _fields_append(_ctx: GuestContext, fields: _Fields, name: str, value: bytes) -> Ok | Err:
+    problem = _mutable(fields, name, [value])
+    if problem is not None:
+        return Err(Variant(problem))
+    fields.entries.append((name, bytes(value)))
+    fields._charge(len(name) + len(value))
+    return Ok(None)
+
+
+def _fields_entries(_ctx: GuestContext, fields: _Fields) -> list[tuple[str, bytes]]:
+    return list(fields.entries)
+
+
+def _fields_clone(ctx: GuestContext, fields: _Fields) -> Any:
+    size = sum(len(k) + len(v) for k, v in fields.entries)
+    if fields.would_exceed(size) or (
+        fields.state is None
+        and ctx.slot(_STATE).held_header_bytes + size
+        > ctx.slot(_STATE).policy.limits.max_held_header_bytes
+    ):
+        raise GuestViolation(
+            "wasi:http fields.clone: the guest holds more header bytes than "
+            "HttpLimits.max_held_header_bytes allows"
+        )
+    return ctx.new(FIELDS, _Fields(ctx.slot(_STATE), list(fields.entries), immutable=False))
+
+
+# -- outgoing requests ------------------------------------------------------------------------
+
+
+class _BodyWriter(OutputStream):
+    """The output stream of an outgoing body: appends to its buffer, within its limit."""
+
+    def __init__(self, body: BodyBuffer) -> None:
+        self.body = body
+        self.closed = False
+
+    def check_write(self) -> int:
+        if self.closed or self.body.done.is_set():
+            raise StreamClosed
+        return 1 << 20
+
+    def write(self, data: bytes) -> None:
+        size = len(self.body.data) + len(data)
+        if size > self.body.limit:
+            raise StreamFailed(
+                f"request body over its limit of {self.body.limit} bytes",
+                error_code("HTTP-request-body-size", size),
+            )
+        self.body.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _OutgoingBody:
+    """The guest's handle on a body: its stream is taken once; finish or drop ends it."""
+
+    def __init__(self, buffer: BodyBuffer) -> None:
+        self.buffer = buffer
+        self.stream_taken = False
+        self.finished = False
+
+
+def _drop_outgoing_body(_ctx: GuestContext, body: _OutgoingBody) -> None:
+    if not body.finished:
+        body.buffer.abort()
+
+
+class _OutgoingRequest:
+    def __init__(self, headers: _Fields, limit: int) -> None:
+        headers.immutable = True
+        self.headers = headers
+        self.method: Variant = Variant("get")
+        self.path: str | None = None
+        self.scheme: Variant | None = None
+        self.authority: str | None = None
+        self.body = BodyBuffer(limit)
+        self.body_taken = False
+
+
+def _request_new(ctx: GuestContext, headers: _Fields) -> Any:
+    return ctx.new(OUTGOING_REQUEST, _OutgoingRequest(headers, _limits(ctx).max_request_bytes))
+
+
+def _request_body(ctx: GuestContext, request: _OutgoingRequest) -> Ok | Err:
+    if request.body_taken:
+        return Err(None)
+    request.body_taken = True
+    return Ok(ctx.new(OUTGOING_BODY, _OutgoingBody(request.body)))
+
+
+def _request_method(_ctx: GuestContext, request: _OutgoingRequest) -> Variant:
+    return request.method
+
+
+def _request_set_method(_ctx: GuestContext, request: _OutgoingRequest, method: Variant) -> Ok | Err:
+    if method.case == "other" and not _TOKEN.match(str(method.value).encode("utf-8", "replace")):
+        return Err(None)
+    request.method = method
+    return Ok(None)
+
+
+def _request_path(_ctx: GuestContext, request: _OutgoingRequest) -> str | None:
+    return request.path
+
+
+def _request_set_path(_ctx: GuestContext, request: _OutgoingRequest, path: str | None) -> Ok | Err:
+    if path is not None and (len(path) > _MAX_TARGET or not _valid_target(path)):
+        return Err(None)
+    request.path = path
+    return Ok(None)
+
+
+def _request_scheme(_ctx: GuestContext, request: _OutgoingRequest) -> Variant | None:
+    return request.scheme
+
+
+def _request_set_scheme(
+    _ctx: GuestContext, request: _OutgoingRequest, scheme: Variant | None
+) -> Ok | Err:
+    if scheme is not None and scheme.case == "other":
+        text = str(scheme.value)
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,31}", text):
+            return Err(None)
+    request.scheme = scheme
+    return Ok(None)
+
+
+def _request_authority(_ctx: GuestContext, request: _OutgoingRequest) -> str | None:
+    return request.authority
+
+
+def _request_set_authority(
+    _ctx: GuestContext, request: _OutgoingRequest, authority: str | None
+) -> Ok | Err:
+    if authority is not None and _split_authority(authority, 80) is None:
+        return Err(None)
+    request.authority = authority
+    return Ok(None)
+
+
+def _request_headers(ctx: GuestContext, request: _OutgoingRequest) -> Any:
+    # A child view: immutable, and it holds no bytes of its own against the guest's quota.
+    return ctx.new(FIELDS, _Fields(None, request.headers.entries, immutable=True))
+
+
+def _valid_target(path: str) -> bool:
+    if not path.startswith("/") or not path.isascii():
+        return False
+    return not any(c <= " " or c == "\x7f" for c in path)
+
+
+def _split_authority(authority: str, default_port: int) -> tuple[str, int] | None:
+    """``host[:port]`` (IPv6 in brackets) as (lower-case host, port), or None if malformed."""
+    if not authority or len(authority) > _MAX_AUTHORITY or not authority.isascii():
+        return None
+    if "@" in authority or any(c <= " " or c in "/?#\\" for c in authority):
+        return None
+    if authority.startswith("["):
+        host, bracket, rest = authority[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return None
+        port_text = rest[1:] if rest else ""
+    else:
+        host, _, port_text = authority.partition(":")
+        if ":" in port_text:
+            return None
+    if not host:
+        return None
+    if port_text == "":
+        return host.lower(), default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    return host.lower(), int(port_text)
+
+
+# -- request options --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Options:
+    connect: int | None = None
+    first_byte: int | None = None
+    between_bytes: int | None = None
+
+
+def _options_new(ctx: GuestContext) -> Any:
+    return ctx.new(REQUEST_OPTIONS, _Options())
+
+
+def _getter(name: str) -> Any:
+    def get(_ctx: GuestContext, options: _Options) -> int | None:
+        value: int | None = getattr(options, name)
+        return value
+
+    return get
+
+
+def _setter(name: str) -> Any:
+    def set_(_ctx: GuestContext, options: _Options, duration: int | None) -> Ok:
+        setattr(options, name, duration)
+        return Ok(None)
+
+    return set_
+
+
+# -- outgoing-handler.handle ------------------------------------------------------------------
+
+
+def _limits(ctx: GuestContext) -> Any:
+    return ctx.slot(_STATE).policy.limits
+
+
+def _secret_value(source_env: str | None, source_file: str | None) -> str:
+    if source_env is not None:
+        value = os.environ.get(source_env)
+        if value is None:
+            raise LookupError(f"environment variable {source_env} is not set")
+        return value
+    assert source_file is not None
+    return Path(source_file).read_text(encoding="utf-8").strip()
+
+
+def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | None) -> Ok | Err:
+    state = ctx.slot(_STATE)
+    limits = state.policy.limits
+    if state.scope is not ctx.scope:
+        state.scope, state.calls = ctx.scope, 0
+    state.calls += 1
+    if state.calls > limits.max_requests_per_call:
+        return Err(error_code("connection-limit-reached"))
+    state.exchanges = [e for e in state.exchanges if e.running or not e.cancelled]
+    if sum(1 for e in state.exchanges if e.running) >= limits.max_in_flight:
+        return Err(error_code("connection-limit-reached"))
+
+    scheme_case = request.scheme.case if request.scheme is not None else "HTTPS"
+    if scheme_case not in ("HTTP", "HTTPS"):
+        return Err(error_code("HTTP-protocol-error"))
+    scheme = scheme_case.lower()
+    if request.authority is None:
+        return Err(error_code("HTTP-request-URI-invalid"))
+    split = _split_authority(request.authority, 443 if scheme == "https" else 80)
+    if split is None:
+        return Err(error_code("HTTP-request-URI-invalid"))
+    host, port = split
+    method = (
+        str(request.method.value) if request.method.case == "other" else request.method.case.upper()
+    )
+    grant = state.policy.grant_for(scheme, host, port)
+    if grant is None or (grant.methods is not None and method not in grant.methods):
+        return Err(error_code("HTTP-request-denied"))
+
+    headers = [(k.encode(), v) for k, v in request.headers.entries if k.lower() != "content-length"]
+    secrets: list[bytes] = []
+    for secret in grant.secrets:
+        try:
+            value = secret.prefix + _secret_value(secret.env, secret.file)
+        except (LookupError, OSError, UnicodeDecodeError):
+            return Err(error_code("configuration-error"))
+        raw = value.encode("utf-8")
+        if _BAD_VALUE.search(raw):
+            return Err(error_code("configuration-error"))
+        name = secret.header.lower().encode()
+        headers = [(k, v) for k, v in headers if k.lower() != name]
+        headers.append((secret.header.encode(), raw))
+        secrets.append(raw)
+        if len(raw) > len(secret.prefix):
+            secrets.append(raw[len(secret.prefix.encode()) :])
+    if not request.body_taken:
+        request.body.finish()  # never asked for: an empty body, as wasmtime sends
+    headers.insert(0, (b"Host", request.authority.encode()))
+    if sum(len(k) + len(v) + 4 for k, v in headers) > limits.max_header_bytes:
+        return Err(error_code("HTTP-request-header-section-size", None))
+
+    opts = options or _Options()
+
+    def seconds(asked: int | None, most: float) -> float:
+        return most if asked is None else max(0.001, min(asked * _NS, most))
+
+    prepared = PreparedRequest(
+        method=method,
+        scheme=scheme,
+        host=host.strip("[]"),
+        port=port,
+        authority=request.authority,
+        target=request.path or "/",
+        headers=tuple(headers),
+        body=request.body,
+        allow_private=grant.private_ok,
+        secrets=tuple(s for s in secrets if len(s) >= 4),
+        connect_timeout=seconds(opts.connect, limits.connect_timeout),
+        read_timeout=min(
+            seconds(opts.first_byte, limits.first_byte_timeout),
+            seconds(opts.between_bytes, limits.between_bytes_timeout),
+        ),
+        total_timeout=limits.total_timeout,
+    )
+    exchange = start(prepared, limits, state.wake)
+    state.exchanges.append(exchange)
+    return Ok(ctx.new(FUTURE_INCOMING_RESPONSE, _Future(exchange)))
+
+
+# -- outgoing bodies --------------------------------------------------------------------------
+
+
+def _body_write(ctx: GuestContext, body: _OutgoingBody) -> Ok | Err:
+    if body.stream_taken:
+        return Err(None)
+    body.stream_taken = True
+    return Ok(ctx.new(OUTPUT_STREAM, _BodyWriter(body.buffer)))
+
+
+def _body_finish(_ctx: GuestContext, body: _OutgoingBody, trailers: _Fields | None) -> Ok | Err:
+    body.finished = True
+    if trailers is not None:
+        trailers.release()
+        if trailers.entries:
+            body.buffer.abort()
+            return Err(error_code("internal-error", "request trailers are not supported"))
+    body.buffer.finish()
+    return Ok(None)
+
+
+# -- the response side ------------------------------------------------------------------------
+
+
+class _ExchangePollable(Pollable):
+    """Ready when the exchange's head (``body=False``) or next body bytes (``True``) are."""
+
+    def __init__(self, exchange: Exchange, body: bool) -> None:
+        self.exchange = exchange
+        self.body = body
+
+    def ready(self) -> bool:
+        return self.exchange.body_ready() if self.body else self.exchange.head_ready()
+
+    def waker(self) -> threading.Event | None:
+        return self.exchange.wake
+
+
+class _Future:
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+
+def _drop_future(_ctx: GuestContext, future: _Future) -> None:
+    if not future.exchange.response_taken:
+        future.exchange.cancel()
+
+
+def _future_subscribe(ctx: GuestContext, future: _Future) -> Any:
+    return ctx.new(POLLABLE, _ExchangePollable(future.exchange, body=False))
+
+
+def _future_get(ctx: GuestContext, future: _Future) -> Ok | Err | None:
+    exchange = future.exchange
+    if not exchange.head_ready():
+        return None
+    if exchange.response_taken:
+        return Err(None)
+    exchange.response_taken = True
+    if exchange.error is not None:
+        return Ok(Err(exchange.error))
+    headers = [(k.decode("latin-1"), v) for k, v in exchange.headers]
+    response = _IncomingResponse(exchange, _Fields(None, headers, immutable=True))
+    return Ok(Ok(ctx.new(INCOMING_RESPONSE, response)))
+
+
+class _IncomingResponse:
+    def __init__(self, exchange: Exchange, headers: _Fields) -> None:
+        self.exchange = exchange
+        self.headers = headers
+
+
+def _drop_response(_ctx: GuestContext, response: _IncomingResponse) -> None:
+    if not response.exchange.body_taken:
+        response.exchange.cancel()
+
+
+def _response_status(_ctx: GuestContext, response: _IncomingResponse) -> int:
+    return response.exchange.status
+
+
+def _response_headers(ctx: GuestContext, response: _IncomingResponse) -> Any:
+    return ctx.new(FIELDS, response.headers)
+
+
+def _response_consume(ctx: GuestContext, response: _IncomingResponse) -> Ok | Err:
+    if response.exchange.body_taken:
+        return Err(None)
+    response.exchange.body_taken = True
+    return Ok(ctx.new(INCOMING_BODY, _IncomingBody(response.exchange)))
+
+
+class _IncomingBody:
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+
+def _drop_incoming_body(_ctx: GuestContext, body: _IncomingBody) -> None:
+    if not body.exchange.stream_taken:
+        body.exchange.cancel()
+
+
+class _BodyReader(InputStream):
+    """A response body as the guest reads it: what the worker buffered, then the end."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    def read(self, limit: int) -> bytes:
+        data, ended, error = self.exchange.read(limit)
+        if data:
+            return data
+        if error is not None:
+            raise StreamFailed(f"response body failed: {error.case}", error)
+        if ended:
+            raise StreamClosed
+        if self.exchange.cancelled:
+            raise StreamFailed("the request was cancelled", error_code("connection-terminated"))
+        return b""
+
+    def ready(self) -> bool:
+        return self.exchange.body_ready() or self.exchange.cancelled
+
+    def waker(self) -> threading.Event | None:
+        return self.exchange.wake
+
+    def close(self) -> None:
+        self.exchange.cancel()
+
+
+def _incoming_body_stream(ctx: GuestContext, body: _IncomingBody) -> Ok | Err:
+    if body.exchange.stream_taken:
+        return Err(None)
+    body.exchange.stream_taken = True
+    return Ok(ctx.new(INPUT_STREAM, _BodyReader(body.exchange)))
+
+
+def _incoming_body_finish(ctx: GuestContext, body: _IncomingBody) -> Any:
+    if not body.exchange.stream_taken:
+        body.exchange.cancel()
+    return ctx.new(FUTURE_TRAILERS, _Trailers())
+
+
+class _Trailers:
+    taken = False
+
+
+def _trailers_subscribe(ctx: GuestContext, _trailers: _Trailers) -> Any:
+    return ctx.new(POLLABLE, ReadyPollable())
+
+
+def _trailers_get(_ctx: GuestContext, trailers: _Trailers) -> Ok | Err:
+    if trailers.taken:
+        return Err(None)
+    trailers.taken = True
+    return Ok(Ok(None))
+
+
+def _http_error_code(_ctx: GuestContext, error: object) -> Variant | None:
+    code = getattr(error, "code", None)
+    return code if isinstance(code, Variant) else None
+
+
+# -- outgoing responses (data only; the serve side hands them on) -----------------------------
+
+
+class _OutgoingResponse:
+    def __init__(self, headers: _Fields, limit: int) -> None:
+        headers.immutable = True
+        self.headers = headers
+        self.status = 200
+        self.body = BodyBuffer(limit)
+        self.body_taken = False
+
+
+def _outgoing_response_new(ctx: GuestContext, headers: _Fields) -> Any:
+    return ctx.new(OUTGOING_RESPONSE, _OutgoingResponse(headers, _limits(ctx).max_response_bytes))
+
+
+def _outgoing_response_status(_ctx: GuestContext, response: _OutgoingResponse) -> int:
+    return response.status
+
+
+def _outgoing_response_set_status(
+    _ctx: GuestContext, response: _OutgoingResponse, status: int
+) -> Ok | Err:
+    if not 100 <= status <= 999:
+        return Err(None)
+    response.status = status
+    return Ok(None)
+
+
+def _outgoing_response_headers(ctx: GuestContext, response: _OutgoingResponse) -> Any:
+    return ctx.new(FIELDS, _Fields(None, response.headers.entries, immutable=True))
+
+
+def _outgoing_response_body(ctx: GuestContext, response: _OutgoingResponse) -> Ok | Err:
+    if response.body_taken:
+        return Err(None)
+    response.body_taken = True
+    return Ok(ctx.new(OUTGOING_BODY, _OutgoingBody(response.body)))
+
+
+def _no_incoming(_ctx: GuestContext, *_args: object) -> Any:
+    raise GuestViolation(
+        "wasi:http: this host has no incoming requests or response outparams outside a server"
+    )
+
+
+# -- the interface ----------------------------------------------------------------------------
+
+FIELDS = ResourceKind(_TYPES, "fields", on_drop=_drop_fields)
+OUTGOING_REQUEST = ResourceKind(_TYPES, "outgoing-request")
+OUTGOING_BODY = ResourceKind(_TYPES, "outgoing-body", on_drop=_drop_outgoing_body)
+REQUEST_OPTIONS = ResourceKind(_TYPES, "request-options")
+FUTURE_INCOMING_RESPONSE = ResourceKind(_TYPES, "future-incoming-response", on_drop=_drop_future)
+INCOMING_RESPONSE = ResourceKind(_TYPES, "incoming-response", on_drop=_drop_response)
+INCOMING_BODY = ResourceKind(_TYPES, "incoming-body", on_drop=_drop_incoming_body)
+FUTURE_TRAILERS = ResourceKind(_TYPES, "future-trailers")
+OUTGOING_RESPONSE = ResourceKind(_TYPES, "outgoing-response")
+INCOMING_REQUEST = ResourceKind(_TYPES, "incoming-request")
+RESPONSE_OUTPARAM = ResourceKind(_TYPES, "response-outparam")
+
+
+def resources() -> list[ResourceKind]:
+    """Every wasi:http/types resource."""
+    return [
+        FIELDS,
+        OUTGOING_REQUEST,
+        OUTGOING_BODY,
+        REQUEST_OPTIONS,
+        FUTURE_INCOMING_RESPONSE,
+        INCOMING_RESPONSE,
+        INCOMING_BODY,
+        FUTURE_TRAILERS,
+        OUTGOING_RESPONSE,
+        INCOMING_REQUEST,
+        RESPONSE_OUTPARAM,
+    ]
+
+
+def bindings() -> list[Binding]:
+    """Every function of wasi:http/types and wasi:http/outgoing-handler 0.2."""
+    t = _TYPES
+    out = [
+        Binding(t, "[constructor]fields", _fields_new),
+        Binding(t, "[static]fields.from-list", _fields_from_list),
+        Binding(t, "[method]fields.get", _fields_get),
+        Binding(t, "[method]fields.has", _fields_has),
+        Binding(t, "[method]fields.set", _fields_set),
+        Binding(t, "[method]fields.delete", _fields_delete),
+        Binding(t, "[method]fields.append", _fields_append),
+        Binding(t, "[method]fields.entries", _fields_entries),
+        Binding(t, "[method]fields.clone", _fields_clone),
+        Binding(t, "[constructor]outgoing-request", _request_new),
+        Binding(t, "[method]outgoing-request.body", _request_body),
+        Binding(t, "[method]outgoing-request.method", _request_method),
+        Binding(t, "[method]outgoing-request.set-method", _request_set_method),
+        Binding(t, "[method]outgoing-request.path-with-query", _request_path),
+        Binding(t, "[method]outgoing-request.set-path-with-query", _request_set_path),
+        Binding(t, "[method]outgoing-request.scheme", _request_scheme),
+        Binding(t, "[method]outgoing-request.set-scheme", _request_set_scheme),
+        Binding(t, "[method]outgoing-request.authority", _request_authority),
+        Binding(t, "[method]outgoing-request.set-authority", _request_set_authority),
+        Binding(t, "[method]outgoing-request.headers", _request_headers),
+        Binding(t, "[method]outgoing-body.write", _body_write),
+        Binding(t, "[static]outgoing-body.finish", _body_finish),
+        Binding(t, "[constructor]request-options", _options_new),
+        Binding(t, "[method]future-incoming-response.subscribe", _future_subscribe),
+        Binding(t, "[method]future-incoming-response.get", _future_get),
+        Binding(t, "[method]incoming-response.status", _response_status),
+        Binding(t, "[method]incoming-response.headers", _response_headers),
+        Binding(t, "[method]incoming-response.consume", _response_consume),
+        Binding(t, "[method]incoming-body.stream", _incoming_body_stream),
+        Binding(t, "[static]incoming-body.finish", _incoming_body_finish),
+        Binding(t, "[method]future-trailers.subscribe", _trailers_subscribe),
+        Binding(t, "[method]future-trailers.get", _trailers_get),
+        Binding(t, "[constructor]outgoing-response", _outgoing_response_new),
+        Binding(t, "[method]outgoing-response.status-code", _outgoing_response_status),
+        Binding(t, "[method]outgoing-response.set-status-code", _outgoing_response_set_status),
+        Binding(t, "[method]outgoing-response.headers", _outgoing_response_headers),
+        Binding(t, "[method]outgoing-response.body", _outgoing_response_body),
+        Binding(t, "http-error-code", _http_error_code),
+        Binding(_HANDLER, "handle", _handle),
+    ]
+    for which in ("connect-timeout", "first-byte-timeout", "between-bytes-timeout"):
+        attr = {"connect-timeout": "connect", "first-byte-timeout": "first_byte"}.get(
+            which, "between_bytes"
+        )
+        out.append(Binding(t, f"[method]request-options.{which}", _getter(attr)))
+        out.append(Binding(t, f"[method]request-options.set-{which}", _setter(attr)))
+    for name in (
+        "[method]incoming-request.method",
+        "[method]incoming-request.path-with-query",
+        "[method]incoming-request.scheme",
+        "[method]incoming-request.authority",
+        "[method]incoming-request.headers",
+        "[method]incoming-request.consume",
+        "[static]response-outparam.set",
+    ):
+        out.append(Binding(t, name, _no_incoming))
+    return out
