@@ -73,6 +73,14 @@ class MailboxModel(_Model):
     block_timeout: float = Field(1.0, gt=0)
 
 
+class HttpGrantModel(_Model):
+    origin: str
+    methods: list[str] | None = None
+    secrets: dict[str, str] = {}
+    """Header -> where its value is: ``"Bearer ${ENV_VAR}"`` or ``"@path/to/file"``."""
+    allow_private: bool = False
+
+
 class AgentTypeModel(_Model):
     source: str | None = None
     component: str | None = None
@@ -83,6 +91,8 @@ class AgentTypeModel(_Model):
     accepts: list[str] | None = None
     dirs: list[str] = []
     env: dict[str, str] = {}
+    http: list[str | HttpGrantModel] = []
+    http_limits: dict[str, int | float] = {}
     mailbox: MailboxModel = MailboxModel()
     hibernate_after: float | None = Field(None, gt=0)
     durable: bool = False
@@ -240,6 +250,7 @@ def agent_types(
             # Read-only unless asked for, as on the command line and in Policy.with_dir.
             readonly = not (len(parts) == 3 and parts[2] == "rw")
             policy = policy.with_dir(host, parts[1], readonly=readonly)
+        policy = _http_policy(name, spec, base, policy)
         types.append(
             AgentType(
                 name,
@@ -256,6 +267,33 @@ def agent_types(
             )
         )
     return types
+
+
+def _http_policy(name: str, spec: AgentTypeModel, base: Path, policy: Policy) -> Policy:
+    """The agent type's wasi:http grants and limits (file secrets relative to the manifest)."""
+    from mighty.wasi import Secret
+
+    try:
+        for entry in spec.http:
+            grant = HttpGrantModel(origin=entry) if isinstance(entry, str) else entry
+            secrets = []
+            for header, value in grant.secrets.items():
+                secret = Secret.parse(f"{header}={value}")
+                if secret.file is not None:
+                    path = str(base / secret.file)
+                    secret = Secret(secret.header, file=path, prefix=secret.prefix)
+                secrets.append(secret)
+            policy = policy.with_http(
+                grant.origin,
+                methods=grant.methods,
+                secrets=secrets,
+                allow_private=grant.allow_private,
+            )
+        if spec.http_limits:
+            policy = policy.with_http_limits(**spec.http_limits)
+    except (BadInput, TypeError) as exc:
+        raise BadInput(f"agent type {name!r}: http: {exc}") from None
+    return policy
 
 
 def supervisor_spec(node: SupervisorModel) -> SupervisorSpec:
