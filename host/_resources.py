@@ -18,7 +18,14 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-__all__ = ["agent_sdk", "agent_wit", "data_root", "interpreter_source", "sandbox_wit"]
+__all__ = [
+    "agent_sdk",
+    "agent_wit",
+    "data_root",
+    "interpreter_source",
+    "sandbox_wit",
+    "wasi_wit",
+]
 
 
 def data_root() -> Path:
@@ -42,6 +49,12 @@ def data_root() -> Path:
 def agent_wit() -> Path:
     """The ``mighty:agent`` WIT package every agent is built against."""
     return data_root() / "wit" / "agent"
+
+
+def wasi_wit() -> Path:
+    """The vendored WASI 0.2.0 WIT packages, one folder each (``http-0.2.0/``, ``io-0.2.0/``...),
+    that a build adds as ``deps/`` to a WIT package referring to ``wasi:`` without its own."""
+    return data_root() / "wit" / "wasi"
 
 
 def agent_sdk() -> Path:

@@ -18,8 +18,10 @@ the same fixed mtime (``SOURCE_DATE_EPOCH``, else 1980-01-01), so the guest's im
 records the same stamps; a regular file named ``__pycache__`` in every staged directory stops
 the guest CPython writing bytecode there (it used to write ``__pycache__/*.pyc`` into the
 user's folder, so a second build loaded code the first had compiled: another heap); and the
-roots are mounted ``/0``, ``/1``... in the guest, so no host path reaches the component. The
-subprocess gets a fixed environment for what it reads of it (``PYTHONHASHSEED=0``, ``TZ=UTC``,
+roots are mounted ``/0``, ``/1``... in the guest, so no host path reaches the component. A
+WIT folder that refers to ``wasi:`` packages without its own ``deps/`` for them is staged too,
+as ``wit/`` with the vendored WASI WIT under ``deps/`` (``_inputs.wasi_deps``). The subprocess
+gets a fixed environment for what it reads of it (``PYTHONHASHSEED=0``, ``TZ=UTC``,
 ``SOURCE_DATE_EPOCH``, no bytecode writes on the host side) and runs in the staging directory.
 What is left is componentize-py's own: it pre-initialises the guest under a WASI context of
 real entropy and real clocks (0.25.1: ``WasiCtxBuilder::new()``; upstream issue
@@ -51,7 +53,9 @@ from mighty.build._inputs import (
     build_inputs,
     compute_digest,
     find_worlds,
+    input_files,
     installed_distributions,
+    wasi_deps,
 )
 
 __all__ = ["DEFAULT_TIMEOUT", "BuildResult", "ComponentizeError", "build_component"]
@@ -193,7 +197,7 @@ def build_component(
             command = [
                 executable,
                 "-d",
-                str(wit.resolve()),
+                str(_stage_wit(wit, stage / "wit")),
                 "-w",
                 world,
                 "componentize",
@@ -267,6 +271,26 @@ def _stage(inputs: Sequence[BuildInput], count: int, stage: Path) -> list[Path]:
                 os.utime(directory / name, (epoch, epoch))
             os.utime(directory, (epoch, epoch))
     return staged
+
+
+def _stage_wit(wit: Path, target: Path) -> Path:
+    """The WIT path to give componentize-py: ``wit`` itself, or, when the build adds the vendored
+    WASI packages (:func:`wasi_deps`), a copy of its ``.wit`` files at ``target`` with them
+    under ``deps/`` (the user's folder is never written to)."""
+    added = wasi_deps(wit)
+    if not added:
+        return wit.resolve()
+    # The files the digest covers, nothing else: the package's own and its deps/.
+    for rel, path in input_files(wit, suffixes=frozenset({".wit"})):
+        _copy(path, target.joinpath(*rel.split("/")))
+    for rel, path in added:
+        _copy(path, target.joinpath("deps", *rel.split("/")))
+    return target
+
+
+def _copy(path: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(path.read_bytes())
 
 
 def _check_source(source: Path) -> Path:

@@ -20,6 +20,15 @@ componentize-py also appends a site-packages directory to the guest's path by it
 build, so the key covers the installed distributions' names and versions instead: an upgrade
 invalidates, an edit inside an installed (non-editable) package does not.
 
+WASI interfaces: componentize-py bundles no WIT for ``wasi:`` packages, so a world importing
+``wasi:http/outgoing-handler`` fails "package 'wasi:http@0.2.0' not found" unless its WIT folder
+has a ``deps/`` holding them. When the package's own files refer to a ``wasi:`` package that its
+``deps/`` does not declare, the build adds the WASI 0.2.0 packages we vendor (``wit/wasi/``,
+:func:`wasi_deps`) to a staged copy of the WIT folder, and the digest covers them. A package its
+``deps/`` does declare is the user's copy and wins. Rejected: asking users to vendor the WASI WIT
+themselves (every project would carry the same seven folders, and the error names none of them);
+passing our folder as a second ``-d`` (componentize-py takes one WIT path).
+
 The worlds are found with a small regex over the package's top-level ``.wit`` files instead of
 asking a tool: componentize-py has no "list worlds" command and wasm-tools is only a development
 dependency. A miss here is harmless: componentize-py still resolves the world itself and reports
@@ -33,7 +42,7 @@ import hashlib
 import importlib.metadata
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "find_worlds",
     "input_files",
     "installed_distributions",
+    "wasi_deps",
 ]
 
 _DIGEST_VERSION = "mighty-build/2"
@@ -70,6 +80,15 @@ SKIPPED_DIRS = frozenset(
 _BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 _LINE_COMMENT = re.compile(r"//[^\n]*")
 _WORLD = re.compile(r"(?:^|[\s;{}])world\s+%?(?P<name>[a-zA-Z][\w-]*)\s*\{")
+# `import wasi:http/outgoing-handler@0.2.0;`, `use wasi:io/streams@0.2.0.{input-stream};`,
+# `include wasi:cli/imports@0.2.0;`: the package name and version a file refers to.
+_WASI_REFERENCE = re.compile(
+    r"(?:^|[\s;{}])(?:import|export|use|include)\s+wasi:(?P<name>[a-z][\w-]*)/[\w-]+"
+    r"(?:@(?P<version>[0-9][\w.+-]*))?"
+)
+_WASI_PACKAGE = re.compile(
+    r"(?:^|[\s;{}])package\s+wasi:(?P<name>[a-z][\w-]*)(?:@(?P<version>[0-9][\w.+-]*?))?\s*[;{]"
+)
 
 
 def input_files(
@@ -216,11 +235,89 @@ def compute_digest(
     for index, rel, path in inputs:
         field("root", str(index))
         content(rel, path)
-    wit_files = input_files(wit, suffixes=frozenset({".wit"}))
+    wit_files = input_files(wit, suffixes=_WIT_SUFFIXES)
     field("wit", str(len(wit_files)))
     for rel, path in wit_files:
         content(rel, path)
+    # Only when the build adds them, so a build without WASI imports keeps its digest.
+    added = wasi_deps(wit)
+    if added:
+        field("wasi", str(len(added)))
+        for rel, path in added:
+            content(rel, path)
     return h.hexdigest()
+
+
+_WIT_SUFFIXES = frozenset({".wit"})
+
+WasiPackage = tuple[str, str | None]
+"""A ``wasi:`` package as ``(name, version)``: ``("http", "0.2.0")``; the version None when a
+reference gives none."""
+
+
+def wasi_deps(wit: Path, vendored: Path | None = None) -> list[tuple[str, Path]]:
+    """The vendored WASI WIT files a build of ``wit`` adds under its ``deps/``, as
+    ``(posix path relative to deps/, path)``, sorted; empty when it adds none.
+
+    None are added unless the package's own files (not ``deps/``) refer to a ``wasi:`` package
+    its ``deps/`` does not declare; then every vendored package (``vendored``, default
+    :func:`mighty._resources.wasi_wit`) that ``deps/`` does not declare is added: one WASI
+    package refers to others (``wasi:http/proxy`` includes ``wasi:cli/imports``, which uses
+    filesystem, sockets, random...), and an unreferenced one costs the build nothing.
+    """
+    referenced: set[WasiPackage] = set()
+    for path in _package_files(wit):
+        for match in _WASI_REFERENCE.finditer(_wit_text(path)):
+            referenced.add((match["name"], _version(match["version"])))
+    if not referenced:
+        return []
+    deps = wit / "deps"
+    own = (
+        _declared(path for _, path in input_files(deps, suffixes=_WIT_SUFFIXES))
+        if deps.is_dir()
+        else set()
+    )
+    if all(_satisfied(package, own) for package in referenced):
+        return []
+    if vendored is None:
+        from mighty._resources import wasi_wit
+
+        vendored = wasi_wit()
+    added: list[tuple[str, Path]] = []
+    for folder in sorted(p for p in vendored.iterdir() if p.is_dir()):
+        files = input_files(folder, suffixes=_WIT_SUFFIXES)
+        if _declared(path for _, path in files) & own:
+            continue
+        added.extend((f"{folder.name}/{rel}", path) for rel, path in files)
+    return added
+
+
+def _package_files(wit: Path) -> list[Path]:
+    # The main package is the folder's top-level files; deps/ holds the others.
+    return [wit] if wit.is_file() else sorted(wit.glob("*.wit"))
+
+
+def _wit_text(path: Path) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub("", text))
+
+
+def _version(text: str | None) -> str | None:
+    # `use wasi:io/streams@0.2.0.{...}`: the dot before the brace is not the version's.
+    return text.rstrip(".") if text else None
+
+
+def _declared(paths: Iterable[Path]) -> set[WasiPackage]:
+    found: set[WasiPackage] = set()
+    for path in paths:
+        for match in _WASI_PACKAGE.finditer(_wit_text(path)):
+            found.add((match["name"], _version(match["version"])))
+    return found
+
+
+def _satisfied(package: WasiPackage, declared: set[WasiPackage]) -> bool:
+    name, version = package
+    return any(n == name and (version is None or v == version) for n, v in declared)
 
 
 def find_worlds(wit: Path) -> list[str]:
@@ -229,12 +326,9 @@ def find_worlds(wit: Path) -> list[str]:
     Only the package's own files count, not ``deps/``: componentize-py picks the default world
     from the main package alone.
     """
-    paths = [wit] if wit.is_file() else sorted(wit.glob("*.wit"))
     names: list[str] = []
-    for path in paths:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        text = _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub("", text))
-        for match in _WORLD.finditer(text):
+    for path in _package_files(wit):
+        for match in _WORLD.finditer(_wit_text(path)):
             if match["name"] not in names:
                 names.append(match["name"])
     return names
