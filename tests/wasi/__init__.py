@@ -9,10 +9,10 @@ import wasmtime
 from mighty.budget import CallScope
 from mighty.engine import get_engine
 from mighty.gate import UNSCOPED, Binding, Gate, GuestContext, Handle, ResourceKind
-from mighty.wasi import _cli, _clocks, _io, _random, _sockets
+from mighty.wasi import _cli, _clocks, _http, _io, _random, _sockets
 from mighty.wasi._policy import Policy
 
-_MODULES = (_io, _cli, _clocks, _random, _sockets)
+_MODULES = (_io, _cli, _clocks, _random, _sockets, _http)
 
 
 class _Modules:
