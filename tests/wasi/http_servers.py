@@ -143,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         second = request.path.find("/", 1)
         prefix = request.path[: second + 1] if second > 0 else None  # "/bytes/" of "/bytes/10"
-        builtin = _BUILTINS.get(request.path) or (prefix and _BUILTINS.get(prefix))
+        builtin = _BUILTINS.get(request.path) or (_BUILTINS.get(prefix) if prefix else None)
         try:
             if builtin is None:
                 self._respond(404, [("Content-Type", "text/plain")], b"not found\n")
