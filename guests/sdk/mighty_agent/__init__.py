@@ -26,9 +26,23 @@ import json
 
 import wit_world
 from componentize_py_types import Err
-from wit_world.imports import host, types
 
 from mighty_agent import _cbor
+
+try:
+    from wit_world.imports import host
+except ImportError:
+    # Built against another world (a plain handler using only ``mighty_agent.http``): the
+    # package must still import; the agent calls then fail, naming why.
+    host = None
+
+if host is not None:
+    try:
+        # The agent world also imports wasi:http, whose interface is named `types` too, so
+        # componentize-py names both bindings by package.
+        from wit_world.imports import mighty_agent_types as types
+    except ImportError:
+        from wit_world.imports import types
 
 __all__ = [
     "Agent",
@@ -89,32 +103,50 @@ class BadSpawn(AgentError):
     """The agent type is unknown or could not start."""
 
 
-_ERRORS = {
-    types.AgentError_Noproc: NoProc,
-    types.AgentError_MailboxFull: MailboxFull,
-    types.AgentError_Refused: Refused,
-    types.AgentError_Failed: Failed,
-    types.AgentError_Timeout: Timeout,
-    types.AgentError_Cycle: Cycle,
-    types.AgentError_CircuitOpen: CircuitOpen,
-    types.AgentError_BadSpawn: BadSpawn,
-}
-
-
 def _raise(err):
     value = err.value
     cls = _ERRORS.get(type(value), AgentError)
     raise cls(getattr(value, "value", "timed out")) from None
 
 
-# Looked up once: each module attribute read costs on every message inside wasm.
-_Message = types.Message
 _dumps = _cbor.dumps
 _loads = _cbor.loads
-_host_ask = host.ask
-_host_self_address = host.self_address
-_ASKED = _Message("", b"")
-_REPLY = _Message("reply", b"")
+
+if host is not None:
+    _ERRORS = {
+        types.AgentError_Noproc: NoProc,
+        types.AgentError_MailboxFull: MailboxFull,
+        types.AgentError_Refused: Refused,
+        types.AgentError_Failed: Failed,
+        types.AgentError_Timeout: Timeout,
+        types.AgentError_Cycle: Cycle,
+        types.AgentError_CircuitOpen: CircuitOpen,
+        types.AgentError_BadSpawn: BadSpawn,
+    }
+    # Looked up once: each module attribute read costs on every message inside wasm.
+    _Message = types.Message
+    _host_ask = host.ask
+    _host_self_address = host.self_address
+    _ASKED = _Message("", b"")
+    _REPLY = _Message("reply", b"")
+else:
+
+    def _not_an_agent(*args):
+        raise RuntimeError(
+            "mighty_agent: agent calls need the mighty:agent world (build with --wit"
+            " <mighty>/wit/agent); this component was built against another one"
+        )
+
+    class _NotAnAgent:
+        """Stands in for the agent bindings: every call says which world they need."""
+
+        def __getattr__(self, name):
+            return _not_an_agent
+
+    host = _NotAnAgent()
+    _ERRORS = {}
+    _Message = _host_ask = _host_self_address = _not_an_agent
+    _ASKED = _REPLY = None
 
 
 # The binding itself (this agent's address, ``type:pid``): a wrapper would be one more Python
