@@ -333,3 +333,46 @@ def test_mty_replay_takes_the_limits(tmp_path: Path, budget_wasm_path: Path) -> 
         check=False,
     )
     assert json.loads(ok.stdout)["ok"] is True
+
+
+def _http_read(result: Any) -> bytes:
+    """An import record of a wasi:http response body read, with ``result`` as its result."""
+    return cbor2.dumps(
+        {
+            "k": "import",
+            "i": 1,
+            "s": 1,
+            "if": "wasi:io/streams@0.2.9",
+            "fn": "[method]input-stream.read",
+            "args": [1, 65536],
+            "res": result,
+            "fuel": 0,
+        }
+    )
+
+
+def test_a_recorded_http_body_claiming_a_terabyte_is_refused_before_allocation(
+    tmp_path: Path,
+) -> None:
+    """A recorded response body whose CBOR head claims 2**40 bytes, in a small frame, is
+    corrupt: nothing that size is allocated."""
+    record = _http_read(b"x")
+    claimed = b"\x5b" + (1 << 40).to_bytes(8, "big") + b"payload"
+    hostile = record.replace(b"\x41x", claimed)
+    assert hostile != record
+    with pytest.raises(TraceError):
+        read_trace(raw_trace(tmp_path / "t", hostile))
+
+
+def test_a_recorded_http_body_over_the_frame_limit_is_refused(tmp_path: Path) -> None:
+    """A frame whose header claims more than MAX_FRAME bytes is refused by its size alone."""
+    from mighty.trace._format import MAX_FRAME
+
+    path = raw_trace(tmp_path / "t", _http_read(b"y" * 1000))
+    data = bytearray(path.read_bytes())
+    # The last frame's length field: claim MAX_FRAME + 1 bytes (its CRC then fails too).
+    last = data.rfind(struct.pack(">I", len(_http_read(b"y" * 1000))))
+    data[last : last + 4] = struct.pack(">I", MAX_FRAME + 1)
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceError):
+        read_trace(path)
