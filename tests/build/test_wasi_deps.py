@@ -173,3 +173,29 @@ def test_a_world_importing_wasi_http_builds(tmp_path: Path) -> None:
     ).stdout
     assert "import wasi:http/outgoing-handler@0.2.9;" in text
     assert sorted(p.name for p in wit.iterdir()) == ["world.wit"]
+
+
+@pytest.mark.slow
+def test_the_http_probe_and_an_agent_build_with_wasi_http(tmp_path: Path) -> None:
+    """The http probe (SDK on the path) and an agent using mighty_agent.http both build and
+    import wasi:http/outgoing-handler@0.2.9."""
+    sdk = [_resources.agent_sdk()]
+    probe = build_component(
+        REPO / "guests" / "testing" / "http_probe" / "probe.py",
+        output=tmp_path / "probe.wasm",
+        python_path=sdk,
+    )
+    agent_source = tmp_path / "fetcher.py"
+    agent_source.write_text(
+        "from mighty_agent import Agent, export, http, on\n\n\n"
+        "class Fetcher(Agent):\n"
+        '    @on("get")\n'
+        "    def get(self, body, sender):\n"
+        '        return http.get(body["url"]).status\n\n\n'
+        "WitWorld = export(Fetcher)\n"
+    )
+    agent = build_component(
+        agent_source, output=tmp_path / "agent.wasm", wit=_resources.agent_wit(), python_path=sdk
+    )
+    for result in (probe, agent):
+        assert "wasi:http/outgoing-handler@0.2.9" in Component.load(result.path).imports
