@@ -15,6 +15,10 @@
 Build it with `mty build counter.py --wit <mighty>/wit/agent -p <mighty>/guests/sdk -o counter.wasm`
 (`mty build` finds both by itself when the handler imports `mighty_agent`).
 
+Outgoing HTTP is the submodule ``mighty_agent.http`` (``from mighty_agent import http``), imported
+only by the agents that use it; it also works in a plain handler whose world imports
+``wasi:http/outgoing-handler``, where the rest of this package is inert.
+
 Bodies are CBOR on the wire and plain Python data here (dict, list, str, int, float, bytes,
 bool, None). Errors from the host arrive as :class:`AgentError` subclasses (``NoProc``,
 ``Timeout``, ...); an exception escaping a handler fails that message (the sender sees
@@ -58,6 +62,7 @@ __all__ = [
     "ask",
     "emit",
     "export",
+    "http",
     "log",
     "migrates_from",
     "on",
