@@ -97,3 +97,18 @@ def interpreter() -> Component:
     from mighty.sandbox import interpreter_component
 
     return interpreter_component()
+
+
+@pytest.fixture(scope="session")
+def http_probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wasi:http probe guest (guests/testing/http_probe), built with the agent SDK on its
+    path once per session."""
+    from mighty.build import build_component
+
+    out = tmp_path_factory.mktemp("http_probe") / "http_probe.wasm"
+    build_component(
+        ROOT / "guests" / "testing" / "http_probe" / "probe.py",
+        output=out,
+        python_path=[ROOT / "guests" / "sdk"],
+    )
+    return out

@@ -63,6 +63,7 @@ from mighty.trace import (
     TraceAnswers,
     answer_gate,
 )
+from mighty.wasi import HTTP_RESPONDER, HttpPolicy, Policy
 
 __all__ = ["CellResult", "Suite", "SuiteReport", "Verdict"]
 
@@ -488,6 +489,17 @@ def _failure_kind(exc: MightyError, answers: TraceAnswers) -> str:
     return exc.kind
 
 
+def _recorded_http(head: dict[str, Any], instance_id: int) -> HttpPolicy:
+    """The HTTP part of the policy the instance was recorded with."""
+    described = head.get("policy")
+    try:
+        return HttpPolicy.from_description(
+            described.get("http") if isinstance(described, dict) else None
+        )
+    except BadInput as exc:
+        raise _CellError(f"instance {instance_id}: the recorded HTTP policy: {exc}") from None
+
+
 def _nothing(_args: list[Any]) -> None:
     return None
 
@@ -511,11 +523,22 @@ def _run_component(
     stdout, stderr = bytearray(), bytearray()
     for instance_id, records in data.instances.items():
         head = records[0]
-        answers = TraceAnswers(records, instance=instance_id, policy=policy, local=_AGENT_OUTPUT)
+        answers = TraceAnswers(
+            records, instance=instance_id, policy=policy, local=_AGENT_OUTPUT, http=True
+        )
         seen.append(answers)
         budget, _ = limits.cap(head["budget"], head["@"])
         try:
-            live = Instance(component, budget=budget, gate=gate, hooks=[answers])
+            live = Instance(
+                component,
+                budget=budget,
+                gate=gate,
+                hooks=[answers],
+                # The recorded HTTP grants (and secret sources, for live requests); the
+                # recorded exchanges answer the member's requests in place of the network.
+                policy=Policy(http=_recorded_http(head, instance_id)),
+                slots=[] if answers.http is None else [HTTP_RESPONDER.of(answers.http)],
+            )
         except MightyError as exc:
             kind = _failure_kind(exc, answers)
             raise _CellError(f"instantiating the member failed: {kind}: {exc.message}") from None

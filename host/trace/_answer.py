@@ -42,6 +42,7 @@ from mighty.engine import Component
 from mighty.gate import Binding, Gate, GuestContext, GuestViolation, Handle, request_exit
 from mighty.instance import default_gate
 from mighty.trace._format import TraceReader
+from mighty.trace._http import HTTP_INTERFACES, RecordedHttp, Unmatched, recorded_exchanges
 from mighty.trace._recorder import to_refs
 from mighty.trace._replay import (
     NondeterminismError,
@@ -152,6 +153,7 @@ class TraceAnswers:
         key: KeyFunction | None = None,
         passthrough: Callable[[str, str], bool] | None = None,
         local: Mapping[tuple[str, str], Callable[[list[Any]], Any]] | None = None,
+        http: bool = False,
     ) -> None:
         if policy not in ("strict", "live"):
             raise BadInput(f"policy must be 'strict' or 'live', got {policy!r}")
@@ -160,7 +162,15 @@ class TraceAnswers:
         self._custom_key = key
         self._passthrough = passthrough
         self._local = dict(local or {})
-        self._pending: list[dict[str, Any]] = [r for r in records if r.get("k") == "import"]
+        imports = [r for r in records if r.get("k") == "import"]
+        self.http: RecordedHttp | None = None
+        """With ``http=True``: the instance's ``HTTP_RESPONDER``, answering its requests from
+        the recorded exchanges by request key (see ``_http``); its wasi:http imports then run
+        for real, and only the network is answered."""
+        if http:
+            self.http = RecordedHttp(recorded_exchanges(imports), self._http_unmatched)
+            imports = [r for r in imports if str(r.get("if")) not in HTTP_INTERFACES]
+        self._pending: list[dict[str, Any]] = imports
         self._used = [False] * len(self._pending)
         self._by_key: dict[Any, deque[int]] = {}
         for position, record in enumerate(self._pending):
@@ -226,8 +236,31 @@ class TraceAnswers:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _http_unmatched(self, request: Unmatched) -> bool:
+        """A request the recording cannot answer: strict notes the divergence and refuses it;
+        live sends it to the network (and notes where the run left the trace)."""
+        what = request.describe()
+        message = f"instance {self.instance}: the trace has no answer for {what}"
+        if self.policy == "strict":
+            if self.divergence is None:
+                self.divergence = NondeterminismError(
+                    message,
+                    instance=self.instance,
+                    step=-1,
+                    expected=None,
+                    got={"http": what},
+                )
+            return False
+        if self.live_from is None:
+            self.live_from = LiveFrom(
+                len(self.calls), "wasi:http/outgoing-handler", "handle", message
+            )
+        return True
+
     def _own(self, interface: str, function: str, args: Sequence[Any]) -> bool:
         if (interface, function) in _ALWAYS_LIVE:
+            return True
+        if self.http is not None and interface in HTTP_INTERFACES:
             return True
         if self._passthrough is not None and self._passthrough(interface, function):
             return True

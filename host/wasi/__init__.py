@@ -1,6 +1,8 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
 from mighty.wasi._cli import outputs
+from mighty.wasi._http import HTTP_RESPONDER
+from mighty.wasi._http_client import Exchange, PreparedRequest, Responder, error_code
 from mighty.wasi._http_policy import HttpGrant, HttpLimits, HttpPolicy, Origin, Secret
 from mighty.wasi._logging import LOG_SINK, LogSink
 from mighty.wasi._output import CaptureOutput
@@ -9,10 +11,12 @@ from mighty.wasi._provider import WASI_POLICY, WasiProvider
 
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
+    "HTTP_RESPONDER",
     "LOG_SINK",
     "WASI_POLICY",
     "CaptureOutput",
     "DirGrant",
+    "Exchange",
     "HttpGrant",
     "HttpLimits",
     "HttpPolicy",
@@ -21,7 +25,10 @@ __all__ = [
     "Origin",
     "OutputPolicy",
     "Policy",
+    "PreparedRequest",
+    "Responder",
     "Secret",
     "WasiProvider",
+    "error_code",
     "outputs",
 ]

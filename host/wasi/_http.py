@@ -42,7 +42,14 @@ from typing import Any
 
 from mighty.abi import Err, Ok, Variant
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Slot
-from mighty.wasi._http_client import BodyBuffer, Exchange, PreparedRequest, error_code, start
+from mighty.wasi._http_client import (
+    BodyBuffer,
+    Exchange,
+    PreparedRequest,
+    Responder,
+    error_code,
+    start,
+)
 from mighty.wasi._http_policy import HttpPolicy
 from mighty.wasi._io import ReadyPollable
 from mighty.wasi._policy import Policy
@@ -57,7 +64,7 @@ from mighty.wasi._streams import (
     StreamFailed,
 )
 
-__all__ = ["bindings", "close_all", "resources", "setup"]
+__all__ = ["HTTP_RESPONDER", "bindings", "close_all", "resources", "setup"]
 
 _TYPES = "wasi:http/types"
 _HANDLER = "wasi:http/outgoing-handler"
@@ -98,6 +105,10 @@ class _HttpState:
 
 
 _STATE: Slot[_HttpState] = Slot("wasi.http")
+
+HTTP_RESPONDER: Slot[Responder] = Slot("wasi.http.responder")
+"""Seed it to answer an instance's requests without the network (evaluation answers them from
+a recording); the grants and limits are checked as ever before it is asked."""
 
 
 def setup(ctx: GuestContext, policy: Policy) -> None:
@@ -528,7 +539,7 @@ def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | No
         ),
         total_timeout=limits.total_timeout,
     )
-    exchange = start(prepared, limits, state.wake)
+    exchange = start(prepared, limits, state.wake, ctx.find(HTTP_RESPONDER))
     state.exchanges.append(exchange)
     return Ok(ctx.new(FUTURE_INCOMING_RESPONSE, _Future(exchange)))
 

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ __all__ = [
     "BodyBuffer",
     "Exchange",
     "PreparedRequest",
+    "Responder",
     "error_code",
     "start",
 ]
@@ -151,6 +152,9 @@ def _pool(allow_private: bool) -> httpcore.ConnectionPool:
 
 _HEAD_PENDING, _HEAD_READY, _HEAD_FAILED = 0, 1, 2
 
+Responder = Callable[["Exchange", bytes], None]
+"""``respond(exchange, body)``: answers an exchange in place of the network (on its worker)."""
+
 
 class Exchange:
     """One request and its response, shared by a worker thread and the guest's imports.
@@ -158,8 +162,15 @@ class Exchange:
     Everything the guest reads is under ``lock``; the worker sets ``wake`` after each change.
     """
 
-    def __init__(self, request: PreparedRequest, limits: HttpLimits, wake: threading.Event) -> None:
+    def __init__(
+        self,
+        request: PreparedRequest,
+        limits: HttpLimits,
+        wake: threading.Event,
+        respond: Responder | None = None,
+    ) -> None:
         self.request = request
+        self.respond = respond
         self.limits = limits
         self.wake = wake
         self.lock = threading.Condition()
@@ -279,6 +290,42 @@ class Exchange:
         content = self._body(deadline)
         if content is None:
             return
+        if self.respond is not None:
+            self.respond(self, content)
+            return
+        self.network(content, deadline)
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def answer(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        chunks: Iterable[bytes],
+        body_error: Variant | None = None,
+    ) -> None:
+        """Answer with a response made elsewhere (a recording): the head, then each chunk
+        through the same bounded buffer, then the end or ``body_error``."""
+        deadline = time.monotonic() + self.request.total_timeout
+        self._set_head(status, headers)
+        for chunk in chunks:
+            if chunk and not self._push(bytes(chunk), deadline):
+                return
+        if body_error is not None:
+            self._fail(body_error)
+        else:
+            self._end()
+
+    def fail(self, code: Variant) -> None:
+        """Answer with an ``error-code`` instead of a response."""
+        self._fail(code)
+
+    def network(self, content: bytes, deadline: float | None = None) -> None:
+        """Make the request over the network with ``content`` as its body (the worker's own
+        answer; a responder calls it for a request it sends on)."""
+        request = self.request
+        if deadline is None:
+            deadline = time.monotonic() + request.total_timeout
         headers = list(request.headers)
         if content or request.method in ("POST", "PUT", "PATCH"):
             headers.append((b"Content-Length", str(len(content)).encode()))
@@ -379,9 +426,15 @@ def _translate(exc: Exception, request: PreparedRequest) -> Variant:
     return error_code("internal-error", f"{type(exc).__name__}: {exc}"[:200] or None)
 
 
-def start(request: PreparedRequest, limits: HttpLimits, wake: threading.Event) -> Exchange:
-    """Start ``request`` on a worker thread; its :class:`Exchange`."""
-    exchange = Exchange(request, limits, wake)
+def start(
+    request: PreparedRequest,
+    limits: HttpLimits,
+    wake: threading.Event,
+    respond: Responder | None = None,
+) -> Exchange:
+    """Start ``request`` on a worker thread; its :class:`Exchange`. ``respond(exchange, body)``
+    answers it instead of the network (called on the worker once the body is finished)."""
+    exchange = Exchange(request, limits, wake, respond)
     worker = threading.Thread(
         target=exchange.run, name=f"mty-http {request.host}:{request.port}", daemon=True
     )

@@ -162,6 +162,9 @@ class Secret:
     def __post_init__(self) -> None:
         if not _TOKEN.match(self.header or ""):
             raise BadInput(f"secret header name {self.header!r} is not a valid header name")
+        for source in (self.env, self.file, self.prefix):
+            if source is not None and not isinstance(source, str):
+                raise BadInput(f"secret for {self.header!r}: env, file and prefix are strings")
         if (self.env is None) == (self.file is None):
             raise BadInput(f"secret for {self.header!r}: give exactly one of env= or file=")
         if any(c in self.prefix for c in "\r\n\x00"):
@@ -244,6 +247,36 @@ class HttpPolicy:
 
     grants: tuple[HttpGrant, ...] = ()
     limits: HttpLimits = field(default_factory=HttpLimits)
+
+    @classmethod
+    def from_description(cls, data: object) -> HttpPolicy:
+        """The policy a trace recorded (``describe_policy``'s ``http``), checked as a new one
+        is: a hostile trace gets a :class:`BadInput`, never a grant it could not have made."""
+        if data is None:
+            return cls()
+        try:
+            grants = []
+            for g in data["grants"]:  # type: ignore[index]
+                o = g["origin"]
+                origin = Origin.parse(str(Origin(o["scheme"], str(o["host"]), o["port"])))
+                methods = g.get("methods")
+                grants.append(
+                    HttpGrant(
+                        origin,
+                        None if methods is None else tuple(str(m) for m in methods),
+                        tuple(
+                            Secret(
+                                str(x["header"]), x.get("env"), x.get("file"), x.get("prefix", "")
+                            )
+                            for x in g.get("secrets", ())
+                        ),
+                        bool(g.get("allow_private", False)),
+                    )
+                )
+            limits = HttpLimits(**dict(data.get("limits") or {}))  # type: ignore[attr-defined]
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise BadInput(f"not an HTTP policy description: {exc}") from None
+        return cls(tuple(grants), limits)
 
     def grant_for(self, scheme: str, host: str, port: int) -> HttpGrant | None:
         """The first grant whose origin matches, or None."""

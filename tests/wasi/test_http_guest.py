@@ -37,18 +37,9 @@ main()
 
 
 @pytest.fixture(scope="module")
-def http_probe(tmp_path_factory: pytest.TempPathFactory) -> Component:
-    """The HTTP probe guest, built with the agent SDK on its path, once per module."""
-    from mighty._resources import agent_sdk
-    from mighty.build import build_component
-
-    out = tmp_path_factory.mktemp("http_probe") / "http_probe.wasm"
-    build_component(
-        ROOT / "guests" / "testing" / "http_probe" / "probe.py",
-        output=out,
-        python_path=[agent_sdk()],
-    )
-    return Component.load(out)
+def http_probe(http_probe_wasm: Path) -> Component:
+    """The HTTP probe guest, loaded once per module."""
+    return Component.load(http_probe_wasm)
 
 
 @pytest.fixture(scope="module")
