@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from mighty import Budget, Instance
 from mighty.abi import Err, Ok
 from mighty.engine import Component
 from mighty.trace import Recorder, replay_trace
-from mighty.wasi import Policy, Secret
+from mighty.wasi import Policy, Secret, _http
 from tests.wasi.http_servers import LoopbackServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -104,31 +104,46 @@ def test_an_oversized_response_is_cut_with_a_typed_error(
     assert isinstance(got, Err) and got.value.startswith("HTTP-response-body-size"), got
 
 
+def _exchanges(guest: Instance) -> list[Any]:
+    """The instance's requests as the host holds them."""
+    return list(guest.context.slot(_http._STATE).exchanges)
+
+
+def _ended(exchanges: list[Any]) -> bool:
+    """Whether every exchange's worker has finished, waiting up to 30 s (a test's own bound)."""
+    deadline = time.monotonic() + 30
+    while any(e.running for e in exchanges) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not any(e.running for e in exchanges)
+
+
 def test_a_body_the_guest_never_reads_is_released_at_close(
     http_probe: Component, server: Any
 ) -> None:
-    """leak keeps a response whose 50 MB body it never reads; closing the instance ends the
-    worker, which held at most its read-ahead buffer."""
+    """leak keeps a response whose 50 MB body it never reads: its worker holds at most its
+    read-ahead buffer, and closing the instance ends it."""
     policy = Policy().with_http(server.origin).with_http_limits(buffer_bytes=1 << 16)
     guest = _instance(http_probe, policy)
     assert guest.call("leak", server.url("/bytes/50000000")) == Ok(200)
-    workers = [t for t in threading.enumerate() if t.name.startswith("mty-http")]
+    (exchange,) = _exchanges(guest)
+    assert exchange.running and not exchange.cancelled
     guest.close()
-    for worker in workers:
-        worker.join(30)
-    assert not any(w.is_alive() for w in workers)
+    assert exchange.cancelled
+    assert _ended([exchange])
+    assert exchange.received < 50_000_000
 
 
 def test_ten_thousand_requests_from_one_call_stay_bounded(
     http_probe: Component, server: Any
 ) -> None:
-    """hammer: 10,000 handle calls in one export call; past max_requests_per_call each is
-    refused, and the host's threads stay bounded."""
+    """hammer: 10,000 handle calls in one export call; past max_in_flight and
+    max_requests_per_call each is refused, and at most max_in_flight requests ever run."""
     with _instance(http_probe, Policy().with_http(server.origin)) as guest:
         refused = guest.call("hammer", server.url("/echo"), 10_000)
-        alive = sum(1 for t in threading.enumerate() if t.name.startswith("mty-http"))
+        held = _exchanges(guest)
     assert 10_000 - 256 <= refused < 10_000
-    assert alive <= 16 + 1
+    assert len(held) <= 256
+    assert _ended(held)
 
 
 @pytest.mark.parametrize(
