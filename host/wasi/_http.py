@@ -32,12 +32,10 @@ must pass the policy, and the guest should see what happened).
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mighty.abi import Err, Ok, Variant
@@ -161,8 +159,10 @@ class _Fields:
         return [(k.encode(), v) for k, v in self.entries]
 
 
-def _drop_fields(_ctx: GuestContext, fields: _Fields) -> None:
-    fields.release()
+def _drop_fields(_ctx: GuestContext, fields: object) -> None:
+    # Every drop checks what it got: a replayer's stand-ins come here too.
+    if isinstance(fields, _Fields):
+        fields.release()
 
 
 def _header_error(name: str, value: bytes | None = None) -> str | None:
@@ -305,8 +305,8 @@ class _OutgoingBody:
         self.finished = False
 
 
-def _drop_outgoing_body(_ctx: GuestContext, body: _OutgoingBody) -> None:
-    if not body.finished:
+def _drop_outgoing_body(_ctx: GuestContext, body: object) -> None:
+    if isinstance(body, _OutgoingBody) and not body.finished:
         body.buffer.abort()
 
 
@@ -455,16 +455,6 @@ def _limits(ctx: GuestContext) -> Any:
     return ctx.slot(_STATE).policy.limits
 
 
-def _secret_value(source_env: str | None, source_file: str | None) -> str:
-    if source_env is not None:
-        value = os.environ.get(source_env)
-        if value is None:
-            raise LookupError(f"environment variable {source_env} is not set")
-        return value
-    assert source_file is not None
-    return Path(source_file).read_text(encoding="utf-8").strip()
-
-
 def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | None) -> Ok | Err:
     state = ctx.slot(_STATE)
     limits = state.policy.limits
@@ -494,22 +484,10 @@ def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | No
     if grant is None or (grant.methods is not None and method not in grant.methods):
         return Err(error_code("HTTP-request-denied"))
 
-    headers = [(k.encode(), v) for k, v in request.headers.entries if k.lower() != "content-length"]
-    secrets: list[bytes] = []
-    for secret in grant.secrets:
-        try:
-            value = secret.prefix + _secret_value(secret.env, secret.file)
-        except (LookupError, OSError, UnicodeDecodeError):
-            return Err(error_code("configuration-error"))
-        raw = value.encode("utf-8")
-        if _BAD_VALUE.search(raw):
-            return Err(error_code("configuration-error"))
-        name = secret.header.lower().encode()
-        headers = [(k, v) for k, v in headers if k.lower() != name]
-        headers.append((secret.header.encode(), raw))
-        secrets.append(raw)
-        if len(raw) > len(secret.prefix):
-            secrets.append(raw[len(secret.prefix.encode()) :])
+    # The grant's secret headers replace the guest's of the same name; their values are read
+    # only when the request goes to the network (an answer from a recording needs none).
+    owned = {s.header.lower() for s in grant.secrets} | {"content-length"}
+    headers = [(k.encode(), v) for k, v in request.headers.entries if k.lower() not in owned]
     if not request.body_taken:
         request.body.finish()  # never asked for: an empty body, as wasmtime sends
     headers.insert(0, (b"Host", request.authority.encode()))
@@ -531,7 +509,7 @@ def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | No
         headers=tuple(headers),
         body=request.body,
         allow_private=grant.private_ok,
-        secrets=tuple(s for s in secrets if len(s) >= 4),
+        secrets=grant.secrets,
         connect_timeout=seconds(opts.connect, limits.connect_timeout),
         read_timeout=min(
             seconds(opts.first_byte, limits.first_byte_timeout),
@@ -587,8 +565,8 @@ class _Future:
         self.exchange = exchange
 
 
-def _drop_future(_ctx: GuestContext, future: _Future) -> None:
-    if not future.exchange.response_taken:
+def _drop_future(_ctx: GuestContext, future: object) -> None:
+    if isinstance(future, _Future) and not future.exchange.response_taken:
         future.exchange.cancel()
 
 
@@ -616,8 +594,8 @@ class _IncomingResponse:
         self.headers = headers
 
 
-def _drop_response(_ctx: GuestContext, response: _IncomingResponse) -> None:
-    if not response.exchange.body_taken:
+def _drop_response(_ctx: GuestContext, response: object) -> None:
+    if isinstance(response, _IncomingResponse) and not response.exchange.body_taken:
         response.exchange.cancel()
 
 
@@ -641,8 +619,8 @@ class _IncomingBody:
         self.exchange = exchange
 
 
-def _drop_incoming_body(_ctx: GuestContext, body: _IncomingBody) -> None:
-    if not body.exchange.stream_taken:
+def _drop_incoming_body(_ctx: GuestContext, body: object) -> None:
+    if isinstance(body, _IncomingBody) and not body.exchange.stream_taken:
         body.exchange.cancel()
 
 

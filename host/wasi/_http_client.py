@@ -23,18 +23,20 @@ names on one CDN address would share a TLS connection made for the other's name.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpcore
 
 from mighty.abi import Variant
-from mighty.wasi._http_policy import HttpLimits, is_private_address
+from mighty.wasi._http_policy import HttpLimits, Secret, is_private_address
 
 __all__ = [
     "BodyBuffer",
@@ -88,8 +90,9 @@ class PreparedRequest:
     """Without ``content-length``: the worker adds it once the body is finished."""
     body: BodyBuffer
     allow_private: bool
-    secrets: tuple[bytes, ...]
-    """Injected secret values, redacted from the response headers the guest reads."""
+    secrets: tuple[Secret, ...]
+    """Headers the host adds when the request goes to the network, read from their sources
+    then; their values are redacted from the response headers the guest reads."""
     connect_timeout: float
     read_timeout: float
     total_timeout: float
@@ -327,6 +330,17 @@ class Exchange:
         if deadline is None:
             deadline = time.monotonic() + request.total_timeout
         headers = list(request.headers)
+        try:
+            values = _secret_headers(request.secrets)
+        except (LookupError, OSError, UnicodeDecodeError, ValueError):
+            self._fail(error_code("configuration-error"))
+            return
+        headers += values
+        redact = tuple(v for _, v in values if len(v) >= 4) + tuple(
+            v[len(s.prefix.encode()) :]
+            for s, (_, v) in zip(request.secrets, values, strict=True)
+            if len(v) - len(s.prefix.encode()) >= 4
+        )
         if content or request.method in ("POST", "PUT", "PATCH"):
             headers.append((b"Content-Length", str(len(content)).encode()))
         extensions: dict[str, Any] = {
@@ -354,7 +368,7 @@ class Exchange:
             if sum(len(k) + len(v) + 4 for k, v in headers) > self.limits.max_header_bytes:
                 self._fail(error_code("HTTP-response-header-section-size", None))
                 return
-            self._set_head(response.status, _redacted(headers, request.secrets))
+            self._set_head(response.status, _redacted(headers, redact))
             limit = self.limits.max_response_bytes
             for chunk in response.iter_stream():
                 if self.cancelled:
@@ -371,6 +385,24 @@ class Exchange:
                         self._fail(error_code("HTTP-response-timeout"))
                     return
             self._end()
+
+
+def _secret_headers(secrets: tuple[Secret, ...]) -> list[tuple[bytes, bytes]]:
+    """Each secret's header with its value, read from its source now."""
+    out = []
+    for secret in secrets:
+        if secret.env is not None:
+            value = os.environ.get(secret.env)
+            if value is None:
+                raise LookupError(f"environment variable {secret.env} is not set")
+        else:
+            assert secret.file is not None
+            value = Path(secret.file).read_text(encoding="utf-8").strip()
+        raw = (secret.prefix + value).encode("utf-8")
+        if any((c < 0x20 and c != 0x09) or c == 0x7F for c in raw):
+            raise ValueError(f"the value of secret header {secret.header} holds a control byte")
+        out.append((secret.header.encode(), raw))
+    return out
 
 
 _REDACTED = b"[redacted by mighty]"

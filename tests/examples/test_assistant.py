@@ -287,13 +287,6 @@ def test_eval_passes_the_recorded_build_and_a_refactor_offline(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "host: a request eval answers from the trace still resolves the grant's secret "
-        "(wasi/_http.py handle: configuration-error when $LLM_API_KEY is unset)"
-    ),
-)
 def test_eval_needs_no_key(recorded: Recorded, tmp_path: Path) -> None:
     """With no key in the environment at all, the recorded build still passes."""
     assert recorded.done.returncode == 0, recorded.done.stderr

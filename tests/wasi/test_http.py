@@ -432,7 +432,9 @@ def test_a_missing_secret_is_a_configuration_error(server: LoopbackServer) -> No
     """A secret whose environment variable is unset fails the request before it is sent."""
     secret = Secret("X-Key", env="MTY_TEST_SURELY_UNSET")
     ctx = make_ctx(Policy().with_http(server.origin, secrets=[secret]))
-    assert send(ctx, server.url("/echo")) == Err(Variant("configuration-error"))
+    before = len(server.requests)
+    assert response(ctx, _ok(send(ctx, server.url("/echo")))) == Err(Variant("configuration-error"))
+    assert len(server.requests) == before
 
 
 def test_a_refused_connection_is_typed() -> None:
