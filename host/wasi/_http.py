@@ -463,8 +463,10 @@ def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | No
     state.calls += 1
     if state.calls > limits.max_requests_per_call:
         return Err(error_code("connection-limit-reached"))
-    state.exchanges = [e for e in state.exchanges if e.running or not e.cancelled]
-    if sum(1 for e in state.exchanges if e.running) >= limits.max_in_flight:
+    # Only running exchanges are kept (to count them and to cancel them at close): a finished
+    # one's data lives in the guest's resources, so an agent's millionth request costs no more.
+    state.exchanges = [e for e in state.exchanges if e.running]
+    if len(state.exchanges) >= limits.max_in_flight:
         return Err(error_code("connection-limit-reached"))
 
     scheme_case = request.scheme.case if request.scheme is not None else "HTTPS"

@@ -198,7 +198,8 @@ class HttpLimits:
     """Bounds on one instance's HTTP use. Every one has a safe default."""
 
     max_in_flight: int = 16
-    """Requests handed to the host and not yet answered, or answered with a body still open."""
+    """Requests whose response the host is still receiving (a body the guest does not read
+    keeps its request in flight while the read-ahead buffer is full)."""
     max_requests_per_call: int = 256
     """Requests one export call may make; more are refused with ``connection-limit-reached``."""
     max_request_bytes: int = 16 << 20
