@@ -116,3 +116,32 @@ def test_eval_scores_a_member_on_recorded_traffic(
     cell = report.cells[0]
     assert cell.verdict == "diverged"
     assert f"HTTP POST {origin}/echo, a 5-byte body" in cell.reason
+
+
+def test_live_sends_an_unmatched_request_to_the_origin(
+    http_probe_wasm: Path, tmp_path: Path
+) -> None:
+    """Under live, a request the recording lacks goes to the real origin (the recorded grant
+    applies), and the cell says where it left the trace; matched ones still come from it."""
+    trace = tmp_path / "run.bin"
+    member = Member.component("probe", http_probe_wasm)
+    with LoopbackServer() as server:
+        with Recorder(trace) as recorder:
+            policy = Policy().with_http(server.origin)
+            budget = Budget(fuel=10**11, timeout=60.0)
+            probe = Component.load(http_probe_wasm)
+            with Instance(probe, budget=budget, policy=policy, record=recorder) as guest:
+                guest.call("fetch", "POST", server.url("/echo"), [], b"question", 5000)
+        asked = _with_call_args(
+            trace, tmp_path / "asked.bin", "fetch", ["POST", server.url("/echo"), [], b"new", 5000]
+        )
+        before = len(server.requests)
+        same = Suite([Case("same", trace)], [member], [Equal()], policy="live").run()
+        assert len(server.requests) == before  # answered from the recording
+        report = Suite([Case("new", asked)], [member], [Equal()], policy="live").run()
+        arrived = server.requests[before:]
+    assert same.cells[0].verdict == "pass"
+    assert [r.body for r in arrived] == [b"new"]
+    cell = report.cells[0]
+    assert cell.verdict == "fail"  # the echo differs from the baseline's, as it should
+    assert cell.live_from is not None and "wasi:http/outgoing-handler#handle" in cell.live_from
