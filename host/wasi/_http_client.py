@@ -53,6 +53,10 @@ def error_code(case: str, payload: Any = None) -> Variant:
     return Variant(case, payload)
 
 
+class _SecretUnavailable(Exception):
+    """A grant's secret cannot be read (unset variable) or cannot be a header value."""
+
+
 class _Prohibited(Exception):
     """Every address a name resolved to is one the grant does not allow."""
 
@@ -332,7 +336,7 @@ class Exchange:
         headers = list(request.headers)
         try:
             values = _secret_headers(request.secrets)
-        except (LookupError, OSError, UnicodeDecodeError, ValueError):
+        except (_SecretUnavailable, OSError, UnicodeDecodeError):
             self._fail(error_code("configuration-error"))
             return
         headers += values
@@ -394,13 +398,13 @@ def _secret_headers(secrets: tuple[Secret, ...]) -> list[tuple[bytes, bytes]]:
         if secret.env is not None:
             value = os.environ.get(secret.env)
             if value is None:
-                raise LookupError(f"environment variable {secret.env} is not set")
+                raise _SecretUnavailable(f"environment variable {secret.env} is not set")
         else:
             assert secret.file is not None
             value = Path(secret.file).read_text(encoding="utf-8").strip()
         raw = (secret.prefix + value).encode("utf-8")
         if any((c < 0x20 and c != 0x09) or c == 0x7F for c in raw):
-            raise ValueError(f"the value of secret header {secret.header} holds a control byte")
+            raise _SecretUnavailable(f"secret header {secret.header}'s value holds a control byte")
         out.append((secret.header.encode(), raw))
     return out
 
