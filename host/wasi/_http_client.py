@@ -23,6 +23,8 @@ names on one CDN address would share a TLS connection made for the other's name.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import socket
 import threading
@@ -137,6 +139,17 @@ class _GuardedBackend(httpcore.SyncBackend):
 
 _POOLS: dict[bool, httpcore.ConnectionPool] = {}
 _POOLS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_pools() -> None:
+    """Close the kept-alive connections at exit (else each is an unclosed socket to the GC)."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        with contextlib.suppress(Exception):
+            pool.close()
 
 
 def _pool(allow_private: bool) -> httpcore.ConnectionPool:

@@ -92,9 +92,11 @@ def sock_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def manifest(tmp_path: Path, spinner_wasm: Path, counter_wasm: Path) -> Path:
-    """A spinner stuck in its handler and a counter kept busy by 200 slow messages."""
+    """A spinner stuck in its handler and a counter kept busy by 200 slow messages (tens of
+    seconds of work in all, so it is still busy when `top` samples it, however fast or loaded
+    the machine: with 200,000 iterations each, all 200 were sometimes done before `top` ran)."""
     work = "".join(
-        '[[start]]\nto = "counter"\nmessage = "work"\nbody = { n = 200000 }\nask = false\n\n'
+        '[[start]]\nto = "counter"\nmessage = "work"\nbody = { n = 1000000 }\nask = false\n\n'
         for _ in range(200)
     )
     path = tmp_path / "mighty.toml"
@@ -150,7 +152,8 @@ def test_inspect_and_top_against_a_running_runtime(manifest: Path, sock_dir: Pat
         assert "last " in one.stdout
         assert "work from host: ok" in one.stdout
 
-        top = mty("top", "--once", "--json", "--interval", "0.5", "--socket", str(sock))
+        # A 2 s sample: a message of the counter's takes ~0.1 s idle, several times more loaded.
+        top = mty("top", "--once", "--json", "--interval", "2", "--socket", str(sock))
         assert top.returncode == 0, top.stderr
         frame = json.loads(top.stdout)
         rows = {r["name"]: r for r in frame["agents"]}
