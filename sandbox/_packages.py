@@ -101,6 +101,9 @@ def interpreter_with_packages(
                 world="interpreter",
                 python_path=[staged],
                 progress=report,
+                # A package's top-level code runs during the build: it sees only its staged
+                # copy, never the host's site-packages (componentize-py mounts them writable).
+                site_packages=False,
             )
         except BuildError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

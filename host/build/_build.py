@@ -137,12 +137,20 @@ def build_component(
     python_path: Sequence[Path] = (),
     progress: Progress | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    site_packages: bool = True,
 ) -> BuildResult:
     """Compile the handler module ``source`` into a component at ``output``.
 
     ``wit`` defaults to the ``wit/`` directory beside ``source`` and ``world`` to the only world
     it defines. ``python_path`` adds directories the handler imports from, after the source's
     own. An unchanged rebuild is served from the cache without running componentize-py.
+
+    ``site_packages=False`` builds code that must not reach the host: componentize-py mounts
+    every directory on the guest's path *writable* while it pre-initialises the guest (running
+    its top-level code), and appends the host's site-packages to that path by itself; here it
+    gets an empty one of the build's own instead, so the code sees only its staged copies
+    (``Sandbox(packages=...)``: a wheel's ``__init__`` could otherwise drop a ``.pth`` into the
+    host's site-packages, run by every later Python start).
 
     Raises ``BadInput`` for unusable arguments and ``BuildError`` (a ``ComponentizeError`` when
     the tool ran) when the build fails, with the handler's file and line when it is a Python
@@ -168,7 +176,8 @@ def build_component(
         wit=wit,
         world=world,
         tool_version=version,
-        distributions=installed_distributions(),
+        # An isolated build sees no installed distribution, and is not a plain build's twin.
+        distributions=installed_distributions() if site_packages else ["(isolated)"],
     )
     builds = cache_root() / "builds"
     cached_path = builds / f"{digest}.wasm"
@@ -206,8 +215,16 @@ def build_component(
                 "-o",
                 str(tmp_path.resolve()),
             ]
+            env: dict[str, str] = {}
+            if not site_packages:
+                # componentize-py appends $VIRTUAL_ENV's lib/**/site-packages to the guest's
+                # path (else pipenv's, else the system Python's): point it at an empty one.
+                isolated = stage / "isolated"
+                (isolated / "lib" / "site-packages").mkdir(parents=True)
+                env["VIRTUAL_ENV"] = str(isolated)
             _run(
                 command,
+                env=env,
                 roots=roots,
                 source=source,
                 timeout=timeout,
@@ -372,8 +389,9 @@ def _run(
     report: Progress,
     started: float,
     cwd: Path,
+    env: dict[str, str],
 ) -> None:
-    env = dict(os.environ)
+    env = {**os.environ, **env}
     # A Rust backtrace is noise to a handler author and hides the Python error we parse out.
     env["RUST_BACKTRACE"] = "0"
     env["RUST_LIB_BACKTRACE"] = "0"

@@ -181,3 +181,68 @@ def test_a_missing_dependency_is_a_package_error(tmp_path: Path, interpreter: Co
     )
     with pytest.raises(PackageError, match=r"mighty_absent_dependency.*list them in packages"):
         Sandbox(packages=[needy], pool=0)
+
+
+PROBE = {
+    "mtyprobe/__init__.py": (
+        "import os\n"
+        "SEEN = {}\n"
+        "for path in ['/python', '/bundled', *(f'/{i}' for i in range(8))]:\n"
+        "    if not os.path.isdir(path):\n"
+        "        continue\n"
+        "    try:\n"
+        "        entries = sorted(os.listdir(path))[:200]\n"
+        "    except OSError as exc:\n"
+        "        entries = [f'unreadable: {exc}']\n"
+        "    wrote = False\n"
+        "    try:\n"
+        "        with open(path + '/mtyprobe-was-here.pth', 'a') as f:\n"
+        "            f.write('import sys\\n')\n"
+        "        wrote = True\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    SEEN[path] = {'entries': entries, 'wrote': wrote}\n"
+    ),
+}
+
+
+def _host_site_dirs() -> list[Path]:
+    """Every site-packages a build could have mounted: this venv's, and what componentize-py
+    asks `python3` for when no virtual environment is named (the system's and the user's)."""
+    import site
+    import subprocess
+    import sys
+
+    found = {Path(p) for p in site.getsitepackages()} | {Path(site.getusersitepackages())}
+    found |= {Path(p) for p in sys.path if p.endswith("site-packages")}
+    asked = subprocess.run(
+        [
+            "python3",
+            "-c",
+            "import site; print(';'.join([site.getusersitepackages(), *site.getsitepackages()]))",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found |= {Path(p) for p in asked.stdout.strip().split(";") if p}
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_a_package_running_at_build_time_reaches_no_host_directory(tmp_path: Path) -> None:
+    """A wheel's top-level code runs while its variant is built (pre-initialisation): it may
+    read and write only its build's own throw-away copies, never a host site-packages (where a
+    dropped .pth would run in every later Python start)."""
+    wheel = make_wheel(tmp_path, PROBE, name="mtyprobe")
+    markers = [d / "mtyprobe-was-here.pth" for d in _host_site_dirs()]
+    try:
+        with Sandbox(packages=[wheel], pool=0) as box:
+            seen = box.run("import mtyprobe\nresult = mtyprobe.SEEN").value
+        assert [m for m in markers if m.exists()] == []
+        host_only = {"pytest", "wasmtime", "mighty_host-0.1.0.dist-info", "pip"}
+        for path, entry in seen.items():
+            assert not host_only & set(entry["entries"]), (path, entry["entries"][:20])
+    finally:
+        for marker in markers:
+            marker.unlink(missing_ok=True)
