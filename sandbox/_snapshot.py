@@ -136,7 +136,12 @@ def decode_snapshot(
     """Check ``data`` and decode it; :class:`SnapshotError` (a subclass) if anything is off."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise SnapshotCorrupt(f"a snapshot is bytes, got {type(data).__name__}")
-    view = memoryview(data).cast("B")
+    try:
+        # A strided or multi-dimensional view cannot be read as bytes in place (cast refuses
+        # it): that is a bad snapshot like any other, not a TypeError from inside.
+        view = memoryview(data).cast("B")
+    except (TypeError, ValueError) as exc:
+        raise SnapshotCorrupt(f"a snapshot is a contiguous buffer of bytes: {exc}") from None
     bound = max_snapshot_bytes(memory_limit)
     if len(view) > bound:
         raise SnapshotTooLarge(

@@ -260,6 +260,18 @@ def test_not_bytes_is_refused(box: Sandbox) -> None:
         box.restore("MTYSNAP")  # type: ignore[arg-type]
 
 
+def test_a_strided_or_shaped_view_is_a_snapshot_error(box: Sandbox, snapshot: bytes) -> None:
+    """A non-contiguous memoryview (every other byte) or a multi-dimensional one is refused
+    with SnapshotCorrupt, never a raw TypeError; a contiguous view of the bytes restores."""
+    doubled = bytes(b for pair in zip(snapshot, snapshot, strict=True) for b in pair)
+    with pytest.raises(SnapshotCorrupt, match="contiguous"):
+        box.restore(memoryview(doubled)[::2])
+    square = memoryview(bytes(64)).cast("B", (8, 8))[::2]
+    with pytest.raises(SnapshotCorrupt):
+        box.restore(square)
+    assert box.restore(memoryview(bytearray(snapshot))).run("result = 1").value == 1
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
