@@ -132,6 +132,7 @@ class SnapshotStore:
             raise BadStateDir(f"state_dir {directory}: not a directory")
         if not os.access(directory, os.W_OK | os.X_OK):
             raise BadStateDir(f"state_dir {directory}: not writable")
+        _check_owned(directory)
         self._lock_fd = _take_lock(directory)
         self._lock = threading.Lock()
         try:
@@ -142,6 +143,16 @@ class SnapshotStore:
             if mode is None or str(mode[0]).lower() != "wal":
                 raise BadStateDir(f"state_dir {directory}: SQLite refused WAL mode")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            # A damaged file opens without complaint and answers lookups with nothing (a name
+            # then looks free, and its agent would start afresh at its old address): check
+            # the pages once at open, and never write into a damaged store.
+            checked = self._db.execute("PRAGMA quick_check").fetchall()
+            if [tuple(r) for r in checked] != [("ok",)]:
+                first = " ".join(str(checked[0][0]).split()) if checked else "no answer"
+                raise BadStateDir(
+                    f"state_dir {directory}: {self.path.name} is damaged ({first[:160]}); "
+                    "restore it from a backup or move it away"
+                )
             self._db.executescript(_SCHEMA)
             self._synchronous = "NORMAL"
         except sqlite3.DatabaseError as exc:
@@ -177,6 +188,23 @@ class SnapshotStore:
     def get(self, address: str) -> StoredSnapshot | None:
         """The checked row of ``address`` (None: no row); :class:`SnapshotCorrupt` if damaged."""
         with self._reading():
+            # The sizes first, in SQL: a 600 MB state must be refused before it is read.
+            sizes = self._db.execute(
+                "SELECT ifnull(length(type), 0) + ifnull(length(name), 0) "
+                "+ ifnull(length(component), 0) + ifnull(length(schema), 0) "
+                "+ ifnull(length(digest), 0), length(state) FROM snapshots WHERE address = ?",
+                (address,),
+            ).fetchone()
+            if sizes is None:
+                return None
+            texts, state = sizes
+            if (texts is not None and texts > 8 * _MAX_TEXT) or (
+                state is not None and state > MAX_SNAPSHOT_BYTES
+            ):
+                raise SnapshotCorrupt(
+                    f"{address}: stored snapshot is corrupt: a column is over its size limit "
+                    f"(state {state} bytes; at most {MAX_SNAPSHOT_BYTES})"
+                )
             row = self._db.execute(
                 "SELECT address, type, name, component, schema, durable, state, digest "
                 "FROM snapshots WHERE address = ?",
@@ -330,10 +358,24 @@ def _check_row(address: str, row: tuple[object, ...]) -> StoredSnapshot:
     )
 
 
+def _check_owned(directory: Path) -> None:
+    """The directory is ours and its files are files: a store is never written through a
+    symlink (into whatever it points at) nor kept in another user's directory."""
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise BadStateDir(
+            f"state_dir {directory}: owned by another user (uid {info.st_uid}, we are "
+            f"{os.getuid()})"
+        )
+    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", "lock"):
+        if (directory / name).is_symlink():
+            raise BadStateDir(f"state_dir {directory}: {name} is a symlink; refusing to follow it")
+
+
 def _take_lock(directory: Path) -> int:
     path = directory / "lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise BadStateDir(f"state_dir {directory}: cannot open {path.name}: {_why(exc)}") from None
     try:

@@ -236,3 +236,70 @@ def test_a_full_store_keeps_the_agent_awake(kvstore: Component, tmp_path: Path) 
         assert not rt.process(big).hibernated
         assert rt.ask(big, "get", {"key": "k"})["value"] == "v" * 50_000  # awake, intact
         assert rt.ask(small, "size")["size"] == 0  # and the asleep one still wakes
+
+
+def test_a_damaged_store_is_refused_at_open(tmp_path: Path) -> None:
+    """A database whose b-tree pages are damaged is a BadStateDir at open, never a store that
+    answers 'no such name' and takes new rows into the damaged file."""
+    state = tmp_path / "state"
+    store = SnapshotStore(state)
+    for i in range(200):
+        store.put(StoredSnapshot(f"counter:{i}", "counter", f"n{i}", "c", "s", True, b"x" * 3000))
+    store.checkpoint()
+    store.close()
+    db = state / "agents.sqlite3"
+    data = bytearray(db.read_bytes())
+    page = 4096
+    for at in range(2 * page, len(data) - page, 7 * page):  # scribble over interior pages
+        data[at + 8 : at + 64] = bytes(range(56))
+    db.write_bytes(bytes(data))
+    before = db.read_bytes()
+    with pytest.raises(BadStateDir, match="damaged") as info:
+        SnapshotStore(state)
+    assert "\n" not in str(info.value)
+    assert db.read_bytes() == before  # nothing written into it
+
+
+def test_a_huge_state_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A state column over MAX_SNAPSHOT_BYTES is SnapshotCorrupt from its length in SQL."""
+    from mighty.agents._store import MAX_SNAPSHOT_BYTES
+
+    store = SnapshotStore(tmp_path / "state")
+    try:
+        store.put(StoredSnapshot("big:1", "t", None, "c", "s", True, b"x"))
+        with sqlite3.connect(store.path) as db:
+            db.execute(
+                "UPDATE snapshots SET state = zeroblob(?) WHERE address = 'big:1'",
+                (MAX_SNAPSHOT_BYTES + 1,),
+            )
+        with pytest.raises(SnapshotCorrupt, match="over its size limit"):
+            store.get("big:1")
+    finally:
+        store.close()
+
+
+def test_symlinks_in_a_state_dir_are_not_followed(tmp_path: Path) -> None:
+    """A database or lock file that is a symlink is refused, and its target is untouched."""
+    elsewhere = tmp_path / "elsewhere.sqlite3"
+    for name in ("agents.sqlite3", "lock"):
+        state = tmp_path / f"state-{name}"
+        state.mkdir()
+        (state / name).symlink_to(elsewhere)
+        with pytest.raises(BadStateDir, match="symlink"):
+            SnapshotStore(state)
+        assert not elsewhere.exists()
+
+
+def test_a_state_dir_of_another_user_is_refused(tmp_path: Path) -> None:
+    """A state_dir owned by another uid is refused (as root: one chowned away; otherwise a
+    directory root owns)."""
+    import os
+
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs = Path("/")
+    with pytest.raises(BadStateDir, match=r"owned by another user|not writable"):
+        SnapshotStore(theirs)
