@@ -38,14 +38,26 @@ from pathlib import Path
 from typing import Any
 
 from mighty._errors import BadInput
+from mighty._files import FileRefused, read_regular_file
 from mighty.eval._case import Case, Member
 from mighty.eval._compare import Comparator, make_comparator
 from mighty.eval._suite import MAX_WORKERS, Suite
 
-__all__ = ["MAX_SUITE_FILE", "SuiteFileError", "load_suite", "load_tools"]
+__all__ = [
+    "MAX_CELLS",
+    "MAX_CODE_FILE",
+    "MAX_SUITE_FILE",
+    "SuiteFileError",
+    "load_suite",
+    "load_tools",
+]
 
 MAX_SUITE_FILE = 1 << 20
 """Largest suite file read (bytes)."""
+MAX_CODE_FILE = 1 << 20
+"""The largest member program or tools file read."""
+MAX_CELLS = 10_000
+"""Cases x members one suite file may ask for."""
 MAX_ENTRIES = 10_000
 _TOP = {"policy", "workers", "case", "member", "compare"}
 _CASE = {"name", "trace", "agent", "instance", "compare", "policy"}
@@ -121,18 +133,17 @@ def load_suite(path: str | Path, *, workers: int | None = None) -> Suite:  # noq
     path = Path(path)
     base = path.parent
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_SUITE_FILE + 1)
-    except OSError as exc:
-        raise _fail(path, exc.strerror or str(exc)) from None
-    if len(raw) > MAX_SUITE_FILE:
-        raise _fail(path, f"larger than {MAX_SUITE_FILE} bytes")
+        raw = read_regular_file(path, MAX_SUITE_FILE)
+    except FileRefused as exc:
+        raise _fail(path, exc.message) from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise _fail(path, "not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise _fail(path, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _fail(path, "not valid TOML: nested too deeply") from None
     _unknown(path, "top level", data, _TOP)
     policy = data.get("policy", "strict")
     if policy not in ("strict", "live"):
@@ -213,7 +224,13 @@ def load_suite(path: str | Path, *, workers: int | None = None) -> Suite:  # noq
             members.append(Member(name, source=base / source))
         else:
             try:
-                text = (base / code).read_text("utf-8") if code is not None else None
+                text = (
+                    read_regular_file(base / code, MAX_CODE_FILE).decode("utf-8")
+                    if code is not None
+                    else None
+                )
+                if tools is not None:
+                    read_regular_file(base / tools, MAX_CODE_FILE)  # a file, bounded, or refused
                 toolset = load_tools(base / tools) if tools is not None else None
             except OSError as exc:
                 raise _fail(path, f"{where}: {exc.strerror or exc}: {exc.filename}") from None
@@ -224,6 +241,12 @@ def load_suite(path: str | Path, *, workers: int | None = None) -> Suite:  # noq
         raise _fail(path, "no [[case]]")
     if not members:
         raise _fail(path, "no [[member]]")
+    if len(cases) * len(members) > MAX_CELLS:
+        raise _fail(
+            path,
+            f"{len(cases)} cases x {len(members)} members is {len(cases) * len(members)} cells, "
+            f"over the {MAX_CELLS} one suite runs (split it)",
+        )
     try:
         return Suite(
             cases,

@@ -68,6 +68,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import os
+import stat
 import struct
 import sys
 import threading
@@ -619,6 +620,23 @@ class TraceWriter:
         self.close()
 
 
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file: a FIFO (which would block the open
+    or the first read forever) or a device (``/dev/zero``: endless) is a TraceError at once."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TraceError(f"cannot open trace {path}: {exc}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TraceError(f"trace {path} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class TraceReader:
     """Reads a trace file: ``header`` at once, ``records()`` lazily, one frame at a time.
 
@@ -653,10 +671,7 @@ class TraceReader:
         # not with a seek and a read each: ``_ahead`` holds the file's bytes from ``_ahead_at``.
         self._ahead = b""
         self._ahead_at = 0
-        try:
-            self._file: BinaryIO | None = open(self._path, "rb")  # noqa: SIM115 - closed by close()
-        except OSError as exc:
-            raise TraceError(f"cannot open trace {self._path}: {exc}") from exc
+        self._file: BinaryIO | None = _open_regular(self._path)
         try:
             self._header, self._body = self._read_header()
         except BaseException:

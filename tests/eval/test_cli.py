@@ -127,7 +127,77 @@ def test_missing_suite_file_is_exit_2(tmp_path: Path) -> None:
     """A suite file that does not exist is exit 2 with one line."""
     result = CliRunner().invoke(main, ["eval", str(tmp_path / "none.toml")])
     assert result.exit_code == 2
-    assert "No such file" in result.stderr
+    assert "no such file" in result.stderr.lower()
+
+
+def _cases_and_members(cases: int, members: int) -> str:
+    return "".join(
+        f'[[case]]\nname = "c{i}"\ntrace = "t{i}.bin"\n' for i in range(cases)
+    ) + "".join(f'[[member]]\nname = "m{i}"\ncode = "p.py"\n' for i in range(members))
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [("/dev/zero", "a device, not a regular file"), ("fifo", "a FIFO, not a regular file")],
+)
+def test_a_member_program_that_is_not_a_file_is_refused_at_once(
+    tmp_path: Path, code: str, message: str
+) -> None:
+    """code naming /dev/zero or a FIFO is one line, exit 2: nothing read, nothing waited on."""
+    os.mkfifo(tmp_path / "fifo")
+    suite = tmp_path / "suite.toml"
+    suite.write_text(f'[[case]]\nname = "a"\ntrace = "t"\n[[member]]\nname = "m"\ncode = "{code}"')
+    result = CliRunner().invoke(main, ["eval", str(suite)])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_suite_file_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
+    """The suite path itself naming a FIFO is refused, not opened and waited on."""
+    os.mkfifo(tmp_path / "suite.toml")
+    result = CliRunner().invoke(main, ["eval", str(tmp_path / "suite.toml")])
+    assert result.exit_code == 2
+    assert "FIFO" in result.stderr
+
+
+def test_too_many_cells_are_refused(tmp_path: Path) -> None:
+    """2,000 cases x 2,000 members (4 M cells from a small file) is refused before any runs."""
+    (tmp_path / "p.py").write_text("result = 1")
+    suite = tmp_path / "suite.toml"
+    suite.write_text(_cases_and_members(2000, 2000))
+    result = CliRunner().invoke(main, ["eval", str(suite)])
+    assert result.exit_code == 2, result.output
+    assert "4000000 cells" in result.stderr
+
+
+def test_deeply_nested_toml_is_one_line(tmp_path: Path) -> None:
+    """A TOML array nested 100,000 deep is 'nested too deeply', not an internal error."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text("a = " + "[" * 100_000 + "]" * 100_000)
+    result = CliRunner().invoke(main, ["eval", str(suite)])
+    assert result.exit_code == 2, result.output
+    assert "nested too deeply" in result.stderr
+    assert "internal" not in result.stderr.lower()
+
+
+def test_a_trace_that_is_a_fifo_is_an_error_cell_not_a_hang(tmp_path: Path) -> None:
+    """A case whose trace is a FIFO ends as an error cell naming it (the run is bounded by
+    the test's own timeout, never by the FIFO)."""
+    os.mkfifo(tmp_path / "t.bin")
+    suite = tmp_path / "suite.toml"
+    suite.write_text('[[case]]\nname = "a"\ntrace = "t.bin"\n[[member]]\nname = "m"\ncode = "p.py"')
+    (tmp_path / "p.py").write_text("result = 1")
+    done = subprocess.run(
+        [*mty(), "eval", str(suite), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    report = json.loads(done.stdout)
+    assert [c["verdict"] for c in report["cells"]] == ["error"]
+    assert "not a regular file" in report["cells"][0]["reason"]
 
 
 @pytest.mark.slow
