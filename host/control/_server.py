@@ -11,9 +11,10 @@ Security, in the order it applies:
 4. Each connection's peer uid (``SO_PEERCRED``) must equal ours; others get ``not_allowed``.
 
 Per-connection bounds (issue 11): a request line is at most ``MAX_LINE`` bytes; at most
-``MAX_CONNECTIONS`` connections are served at once (more get ``busy``); a connection that sends
-nothing for ``IDLE_TIMEOUT`` seconds is closed (32 idle connections used to lock the owner out
-for good). A handler that takes a path from a request reads it with :func:`read_regular_file`:
+``MAX_CONNECTIONS`` connections are served at once (more get ``busy``); a connection that does not
+complete a request within ``IDLE_TIMEOUT`` seconds of the last one (or of connecting) is closed,
+however it trickles its bytes (32 idle or trickling connections used to lock the owner out).
+A handler that takes a path from a request reads it with :func:`read_regular_file`:
 a regular file below a size limit, opened without blocking on a FIFO and refused before a byte is
 read if it is a device, a FIFO, a socket or too large (``reload`` of /dev/zero, a FIFO or a 1 GiB
 file used to read it whole or block the handler).
@@ -278,13 +279,19 @@ class ControlServer:
                 _drain(conn)
                 return
             buffer = LineBuffer(MAX_LINE)
-            # A silent peer costs a thread and one of MAX_CONNECTIONS places: it gets a budget.
-            conn.settimeout(self.idle_timeout)
+            # A peer costs a thread and one of MAX_CONNECTIONS places: it gets a budget for
+            # each whole request, from the end of the last one, not for the gap between bytes
+            # (32 peers trickling a byte every 10 s were never idle and locked the owner out).
+            started = time.monotonic()
             while True:
+                left = self.idle_timeout - (time.monotonic() - started)
                 try:
+                    if left <= 0:
+                        raise TimeoutError
+                    conn.settimeout(left)
                     data = conn.recv(65536)
                 except TimeoutError:
-                    message = f"no request for {self.idle_timeout:g} s; closing"
+                    message = f"no whole request within {self.idle_timeout:g} s; closing"
                     _send_quietly(conn, encode_error(None, "idle_timeout", message))
                     return
                 if not data:
@@ -299,6 +306,7 @@ class ControlServer:
                 for line in lines:
                     if line.strip():
                         conn.sendall(self._answer(line))
+                    started = time.monotonic()
         except OSError:
             pass  # the client went away, or stop() shut the connection down
         finally:

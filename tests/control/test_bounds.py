@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -133,3 +134,40 @@ def test_slow_request_times_out_mid_line(server: tuple[ControlServer, Path]) -> 
     assert done.is_set()
     assert srv.running
     assert request(path, "ping", timeout=10) == {"pong": True}
+
+
+def test_trickling_connections_are_closed_by_their_total_time(
+    server: tuple[ControlServer, Path],
+) -> None:
+    """MAX_CONNECTIONS peers each sending one byte of a request every 0.1 s (never idle for the
+    0.3 s timeout) are closed once a whole request has not come within it; the owner gets in."""
+    _, path = server
+    peers = []
+    for _ in range(MAX_CONNECTIONS):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(os.fspath(path))
+        peers.append(s)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.1):
+            for s in peers:
+                with contextlib.suppress(OSError):
+                    s.send(b" ")
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    feeder.start()
+    try:
+        for s in peers:
+            s.settimeout(30)
+            data = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := s.recv(4096):
+                    data += chunk
+            assert b"idle_timeout" in data
+        assert request(path, "ping", timeout=10) == {"pong": True}
+    finally:
+        stop.set()
+        feeder.join(5)
+        for s in peers:
+            s.close()
