@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import cbor2
+from mighty._cbor import loads_untrusted
 
 if TYPE_CHECKING:
     from mighty.agents._runtime import AgentProcess, Runtime
@@ -123,7 +123,7 @@ def body_view(body: bytes) -> Any:
     if not body:
         return None
     try:
-        return jsonable(cbor2.loads(body))
+        return jsonable(loads_untrusted(body))
     except Exception:  # noqa: BLE001 -- any undecodable body is shown as bytes
         return {"bytes": base64.b64encode(body).decode()}
 

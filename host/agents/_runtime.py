@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import cbor2
 from pydantic import ValidationError
 
+from mighty._cbor import loads_untrusted
 from mighty._errors import (
     BadInput,
     BudgetExceeded,
@@ -145,7 +146,7 @@ def encode_body(body: Any) -> bytes:
 
 
 def decode_body(data: bytes | None) -> Any:
-    return None if not data else cbor2.loads(data)
+    return None if not data else loads_untrusted(data)
 
 
 class RemoteRouter(Protocol):
@@ -1303,7 +1304,7 @@ class Runtime:
         the ask may take the shortest path (:meth:`AgentProcess.run_here`). An agent on
         another node: the default budget's timeout plus a second."""
         data = self._ask(to, name, b"" if body is None else cbor2.dumps(body), timeout, sender)
-        return cbor2.loads(data) if data else None
+        return loads_untrusted(data) if data else None
 
     def ask_future(
         self, to: str, name: str, body: Any = None, *, sender: str = HOST

@@ -37,6 +37,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import ConsumerConfig, StorageType, StreamConfig
 
+from mighty._cbor import loads_untrusted
 from mighty._errors import MightyError
 from mighty.abi import Err
 from mighty.agents import AgentCrashed, AgentError, AgentProcess, NoProc
@@ -213,7 +214,7 @@ class _Consumer(threading.Thread):
         except nats.js.errors.KeyNotFoundError:
             return
         try:
-            state = cbor2.loads(entry.value)
+            state = loads_untrusted(entry.value)
         except Exception:  # noqa: BLE001 -- cbor2 raises many kinds on garbage
             state = None
         ids = state.get("ids") if isinstance(state, dict) else None

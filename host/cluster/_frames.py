@@ -20,6 +20,7 @@ from typing import Any
 
 import cbor2
 
+from mighty._cbor import loads_untrusted
 from mighty._errors import HostError
 
 __all__ = [
@@ -116,7 +117,7 @@ def decode(data: bytes, *, max_frame: int = MAX_FRAME) -> Frame:
     if len(data) > max_frame:
         raise FrameError(f"frame of {len(data)} bytes (limit {max_frame})", reason="size")
     try:
-        raw = cbor2.loads(data)
+        raw = loads_untrusted(data)
     except Exception as exc:  # noqa: BLE001 -- cbor2 raises many kinds on garbage
         raise FrameError(f"not CBOR: {type(exc).__name__}", reason="garbage") from None
     if not isinstance(raw, dict):

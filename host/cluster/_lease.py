@@ -31,6 +31,7 @@ import nats.errors
 import nats.js.errors
 from pydantic import ValidationError
 
+from mighty._cbor import loads_untrusted
 from mighty._errors import MightyError
 from mighty.cluster._config import ClusterSupervisorModel
 from mighty.cluster._node import ClusterError, Node
@@ -173,7 +174,7 @@ class SupervisorLease:
             raise _Away from None
         value = entry.value or b""
         try:
-            data = cbor2.loads(value) if len(value) <= _MAX_LEASE else None
+            data = loads_untrusted(value) if len(value) <= _MAX_LEASE else None
         except Exception:  # noqa: BLE001 -- cbor2 raises many kinds on garbage
             data = None
         if not isinstance(data, dict):

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import cbor2
+from mighty._cbor import loads_untrusted
 
 __all__ = ["Outcome", "ToolCall", "canonical_tool_args", "tool_calls_of"]
 
@@ -154,7 +154,7 @@ def tool_specs(list_tools_answer: Any) -> dict[str, list[dict[str, Any]]]:
 def _body(body: Any) -> Any:
     if isinstance(body, bytes | bytearray) and len(body) <= _MAX_BODY:
         try:
-            return jsonable(cbor2.loads(bytes(body)))
+            return jsonable(loads_untrusted(bytes(body)))
         except Exception:  # noqa: BLE001 - a body that is not CBOR is compared as bytes
             return jsonable(body)
     return jsonable(body)
