@@ -16,6 +16,8 @@ cbor2 release decodes).
 
 from __future__ import annotations
 
+import io
+import re
 from typing import Any
 
 import cbor2
@@ -89,9 +91,29 @@ def _scan(data: bytes, max_depth: int, max_items: int) -> None:
         raise CBORRefused(f"{end - pos} bytes left after the item")
 
 
+# Every head byte the scan has something to say about: tags (0xc0-0xdb), indefinite lengths
+# (0x1f, 0x3f, ... 0xff), simple values and reserved heads (0xe0-0xf3, 0xf7, 0xf8, 0xfc-0xfe),
+# and 4- and 8-byte lengths of strings, arrays and maps. Data without any of these bytes, short
+# enough that its nesting and item count are under the caps, cannot hold what the scan refuses.
+_NOTEWORTHY = re.compile(
+    rb"[\xc0-\xdf\xe0-\xf3\xf7\xf8\xfc-\xff\x1f\x3f\x5f\x7f\x9f\xbf"
+    rb"\x5a\x5b\x7a\x7b\x9a\x9b\xba\xbb]"
+)
+_SHORT = 64
+
+
 def loads_untrusted(data: bytes, *, max_depth: int = 64, max_items: int = 1 << 20) -> Any:
     """The plain data ``data`` encodes (ints, floats, strings, bytes, lists, maps, bools,
     None); :class:`CBORRefused` for anything else, before cbor2 decodes a byte."""
     raw = bytes(data)
-    _scan(raw, max_depth, max_items)
-    return cbor2.loads(raw)
+    # The commonest body (a small map of ASCII keys and small values) skips the item walk: a
+    # search in C instead of ~1.6 us of Python per host-side ask.
+    if len(raw) > min(_SHORT, max_depth, max_items) or _NOTEWORTHY.search(raw) is not None:
+        _scan(raw, max_depth, max_items)
+        return cbor2.loads(raw)
+    # Short and plain: decode, then check nothing follows the item (cbor2.loads ignores it).
+    stream = io.BytesIO(raw)
+    value = cbor2.CBORDecoder(stream).decode()
+    if stream.tell() != len(raw):
+        raise CBORRefused(f"{len(raw) - stream.tell()} bytes left after the item")
+    return value

@@ -82,3 +82,31 @@ def test_malformed_data_is_refused_without_allocating(data: bytes) -> None:
     are CBORRefused (a cbor2.CBORDecodeError)."""
     with pytest.raises(cbor2.CBORDecodeError):
         loads_untrusted(data)
+
+
+def _reference(data: bytes) -> Any:
+    """The slow path alone: the full scan, then cbor2."""
+    from mighty._cbor import _scan
+
+    _scan(data, 64, 1 << 20)
+    return cbor2.loads(data)
+
+
+@settings(max_examples=1000)
+@given(st.binary(max_size=80) | PLAIN.map(cbor2.dumps))
+def test_the_short_path_agrees_with_the_full_scan(data: bytes) -> None:
+    """For any bytes, the short-body path refuses what the full scan refuses and decodes the
+    rest to the same value."""
+    try:
+        expected: Any = _reference(data)
+    except (cbor2.CBORDecodeError, RecursionError) as exc:
+        expected = type(exc)
+    try:
+        got: Any = loads_untrusted(data)
+    except (cbor2.CBORDecodeError, RecursionError) as exc:
+        got = type(exc)
+    if isinstance(expected, type) or isinstance(got, type):
+        assert isinstance(got, type) and issubclass(got, cbor2.CBORDecodeError)
+        assert isinstance(expected, type)
+    else:
+        assert got == expected or (got != got and expected != expected)  # NaN
