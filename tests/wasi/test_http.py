@@ -470,3 +470,19 @@ def test_a_request_without_authority_is_an_invalid_uri() -> None:
         ),
     )
     assert call(ctx, H, "handle", request, None) == Err(Variant("HTTP-request-URI-invalid"))
+
+
+def test_a_clone_is_charged_to_the_instance() -> None:
+    """fields.clone counts against max_held_header_bytes; past it the guest traps (no error
+    case in the WIT), and a clone of a response's uncharged headers is charged too."""
+    from mighty.gate import GuestViolation
+
+    ctx = make_ctx(Policy().with_http_limits(max_held_header_bytes=10_000))
+    fields = obj(ctx, _ok(call(ctx, T, "[static]fields.from-list", [("a", b"v" * 4_000)])))
+    copy = obj(ctx, call(ctx, T, "[method]fields.clone", fields))
+    assert call(ctx, T, "[method]fields.entries", copy) == [("a", b"v" * 4_000)]
+    with pytest.raises(GuestViolation, match="max_held_header_bytes"):
+        call(ctx, T, "[method]fields.clone", fields)
+    uncharged = _http._Fields(None, [("b", b"w" * 1_000)], immutable=True)
+    assert isinstance(call(ctx, T, "[method]fields.clone", uncharged), Handle)
+    assert ctx.slot(_http._STATE).held_header_bytes == 2 * 4_001 + 1_001
