@@ -54,7 +54,6 @@ from mighty.build._inputs import (
     compute_digest,
     find_worlds,
     input_files,
-    installed_distributions,
     wasi_deps,
 )
 
@@ -177,7 +176,7 @@ def build_component(
         world=world,
         tool_version=version,
         # An isolated build sees no installed distribution, and is not a plain build's twin.
-        distributions=installed_distributions() if site_packages else ["(isolated)"],
+        distributions=None if site_packages else ["(isolated)"],
     )
     builds = cache_root() / "builds"
     cached_path = builds / f"{digest}.wasm"

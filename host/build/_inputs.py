@@ -16,9 +16,22 @@ first design): editing one start message in ``mighty.toml`` rebuilt every agent 
 asking componentize-py which modules it bundled (only known after the build it would skip).
 
 componentize-py also appends a site-packages directory to the guest's path by itself (from
-``$VIRTUAL_ENV``, else the running interpreter's). Hashing those trees would cost more than the
-build, so the key covers the installed distributions' names and versions instead: an upgrade
-invalidates, an edit inside an installed (non-editable) package does not.
+``$VIRTUAL_ENV``, else the running interpreter's). The key covers the installed distributions
+the import graph *reaches* there (:func:`reached_distributions`): a name the handler's files
+import that is neither local, nor in the standard library, nor a binding componentize-py
+generates, is looked up in those site-packages; the distribution that provides it counts by
+``name==version``, and so does every installed distribution it requires, transitively (its
+``Requires-Dist``, markers ignored: a superset is safe). A module lying in site-packages outside
+any distribution counts by its bytes, like a local one. Everything else installed there is not
+read by the build's result: componentize-py bundles no site-packages file the guest did not
+import while it was pre-initialised. (The directory *listing* of site-packages does end up in
+the snapshot heap, in the import system's path cache; the component's bytes are not
+reproducible anyway, docs/determinism.md, and the listing changes nothing a handler runs.)
+Rejected: every installed distribution (the first design: any ``pip install`` of an unrelated
+package, say the ``mcp`` extra, threw away every cached build, 3.4 s -> 313 s for ``mty run``,
+and two venvs never shared one); hashing the site-packages trees (costs more than the build);
+hashing the reached distributions' files (an upgrade changes the version, and an edit inside an
+installed, non-editable package is not something the cache should chase).
 
 WASI interfaces: componentize-py bundles no WIT for ``wasi:`` packages, so a world importing
 ``wasi:http/outgoing-handler`` fails "package 'wasi:http@0.2.0' not found" unless its WIT folder
@@ -42,6 +55,7 @@ import hashlib
 import importlib.metadata
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -52,10 +66,12 @@ __all__ = [
     "find_worlds",
     "input_files",
     "installed_distributions",
+    "reached_distributions",
+    "site_package_paths",
     "wasi_deps",
 ]
 
-_DIGEST_VERSION = "mighty-build/2"
+_DIGEST_VERSION = "mighty-build/3"
 """Names the build recipe too (staging, environment): bump it when ``_build.py`` changes how
 componentize-py runs, so old cache entries are not served for the new recipe."""
 
@@ -210,11 +226,17 @@ def compute_digest(
     wit: Path,
     world: str,
     tool_version: str,
-    distributions: Sequence[str] = (),
+    distributions: Sequence[str] | None = None,
+    site_paths: Sequence[Path] | None = None,
 ) -> str:
     """sha256 hex over everything a build reads: the handler's import graph
-    (:func:`build_inputs`), WIT, world, module, tool version and the installed distributions
-    componentize-py may bundle from.
+    (:func:`build_inputs`), WIT (and the WASI WIT the build adds), world, module, the
+    componentize-py version (which fixes the guest CPython, its standard library and the
+    bindings it generates) and the installed distributions the import graph reaches
+    (:func:`reached_distributions` over ``site_paths``, default :func:`site_package_paths`).
+
+    ``distributions`` replaces that last part with a fixed list (an isolated build, which sees
+    no site-packages, passes a marker of its own).
     """
     h = hashlib.sha256()
 
@@ -227,10 +249,18 @@ def compute_digest(
         field("file", rel, str(len(data)))
         h.update(data)
 
+    inputs = build_inputs(module, roots)
+    if distributions is None:
+        paths = site_package_paths() if site_paths is None else list(site_paths)
+        distributions, loose = reached_distributions(inputs, roots, paths)
+    else:
+        loose = []
     field(_DIGEST_VERSION, "componentize-py", tool_version, "world", world, "module", module)
     field("distributions", str(len(distributions)), *distributions)
+    field("loose", str(len(loose)))
+    for rel, path in loose:
+        content(rel, path)
     field("roots", str(len(roots)))
-    inputs = build_inputs(module, roots)
     field("files", str(len(inputs)))
     for index, rel, path in inputs:
         field("root", str(index))
@@ -246,6 +276,108 @@ def compute_digest(
         for rel, path in added:
             content(rel, path)
     return h.hexdigest()
+
+
+# Modules componentize-py generates (or ships inside its own guest) for every build: they come
+# with the tool version and the WIT, both in the key, never from site-packages.
+_GENERATED = frozenset(
+    {
+        "wit_world",
+        "componentize_py_types",
+        "componentize_py_runtime",
+        "componentize_py_async_support",
+        "poll_loop",
+    }
+)
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _normal(name: str) -> str:
+    # PEP 503: "Typing_Extensions" and "typing-extensions" are one distribution.
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def reached_distributions(
+    inputs: Sequence[BuildInput], roots: Sequence[Path], site_paths: Sequence[Path]
+) -> tuple[list[str], list[tuple[str, Path]]]:
+    """What of ``site_paths`` the import graph ``inputs`` reaches: the ``name==version`` of the
+    distributions providing the names it imports (and everything they require, transitively),
+    sorted, and the files of modules found there that no distribution owns, as
+    ``(relative posix path, path)``.
+
+    Only names found in no root, not in the standard library and not generated by
+    componentize-py are looked up; a name found nowhere (a typo, a module the build will report
+    missing) adds nothing.
+    """
+    wanted: set[str] = set()
+    for _, _, path in inputs:
+        if path.suffix == ".py":
+            wanted |= _imported_names(path)
+    wanted -= sys.stdlib_module_names
+    wanted -= _GENERATED
+    wanted = {name for name in wanted if _resolve(name, roots) is None}
+    present = {name for name in wanted if _resolve(name, site_paths) is not None}
+    if not present:
+        return [], []
+    dists = list(importlib.metadata.distributions(path=[str(p) for p in site_paths]))
+    by_name: dict[str, importlib.metadata.Distribution] = {}
+    owner: dict[str, str] = {}
+    for dist in dists:
+        name = dist.metadata["Name"]
+        if not name or _normal(name) in by_name:
+            continue  # the first on the path wins, as for imports
+        by_name[_normal(name)] = dist
+        for top in _top_level_names(dist):
+            owner.setdefault(top, _normal(name))
+    reached: set[str] = set()
+    pending: list[str] = []
+    loose: list[tuple[str, Path]] = []
+    for name in sorted(present):
+        if name in owner:
+            pending.append(owner[name])
+            continue
+        found = _resolve(name, site_paths)
+        if found is not None:
+            loose.extend(found[1])
+    while pending:
+        key = pending.pop()
+        if key in reached or key not in by_name:
+            continue
+        reached.add(key)
+        for requirement in by_name[key].requires or ():
+            match = _REQUIREMENT_NAME.match(requirement)
+            if match:
+                pending.append(_normal(match[1]))
+    listed = sorted(f"{by_name[k].metadata['Name']}=={by_name[k].version}" for k in reached)
+    return listed, sorted(loose)
+
+
+def _top_level_names(dist: importlib.metadata.Distribution) -> set[str]:
+    text = dist.read_text("top_level.txt")
+    if text:
+        return {line.strip() for line in text.splitlines() if line.strip()}
+    names: set[str] = set()
+    for file in dist.files or ():
+        first = file.parts[0] if file.parts else ""
+        if first.endswith(".py"):
+            names.add(first[:-3])
+        elif first and "." not in first and first != "__pycache__":
+            names.add(first)
+        elif "." in first and len(file.parts) == 1 and first.split(".")[-1] in ("so", "pyd"):
+            names.add(first.split(".")[0])  # a top-level extension module
+    return names
+
+
+def site_package_paths() -> list[Path]:
+    """The site-packages directories componentize-py appends to the guest's path: the
+    ``$VIRTUAL_ENV``'s, else the running interpreter's."""
+    venv = os.environ.get("VIRTUAL_ENV")
+    if venv:
+        found = [*Path(venv).glob("lib/python*/site-packages"), Path(venv, "Lib", "site-packages")]
+        return [p for p in found if p.is_dir()]
+    import site
+
+    return [Path(p) for p in site.getsitepackages() if Path(p).is_dir()]
 
 
 _WIT_SUFFIXES = frozenset({".wit"})
@@ -335,15 +467,8 @@ def find_worlds(wit: Path) -> list[str]:
 
 
 def installed_distributions() -> list[str]:
-    """``name==version`` of every distribution componentize-py can see besides our ``-p`` paths."""
-    paths: list[str] | None = None
-    venv = os.environ.get("VIRTUAL_ENV")
-    if venv:
-        found = [*Path(venv).glob("lib/python*/site-packages"), Path(venv, "Lib", "site-packages")]
-        paths = [str(p) for p in found if p.is_dir()]
-    dists = (
-        importlib.metadata.distributions()
-        if paths is None
-        else importlib.metadata.distributions(path=paths)
-    )
+    """``name==version`` of every distribution componentize-py can see besides our ``-p`` paths
+    (``mty cache`` and diagnostics; the build key covers only :func:`reached_distributions`)."""
+    paths = [str(p) for p in site_package_paths()]
+    dists = importlib.metadata.distributions(path=paths)
     return sorted({f"{d.metadata['Name']}=={d.version}" for d in dists})
