@@ -47,6 +47,7 @@ from pathlib import Path
 
 from mighty._cachedir import atomic_copy, cache_root
 from mighty._errors import BadInput, BuildError
+from mighty.build._check import check_export_names, check_syntax, syntax_inputs
 from mighty.build._diagnose import diagnose
 from mighty.build._inputs import (
     BuildInput,
@@ -183,6 +184,9 @@ def build_component(
     hit = _cache_hit(cached_path, output, digest, started)
     if hit is not None:
         return hit
+    # What componentize-py would fail on only after a panic or a minute: named here at once.
+    check_export_names(wit, world)
+    check_syntax(syntax_inputs(build_inputs(source.stem, roots)))
     builds.mkdir(parents=True, exist_ok=True)
     # One builder per digest at a time (pytest-xdist workers, parallel `mty build`s): the others
     # wait here, then find the cache entry the first one published.
