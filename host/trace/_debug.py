@@ -6,12 +6,13 @@ export returned) until the person at the prompt says how far to go. So what you 
 is what the guest does, checked against the trace as it goes; a divergence shows up at the
 point it happens.
 
-Commands (one per line; blank repeats nothing): ``step`` (next event), ``next`` (next export
-call), ``continue`` (to a breakpoint or the end), ``break [X]`` (stop at instance X, interface
-X or function X; without X, list breakpoints), ``delete X``, ``peek N`` (what is known of
-instance N: its latest calls and imports), ``print msg`` (the event in flight, in full),
-``bt`` (instance -> export call -> import), ``list`` (events around this one), ``help``,
-``quit``.
+Commands: see :data:`HELP` (what ``help`` prints, plain text: it used to print the lines of
+this docstring, reST backticks and all). ``next`` stops at the next export call *or* breakpoint,
+whichever comes first, as a debugger's "step over" does (it used to run past breakpoints to the
+end of the replay).
+
+The component is compiled before the first event when the cache does not hold it (a minute for
+a large one): ``progress`` hears about it, default to stderr (:func:`replay_trace`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,25 @@ from mighty.trace._replay import (
     replay_trace,
 )
 
-__all__ = ["Debugger"]
+__all__ = ["HELP", "Debugger"]
 
 _HISTORY = 200
+
+HELP = (
+    "step (s)          the next event: an export call, an import answered, an export return",
+    "next (n)          the next export call, or a breakpoint before it",
+    "continue (c)      run to a breakpoint or the end",
+    "break X (b)       stop at instance X, interface X, function X or interface#function",
+    "break             list the breakpoints",
+    "delete X (d)      remove breakpoint X",
+    "print (p)         the event in flight, in full",
+    "bt                instance -> export call -> import",
+    "list (l)          the events around this one",
+    "peek N            what is known of instance N: its latest calls and imports",
+    "help (h)          this text",
+    "quit (q)          end the session",
+)
+"""What ``help`` prints, one command a line."""
 
 
 @dataclass
@@ -78,9 +95,12 @@ class Debugger:
         instance: int | None = None,
         agent: str | None = None,
         limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         """``instance`` or ``agent`` (an address such as ``kv:3`` or a registered name, as
-        :func:`replay_trace` takes) limits the replay to one agent."""
+        :func:`replay_trace` takes) limits the replay to one agent. ``progress`` hears about a
+        compile before the first event (default: to stderr)."""
+        self._progress = progress
         self.trace = Path(trace)
         self.limits = limits
         self._agent = agent
@@ -107,6 +127,7 @@ class Debugger:
                 agent=self._agent,
                 observer=self._observe,
                 limits=self.limits,
+                progress=self._progress,
             )
             self._events.put(_Finished(report=report))
         except BaseException as exc:  # noqa: BLE001 - reported at the prompt
@@ -134,7 +155,7 @@ class Debugger:
             self.close()
             return ["bye"], True
         if verb in ("h", "help"):
-            return [line.strip() for line in (__doc__ or "").splitlines()[7:15]], False
+            return list(HELP), False
         if verb in ("b", "break"):
             if not rest:
                 return [f"breakpoint: {b}" for b in sorted(self.breakpoints)] or [
@@ -158,7 +179,7 @@ class Debugger:
         if verb in ("s", "step"):
             return self._advance(lambda _e: True), False
         if verb in ("n", "next"):
-            return self._advance(lambda e: e.kind == "call"), False
+            return self._advance(lambda e: e.kind == "call" or self._hits_breakpoint(e)), False
         if verb in ("c", "continue"):
             return self._advance(self._hits_breakpoint), False
         return [f"unknown command {verb!r} (try help)"], False

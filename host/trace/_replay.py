@@ -26,8 +26,11 @@ magic, all before it is read whole.
 from __future__ import annotations
 
 import hashlib
+import sys
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +154,16 @@ class ReplayAborted(Exception):
 
 
 Observer = Callable[[ReplayEvent], None]
+
+Progress = Callable[[str], None]
+"""Receives a line when a wait starts (compiling a component the cache does not hold: a
+minute for a large one) and ``done in N s`` when it ends."""
+
+
+def _stderr_progress(message: str) -> None:
+    # The default, as the sandbox's: a replay that compiles for a minute says so, terminal or not.
+    with suppress(OSError, ValueError):
+        print(f"mighty.trace: {message}", file=sys.stderr, flush=True)
 
 
 class _StopReplay(Exception):
@@ -511,6 +524,7 @@ def replay_trace(
     agent: str | None = None,
     component_dirs: Sequence[Path] = (),
     store: ComponentStore | None = None,
+    progress: Progress | None = None,
 ) -> ReplayReport:
     """Replay a trace (or one instance of it); return the report or raise on divergence.
 
@@ -523,8 +537,10 @@ def replay_trace(
     report is then where it diverges.
     ``observer`` sees every call, import and export as it is replayed (the debugger pauses
     there); raising :class:`ReplayAborted` from it ends the replay. ``limits`` caps every
-    recorded budget and the component files read (see :class:`ReplayLimits`).
+    recorded budget and the component files read (see :class:`ReplayLimits`). ``progress``
+    hears about the compile of a component the cache does not hold (default: to stderr).
     """
+    report_to = progress or _stderr_progress
     canonical: dict[int, tuple[dict[str, Any], bytes]] = {}
     with TraceReader(path) as reader:
         groups = _group(reader, canonical)
@@ -551,9 +567,9 @@ def replay_trace(
                 offset=head["@"],
             )
         if substitute:
-            component = _read_component(Path(substitute), None, limits)
+            component = _read_component(Path(substitute), None, limits, report_to)
         else:
-            component = _load(head, components, limits, component_dirs, store)
+            component = _load(head, components, limits, component_dirs, store, report_to)
         replayer = _Replayer(instance_id, observer, counter, canonical)
         report = InstanceReport(instance_id, head["component"])
         steps = deque(records[1:])
@@ -732,7 +748,9 @@ def _replay_export(
     )
 
 
-def _read_component(path: Path, size: int | None, limits: ReplayLimits) -> Component:
+def _read_component(
+    path: Path, size: int | None, limits: ReplayLimits, progress: Progress | None = None
+) -> Component:
     """The component in ``path``, checked before it is read whole: a regular file (opened
     without blocking, so a FIFO cannot hang the replay), at most ``limits.component_bytes``
     (and ``size`` when the trace recorded one), starting with the wasm magic."""
@@ -744,7 +762,19 @@ def _read_component(path: Path, size: int | None, limits: ReplayLimits) -> Compo
         head=_check_magic,
         head_size=len(_WASM_MAGIC),
     )
-    return Component.load(data)
+    if progress is None:
+        return Component.load(data)
+    started = time.monotonic()
+    said: list[str] = []
+
+    def report(message: str) -> None:
+        said.append(message)
+        progress(message.replace("<bytes>", str(path)))
+
+    component = Component.load(data, progress=report)
+    if said:
+        progress(f"done in {time.monotonic() - started:.1f} s")
+    return component
 
 
 def _check_magic(head: bytes) -> None:
@@ -772,6 +802,7 @@ def _load(
     limits: ReplayLimits,
     component_dirs: Sequence[Path] = (),
     store: ComponentStore | None = None,
+    progress: Progress | None = None,
 ) -> Component:
     sha = str(head["component"])
     recorded = head.get("size")
@@ -794,7 +825,7 @@ def _load(
             continue
         try:
             # Checked before it is read: a regular file, within the limit, of the recorded size.
-            loaded = _read_component(candidate, size, limits)
+            loaded = _read_component(candidate, size, limits, progress)
         except HostError as exc:
             looked.append(f"{candidate} ({exc.message})")
             continue
@@ -805,7 +836,7 @@ def _load(
         looked.append(f"{directory}/*.wasm")
         for candidate in sorted(Path(directory).glob("*.wasm")):
             if candidate.is_file() and (size is None or candidate.stat().st_size == size):
-                loaded = _read_component(candidate, size, limits)
+                loaded = _read_component(candidate, size, limits, progress)
                 if loaded.sha256 == sha:
                     return loaded
     raise HostError(
