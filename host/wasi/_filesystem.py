@@ -5,13 +5,25 @@ Every path goes through :mod:`mighty.wasi._paths` (host directories) or
 Rights follow WASI: a preopen's descriptor has ``read`` and, unless the grant is read-only,
 ``mutate-directory``; ``open-at`` refuses ``write``, ``mutate-directory``, ``create`` and
 ``truncate`` unless its base has ``mutate-directory`` (``read-only``), so no descriptor ever
-has more rights than the one it came from. Directory mutations without ``mutate-directory``
-fail with ``read-only``; reading or writing a file opened without ``read``/``write`` fails with
-``not-permitted``.
+has more rights than the one it came from. A directory opened with ``open-at`` gets its parent
+directory's rights, whatever flags the guest asked for (as wasmtime does): a ``:rw`` grant is
+writable all the way down, a read-only one read-only all the way down. Rejected: keeping only
+the flags the guest asked for, the WIT's letter: the preview1 adapter never asks for
+``mutate-directory`` and wasi-libc only for O_WRONLY/O_RDWR, so every create, rename or unlink
+below a directory such a guest opened failed ``read-only`` inside a writable grant (37 of the
+72 tests of the official wasi-testsuite). Directory mutations without ``mutate-directory`` fail
+with ``read-only``; reading or writing a file opened without ``read``/``write`` fails with
+``bad-descriptor`` (POSIX's EBADF, and wasmtime's answer).
 
 Choices:
-- ``symlink-at`` is always ``not-permitted``: a guest-made symlink is an escape tool, and
-  existing in-root symlinks are enough for guests that only read them.
+- ``symlink-at`` works in writable host grants only (``read-only`` elsewhere, ``not-permitted``
+  in memory directories). Its target must be relative and stay beneath the descriptor it was
+  made through, as ``readlink-at`` requires to show one (``not-permitted``); following any link,
+  guest-made or not, is :mod:`mighty.wasi._paths`'s walk, so no link leads out of its grant.
+  Host programs that later walk a writable grant must not follow links in it themselves: a
+  guest can rename a link so that its relative text climbs above the grant (the walk here still
+  refuses it; a host ``open`` would not).
+- A trailing slash (``"file/"``) requires a directory: ``not-directory`` on a file, as POSIX.
 - ``open-at`` opens regular files and directories only (``unsupported`` for FIFOs, devices and
   sockets in a granted directory: opening a FIFO can block the host forever).
 - ``rename-at`` and ``link-at`` between two different preopens are ``cross-device`` (linking a
@@ -56,7 +68,15 @@ from mighty.abi import Err, Ok, Variant
 from mighty.gate import Binding, GuestContext, GuestViolation, Handle, ResourceKind, Slot
 from mighty.wasi._clocks import file_clock
 from mighty.wasi._memfs import ENTRY_COST, MemFs, MemNode
-from mighty.wasi._paths import FsError, errno_code, resolve, resolve_depth, stays_beneath
+from mighty.wasi._paths import (
+    FsError,
+    dir_only,
+    errno_code,
+    link_target_ok,
+    resolve,
+    resolve_depth,
+    stays_beneath,
+)
 from mighty.wasi._policy import DirGrant, MemoryDir, Policy
 from mighty.wasi._streams import (
     INPUT_STREAM,
@@ -394,12 +414,12 @@ class Descriptor(_Closeable):
     def need_read(self) -> None:
         self.need_file()
         if "read" not in self.flags:
-            raise FsError("not-permitted", "descriptor not opened for reading")
+            raise FsError("bad-descriptor", "descriptor not opened for reading")
 
     def need_write(self) -> None:
         self.need_file()
         if "write" not in self.flags or self.preopen.readonly:
-            raise FsError("not-permitted", "descriptor not opened for writing")
+            raise FsError("bad-descriptor", "descriptor not opened for writing")
 
     def need_modify(self) -> None:
         """Changing this object's own metadata (times): write on files, mutate on dirs."""
@@ -414,6 +434,8 @@ class Descriptor(_Closeable):
 
     def check_open(self, open_flags: frozenset[str], flags: frozenset[str]) -> None:
         self.need_dir()
+        if "directory" in open_flags and open_flags & {"create", "exclusive", "truncate"}:
+            raise FsError("invalid", "open-at cannot create or truncate a directory")
         wants = bool(flags & {"write", "mutate-directory"} or open_flags & {"create", "truncate"})
         if wants:
             self.need_mutate()
@@ -422,7 +444,12 @@ class Descriptor(_Closeable):
         return self.flags
 
     def symlink_at(self, _ctx: GuestContext, _old: str, _new: str) -> None:
-        raise FsError("not-permitted", "guests may not create symbolic links")
+        self.need_mutate()
+        raise FsError("not-permitted", "memory directories hold no symbolic links")
+
+    def dir_rights(self) -> frozenset[str]:
+        """What a directory opened beneath this one gets: this one's rights (see the module)."""
+        return self.flags & _DIR_RIGHTS
 
     def advise(self, _ctx: GuestContext, _offset: int, _length: int, _advice: str) -> None:
         self.need_file()
@@ -580,12 +607,14 @@ class HostDescriptor(Descriptor):
             how |= os.O_CREAT | (os.O_EXCL if "exclusive" in open_flags else 0)
         if "truncate" in open_flags:
             how |= os.O_TRUNC
-        if "directory" in open_flags:
+        if "directory" in open_flags or dir_only(path):
             how |= os.O_DIRECTORY
         if "write" in flags:
             how |= os.O_RDWR if "read" in flags else os.O_WRONLY
         with resolve(self.fd, path, follow="symlink-follow" in path_flags) as (d, name):
             created = "create" in open_flags and not _exists(name, d)
+            if created and dir_only(path):
+                raise FsError("is-directory", "open-at creates files, and the path ends in /")
             if created:
                 self.preopen.charge(ENTRY_COST)
             fd = os.open(name, how, 0o666, dir_fd=d)
@@ -603,9 +632,7 @@ class HostDescriptor(Descriptor):
             os.close(fd)
             raise
         is_dir = st.S_ISDIR(mode)
-        rights = (
-            frozenset(flags) & _DIR_RIGHTS if is_dir else frozenset(flags) - {"mutate-directory"}
-        )
+        rights = self.dir_rights() if is_dir else frozenset(flags) - {"mutate-directory"}
         desc = HostDescriptor(self.state, self.preopen, fd, rights, is_dir)
         return ctx.new(DESCRIPTOR, desc)
 
@@ -646,6 +673,20 @@ class HostDescriptor(Descriptor):
             raise FsError("illegal-byte-sequence", "the link target is not UTF-8") from None
         return target
 
+    def symlink_at(self, _ctx: GuestContext, old: str, new: str) -> None:
+        self.need_mutate()
+        with resolve_depth(self.fd, new, follow=False) as (d, name, depth):
+            if name == "." or _exists(name, d):
+                raise FsError("exist", new)
+            if dir_only(new):
+                raise FsError("no-entry", "a symbolic link's path may not end in /")
+            link_target_ok(depth, old)
+            self.preopen.charge(ENTRY_COST)
+            os.symlink(old, name, dir_fd=d)
+            self.state.touch_fd(d)
+            if self.state.times is not None:
+                self.state.touch(os.stat(name, dir_fd=d, follow_symlinks=False), data=True)
+
     def rename_at(self, _ctx: GuestContext, old: str, new_desc: Descriptor, new: str) -> None:
         self.need_mutate()
         new_desc.need_mutate()
@@ -655,6 +696,12 @@ class HostDescriptor(Descriptor):
             resolve(self.fd, old, follow=False) as (d1, n1),
             resolve(new_desc.fd, new, follow=False) as (d2, n2),
         ):
+            if dir_only(new) and not st.S_ISDIR(
+                os.stat(n1, dir_fd=d1, follow_symlinks=False).st_mode
+            ):
+                raise FsError(
+                    "not-directory", "only a directory can be renamed to a path ending in /"
+                )
             os.rename(n1, n2, src_dir_fd=d1, dst_dir_fd=d2)
             self.state.touch_fd(d1)
             self.state.touch_fd(d2)
@@ -677,6 +724,8 @@ class HostDescriptor(Descriptor):
             resolve(self.fd, old, follow="symlink-follow" in old_flags) as (d1, n1),
             resolve(new_desc.fd, new, follow=False) as (d2, n2),
         ):
+            if dir_only(new) and not _exists(n2, d2):
+                raise FsError("no-entry", "a hard link's path may not end in /")
             self.preopen.charge(ENTRY_COST)
             os.link(n1, n2, src_dir_fd=d1, dst_dir_fd=d2, follow_symlinks=False)
             self.state.touch_fd(d2)
@@ -971,11 +1020,7 @@ class MemDescriptor(Descriptor):
             raise FsError("is-directory", name)
         if "truncate" in open_flags:
             self.fs.truncate(node, 0)
-        rights = (
-            frozenset(flags) & _DIR_RIGHTS
-            if node.is_dir
-            else frozenset(flags) - {"mutate-directory"}
-        )
+        rights = self.dir_rights() if node.is_dir else frozenset(flags) - {"mutate-directory"}
         return ctx.new(DESCRIPTOR, MemDescriptor(self.state, self.preopen, node, rights))
 
     def create_directory_at(self, _ctx: GuestContext, path: str) -> None:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from mighty._errors import BadInput
-from mighty.wasi._paths import FsError, split_path
+from mighty.wasi._paths import FsError, dir_only, split_path
 
 __all__ = ["ENTRY_COST", "MemFs", "MemNode"]
 
@@ -171,6 +171,10 @@ class MemFs:
             if not child.is_dir:
                 raise FsError("not-directory", part)
             stack.append(child)
+        if name != "." and dir_only(path):
+            node = (stack[-1].children or {}).get(name)
+            if node is not None and not node.is_dir:
+                raise FsError("not-directory", f"{name!r} is not a directory")
         yield stack[-1], name
 
     @staticmethod

@@ -16,7 +16,15 @@ being followed out of the root.
 
 Symlink choice: symlinks that stay beneath the base are followed (intermediate components
 always, the last one with ``symlink-follow``), as the WASI path-resolution rules describe;
-anything else is refused. Guests cannot create symlinks (``symlink-at`` is refused).
+anything else is refused. Guests may create symlinks in writable grants (``symlink-at``), with
+targets that :func:`link_target_ok` accepts; whoever made a link, following it is this walk,
+so a link's text can never take a path out of its base (absolute, climbing, swapped between
+calls, pointing into another grant: each is ``not-permitted`` when followed).
+
+Trailing slashes: ``"file/"`` names ``file`` only if it is a directory (POSIX), so the walk
+follows a last component that ends in ``/`` and a non-directory there is ``not-directory``
+(:func:`dir_only` says which paths). Rejected: passing ``name/`` to the kernel, which follows a
+symlink in that last component itself, beneath nobody's checks.
 
 As the WIT says, the boundary is the *base descriptor*, not the preopen: ``../x`` relative to a
 descriptor for ``/data/a`` is ``not-permitted`` even though ``/data/x`` is in the preopen.
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +56,9 @@ __all__ = [
     "MAX_PATH",
     "MAX_SYMLINKS",
     "FsError",
+    "dir_only",
     "errno_code",
+    "link_target_ok",
     "resolve",
     "resolve_depth",
     "split_path",
@@ -148,6 +159,26 @@ def split_path(path: str) -> list[str]:
     return parts
 
 
+def dir_only(path: str) -> bool:
+    """Whether ``path`` ends in a slash (or ``/.``): its last component must be a directory."""
+    stripped = path.rstrip("/")
+    return stripped not in ("", ".") and path.endswith(("/", "/."))
+
+
+def link_target_ok(depth: int, target: str) -> None:
+    """Refuse (``FsError``) a target for a guest-made symlink in a directory ``depth`` below
+    the base: NUL (``invalid``), empty (``no-entry``), absolute or climbing above the base
+    (``not-permitted``), over-long (``name-too-long``). Following is checked again anyway;
+    this keeps the link's text from naming anything outside (readlink shows only such links)."""
+    if target == "":
+        raise FsError("no-entry", "empty symbolic link target")
+    if target.startswith("/"):
+        raise FsError("not-permitted", "a symbolic link may not point to an absolute path")
+    split_path(target)
+    if not stays_beneath(depth, target):
+        raise FsError("not-permitted", "a symbolic link may not point above its directory")
+
+
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -200,6 +231,19 @@ def stays_beneath(depth: int, target: str) -> bool:
     return True
 
 
+def _walked(parent: int, name: str, depth: int, path: str) -> tuple[int, str, int]:
+    """The walk's result; ``not-directory`` if ``path`` ends in ``/`` and names a non-directory
+    (an absent name passes: the operation decides what a missing one means)."""
+    if name != "." and dir_only(path):
+        try:
+            mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return parent, name, depth
+        if not stat.S_ISDIR(mode):
+            raise FsError("not-directory", f"{name!r} is not a directory")
+    return parent, name, depth
+
+
 @contextmanager
 def resolve_depth(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, str, int]]:
     """:func:`resolve`, also yielding how many directories below ``base`` ``dir_fd`` is."""
@@ -218,7 +262,8 @@ def resolve_depth(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, 
                 name = "."
                 continue
             last = not queue
-            if last and not follow:
+            # "x/" names what x leads to: a last component before a slash is always followed.
+            if last and not follow and not dir_only(path):
                 name = part
                 break
             try:
@@ -247,7 +292,7 @@ def resolve_depth(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, 
                 raise FsError("loop", "too many symbolic links")
             queue.extendleft(reversed(_link_parts(target)))
             name = "."
-        yield (stack[-1] if stack else base), name, len(stack)
+        yield _walked(stack[-1] if stack else base, name, len(stack), path)
     except OSError as exc:
         raise FsError(errno_code(exc), exc.strerror or "") from None
     finally:
