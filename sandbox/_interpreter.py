@@ -8,10 +8,13 @@ that keeps those exact bytes, whatever later builds do.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,19 +35,35 @@ _loaded: Component | None = None
 Progress = Callable[[str], None]
 
 
+_TICK = re.compile(r": \d+ s$")
+_last_tick = [0.0]
+
+
 def _default_progress(message: str) -> None:
-    if sys.stderr.isatty():
+    # Terminal or not (a script's first Sandbox() builds for minutes; a log should say so): each
+    # step's first line and "done", the build's per-second ticks at most every 10 s.
+    if _TICK.search(message):
+        if time.monotonic() - _last_tick[0] < 10.0:
+            return
+        _last_tick[0] = time.monotonic()
+    with contextlib.suppress(OSError, ValueError):
         print(f"mighty.sandbox: {message}", file=sys.stderr, flush=True)
 
 
 def interpreter_component(progress: Progress | None = None) -> Component:
     """The compiled interpreter, building and compiling it the first time (tens of seconds,
-    reported through ``progress``; default: to stderr when it is a terminal)."""
+    reported through ``progress``; default: to stderr, terminal or not)."""
     global _loaded  # noqa: PLW0603 - one compiled interpreter per process
     with _lock:
         if _loaded is not None:
             return _loaded
-        report = progress or _default_progress
+        started = time.monotonic()
+        reported: list[str] = []
+
+        def report(message: str) -> None:
+            reported.append(message)
+            (progress or _default_progress)(message)
+
         directory = cache_root() / "sandbox"
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=".interpreter.", suffix=".wasm", dir=directory)
@@ -64,4 +83,6 @@ def interpreter_component(progress: Progress | None = None) -> Component:
         finally:
             tmp.unlink(missing_ok=True)
         _loaded = Component.load(final, progress=report)
+        if reported:  # built or compiled: say when the wait is over
+            report(f"done in {time.monotonic() - started:.1f} s: the interpreter is ready")
         return _loaded

@@ -45,7 +45,8 @@ class Waits:
         self.tick = _tick() if tick is None else tick
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._step: list[Any] | None = None  # [message, started, announced, last line]
+        # [message, started, announced, last line printed, last report from the library]
+        self._step: list[Any] | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -71,6 +72,7 @@ class Waits:
                 # The library's own tick of the step under way ("building x.py: 3 s"): not a
                 # new step. Shown at the ticker's pace, not every second.
                 now = time.monotonic()
+                step[4] = now
                 if announce and now - step[3] >= self.tick:
                     step[3] = now
                     _echo(message)
@@ -80,7 +82,7 @@ class Waits:
             _echo(message)
         with self._lock:
             now = time.monotonic()
-            self._step = [message, now, announce, now]
+            self._step = [message, now, announce, now, 0.0]
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._ticker, name="mty-progress", daemon=True
@@ -114,8 +116,11 @@ class Waits:
                 self._wake.wait(max(0.0, wake - time.monotonic()))
                 if self._step is not step or self._closed or time.monotonic() < wake:
                     continue
-                if time.monotonic() - step[3] < self.tick / 2:
-                    continue  # the library just said how it goes
+                if time.monotonic() - step[4] < self.tick:
+                    # The library ticks this step itself ("building x.py: 80 s"), shown at our
+                    # pace: a line of ours too would be a second printer ("... still building
+                    # x.py, 80 s" beside "building x.py: 91 s").
+                    continue
                 elapsed = time.monotonic() - started
                 step[3] = time.monotonic()
                 if announced:

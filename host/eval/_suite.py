@@ -359,12 +359,14 @@ class Suite:
     ) -> SuiteReport:
         """Run every cell; ``on_cell`` hears each result as it is decided (any thread).
 
-        Component members are built (a ``source``) and compiled first, one at a time, telling
-        ``progress`` about waits (the first build of a handler takes tens of seconds)."""
+        Component members are built (a ``source``) and compiled first, one at a time, and the
+        code-mode interpreter too when a code cell will run, telling ``progress`` about waits
+        (the first build of a handler takes tens of seconds): no cell's time includes a build."""
         started = time.monotonic()
         cases = {c.name: self._loaded(c) for c in self.cases}
         members = {
-            m.name: _Once(functools.partial(_load_member, m, self.base)) for m in self.members
+            m.name: _Once(functools.partial(_load_member, m, self.base, progress))
+            for m in self.members
         }
         gates: dict[str, _Once] = {}
         gates_lock = threading.Lock()
@@ -386,6 +388,11 @@ class Suite:
         for name in dict.fromkeys(m.name for _, m in cells if m.kind == "component"):
             with suppress(Exception):  # a member that cannot load is an error in its cells
                 members[name].get()
+        if any(m.kind == "code" for _, m in cells):
+            from mighty.sandbox._interpreter import interpreter_component
+
+            with suppress(Exception):  # a cell that needs it reports the failure itself
+                interpreter_component(progress)
         if self.workers == 1 or len(cells) <= 1:
             results = [one(c) for c in cells]
         else:
