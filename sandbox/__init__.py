@@ -35,7 +35,7 @@ from mighty.sandbox._snapshot import (
     SnapshotMismatch,
     SnapshotTooLarge,
 )
-from mighty.sandbox._tools import Tool
+from mighty.sandbox._tools import Tool, ToolHost
 from mighty.wasi import DirGrant, MemoryDir
 
 __all__ = [
@@ -57,5 +57,6 @@ __all__ = [
     "SnapshotMismatch",
     "SnapshotTooLarge",
     "Tool",
+    "ToolHost",
     "interpreter_component",
 ]

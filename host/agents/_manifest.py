@@ -41,12 +41,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mighty._errors import BadInput
 from mighty._resources import agent_sdk, agent_wit
 from mighty.agents._tree import AgentChild, BreakerSettings, SupervisorSpec
-from mighty.agents._types import AgentType, MailboxSettings
+from mighty.agents._types import AgentType, Grants, MailboxSettings
 from mighty.budget import Budget
+from mighty.capabilities import Capabilities, HostTool, McpServer
 from mighty.engine import Component
 from mighty.wasi import Policy
 
-__all__ = ["Manifest", "agent_types", "load_manifest", "state_dir", "supervisor_spec"]
+__all__ = [
+    "Manifest",
+    "agent_types",
+    "capabilities",
+    "load_manifest",
+    "state_dir",
+    "supervisor_spec",
+]
 
 _UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
 _UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
@@ -81,6 +89,35 @@ class HttpGrantModel(_Model):
     allow_private: bool = False
 
 
+class McpModel(_Model):
+    command: list[str] | None = None
+    url: str | None = None
+    token: str | None = None
+    """Where a bearer token for ``url`` is: ``"${ENV_VAR}"`` or ``"@path/to/file"``."""
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    tools: list[str] | None = None
+    timeout: float = Field(60.0, gt=0)
+    connect_timeout: float = Field(30.0, gt=0)
+    max_message: int | str = 4 << 20
+
+    @field_validator("max_message")
+    @classmethod
+    def _max_message(cls, value: int | str) -> int | str:
+        _size(value)
+        return value
+
+
+class CapabilityModel(_Model):
+    """One ``[capabilities.NAME]``: exactly one of ``tool``, ``mcp`` and ``http``."""
+
+    tool: str | None = None
+    """A host tool: ``module:function``, imported with the manifest's directory on the path."""
+    timeout: float | None = Field(None, gt=0)
+    mcp: McpModel | None = None
+    http: list[str | HttpGrantModel] | None = None
+
+
 class AgentTypeModel(_Model):
     source: str | None = None
     component: str | None = None
@@ -96,6 +133,14 @@ class AgentTypeModel(_Model):
     mailbox: MailboxModel = MailboxModel()
     hibernate_after: float | None = Field(None, gt=0)
     durable: bool = False
+    capabilities: list[str] = []
+    """Names from ``[capabilities]`` (``files`` or ``files.read`` for one tool of a server)."""
+    spawns: list[str] = []
+    """Agent types its agents may spawn (``"*"``: any); none by default."""
+    messages: list[str] = ["*"]
+    """Agent types or registered names its agents may send to and ask; any by default."""
+    inspects: list[str] = []
+    """Agent types whose bodies its agents may read with ``__inspect`` (introspect on)."""
 
     @field_validator("memory")
     @classmethod
@@ -146,6 +191,8 @@ class Manifest(_Model):
     workers: int | None = Field(None, ge=1)
     runtime: RuntimeModel = RuntimeModel()
     agents: dict[str, AgentTypeModel]
+    capabilities: dict[str, CapabilityModel] = {}
+    """Host tools, MCP servers and HTTP grants, granted to agent types by name."""
     supervisor: SupervisorModel = SupervisorModel()
     start: list[StartModel] = []
     introspect: bool = False
@@ -176,6 +223,7 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
         )
         raise BadInput(f"{path}: {problems}") from None
     _check_tree(manifest, manifest.supervisor)
+    _check_grants(path, manifest)
     if manifest.runtime.state_dir is None:
         for name, spec in manifest.agents.items():
             if spec.durable or spec.hibernate_after is not None:
@@ -184,6 +232,66 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
                     "[runtime] state_dir"
                 )
     return manifest, path.resolve().parent
+
+
+def _check_grants(path: Path, manifest: Manifest) -> None:
+    """Every granted name is declared (types for spawns; capabilities for capabilities)."""
+    for name, spec in manifest.agents.items():
+        for granted in spec.spawns:
+            if granted != "*" and granted not in manifest.agents:
+                raise BadInput(f"{path}: agent type {name!r} spawns unknown type {granted!r}")
+        for granted in spec.capabilities:
+            server, dot, _tool = granted.partition(".")
+            declared = manifest.capabilities.get(granted if not dot else server)
+            if declared is None or (dot and declared.mcp is None):
+                known = ", ".join(sorted(manifest.capabilities)) or "none are declared"
+                raise BadInput(
+                    f"{path}: agent type {name!r} is granted {granted!r}, which is not in "
+                    f"[capabilities] ({known})"
+                )
+    for name, cap in manifest.capabilities.items():
+        kinds = [k for k in ("tool", "mcp", "http") if getattr(cap, k) is not None]
+        if len(kinds) != 1:
+            raise BadInput(f"{path}: [capabilities.{name}] needs exactly one of tool, mcp and http")
+
+
+def capabilities(manifest: Manifest, base: Path) -> Capabilities:
+    """The manifest's ``[capabilities]`` as a registry: host tools imported (the manifest's
+    directory first on the path), MCP servers' paths relative to the manifest."""
+    registry = Capabilities()
+    for name, cap in manifest.capabilities.items():
+        try:
+            if cap.tool is not None:
+                fn = HostTool(name, cap.tool, cap.timeout).load(base).fn
+                registry = registry.with_tool(name, fn, timeout=cap.timeout)
+            elif cap.mcp is not None:
+                mcp = cap.mcp
+                registry = registry.with_mcp(
+                    McpServer(
+                        name,
+                        command=tuple(mcp.command or ()),
+                        url=mcp.url,
+                        token=_file_relative(mcp.token, base),
+                        env=mcp.env,
+                        cwd=str(base / mcp.cwd) if mcp.cwd is not None else str(base),
+                        tools=None if mcp.tools is None else frozenset(mcp.tools),
+                        timeout=mcp.timeout,
+                        connect_timeout=mcp.connect_timeout,
+                        max_message=_size(mcp.max_message),
+                    )
+                )
+            else:
+                grants = _http_policy(name, cap.http or [], base, Policy()).http.grants
+                registry = registry.with_http(name, *grants)
+        except BadInput as exc:
+            raise BadInput(f"[capabilities.{name}]: {exc}") from None
+    return registry
+
+
+def _file_relative(token: str | None, base: Path) -> str | None:
+    if token is not None and token.startswith("@") and not token.startswith("@/"):
+        return "@" + str(base / token[1:])
+    return token
 
 
 def state_dir(manifest: Manifest, base: Path) -> Path | None:
@@ -205,11 +313,19 @@ def _check_tree(manifest: Manifest, node: SupervisorModel) -> None:
 
 
 def agent_types(
-    manifest: Manifest, base: Path, progress: Callable[[str], None] | None = None
+    manifest: Manifest,
+    base: Path,
+    progress: Callable[[str], None] | None = None,
+    registry: Capabilities | None = None,
 ) -> list[AgentType]:
-    """Build or load every agent type's component and turn the settings into AgentTypes."""
+    """Build or load every agent type's component and turn the settings into AgentTypes.
+
+    ``registry``: the manifest's capabilities (:func:`capabilities`), whose HTTP grants are
+    merged into the policies of the types granted them."""
     from mighty.build import build_component
 
+    if registry is None:
+        registry = capabilities(manifest, base)
     types: list[AgentType] = []
     for name, spec in manifest.agents.items():
         if (spec.source is None) == (spec.component is None):
@@ -250,7 +366,19 @@ def agent_types(
             # Read-only unless asked for, as on the command line and in Policy.with_dir.
             readonly = not (len(parts) == 3 and parts[2] == "rw")
             policy = policy.with_dir(host, parts[1], readonly=readonly)
-        policy = _http_policy(name, spec, base, policy)
+        policy = _http_policy(name, spec.http, base, policy)
+        if spec.http_limits:
+            try:
+                policy = policy.with_http_limits(**spec.http_limits)
+            except (BadInput, TypeError) as exc:
+                raise BadInput(f"agent type {name!r}: http_limits: {exc}") from None
+        for named in registry.http_grants(spec.capabilities):
+            policy = policy.with_http(
+                named.origin,
+                methods=named.methods,
+                secrets=named.secrets,
+                allow_private=named.allow_private,
+            )
         types.append(
             AgentType(
                 name,
@@ -264,17 +392,27 @@ def agent_types(
                 policy=policy,
                 hibernate_after=spec.hibernate_after,
                 durable=spec.durable,
+                grants=Grants(
+                    spawn=frozenset(spec.spawns),
+                    message=frozenset(spec.messages),
+                    inspect=frozenset(spec.inspects),
+                    tools=frozenset(
+                        g for g in spec.capabilities if registry.kind_of(g, name) != "http"
+                    ),
+                ),
             )
         )
     return types
 
 
-def _http_policy(name: str, spec: AgentTypeModel, base: Path, policy: Policy) -> Policy:
-    """The agent type's wasi:http grants and limits (file secrets relative to the manifest)."""
+def _http_policy(
+    name: str, entries: list[str | HttpGrantModel], base: Path, policy: Policy
+) -> Policy:
+    """``policy`` with these wasi:http grants (file secrets relative to the manifest)."""
     from mighty.wasi import Secret
 
     try:
-        for entry in spec.http:
+        for entry in entries:
             grant = HttpGrantModel(origin=entry) if isinstance(entry, str) else entry
             secrets = []
             for header, value in grant.secrets.items():
@@ -289,8 +427,6 @@ def _http_policy(name: str, spec: AgentTypeModel, base: Path, policy: Policy) ->
                 secrets=secrets,
                 allow_private=grant.allow_private,
             )
-        if spec.http_limits:
-            policy = policy.with_http_limits(**spec.http_limits)
     except (BadInput, TypeError) as exc:
         raise BadInput(f"agent type {name!r}: http: {exc}") from None
     return policy

@@ -26,6 +26,7 @@ __all__ = [
     "CircuitOpen",
     "CircuitOpenError",
     "Envelope",
+    "Grants",
     "HandlerFailed",
     "MailboxFullError",
     "MailboxSettings",
@@ -126,6 +127,43 @@ class MailboxSettings:
     block_timeout: float = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Grants:
+    """What an agent of a type may do beyond itself. The host (the Python API, ``[[start]]``)
+    and the owner of the control socket hold every grant; an agent holds only these.
+
+    ``spawn``: the agent types it may spawn (``"*"``: any); none by default.
+    ``message``: the agent types or registered names it may send to or ask (``"*"``: any, the
+    default; a remote address ``node:type:pid`` is checked by its type).
+    ``inspect``: the agent types whose message bodies it may read with ``ask(x, "__inspect")``
+    when the runtime's introspect switch is on; none by default.
+    ``tools``: the capabilities it may call (names in the runtime's
+    :class:`mighty.capabilities.Capabilities`); none by default.
+    """
+
+    spawn: frozenset[str] = frozenset()
+    message: frozenset[str] = frozenset({"*"})
+    inspect: frozenset[str] = frozenset()
+    tools: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for what in ("spawn", "message", "inspect", "tools"):
+            value = getattr(self, what)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise BadInput(f"grants: {what} is a set of names, got {value!r}")
+            object.__setattr__(self, what, frozenset(value))
+
+    def may_spawn(self, agent_type: str) -> bool:
+        return "*" in self.spawn or agent_type in self.spawn
+
+    def may_message(self, agent_type: str | None, name: str | None) -> bool:
+        allowed = self.message
+        return "*" in allowed or agent_type in allowed or name in allowed
+
+    def may_inspect(self, agent_type: str | None) -> bool:
+        return "*" in self.inspect or agent_type in self.inspect
+
+
 @dataclass(frozen=True)
 class AgentType:
     """A kind of agent: its component, protocol, budgets, mailbox and grants.
@@ -146,6 +184,8 @@ class AgentType:
     """Seconds idle before an agent is hibernated (None: only ``Runtime.hibernate``)."""
     durable: bool = False
     """Store the state after every handled message; it outlives the runtime (a state_dir)."""
+    grants: Grants = field(default_factory=Grants)
+    """What its agents may spawn, message, inspect and call (:class:`Grants`)."""
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
