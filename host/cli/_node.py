@@ -22,6 +22,7 @@ from mighty._errors import BadInput
 from mighty.agents import level_number
 from mighty.cli._main import _control_refused, _control_socket, _errors
 from mighty.cli._progress import Waits
+from mighty.cli._reach import check_nats_reachable
 from mighty.cli._run import _OutputWriter, _Signals, _start_messages, _summary
 
 __all__ = ["node_command"]
@@ -72,6 +73,7 @@ def node_command(
         if servers:
             data["servers"] = list(servers)
         config = parse_cluster(data).resolve(base)
+        check_nats_reachable(config.servers, min(config.connect_timeout, 5.0))  # before builds
         with Waits(not quiet) as show:
             types = agent_types(spec, base, show)
         recorder = _recorder(record, name or config.node)
