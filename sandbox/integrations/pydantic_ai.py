@@ -15,6 +15,14 @@ exception, a limit, a tool error) is a ``ModelRetry`` carrying the message and t
 so the model can correct its code. Each ``run_code`` call is recorded to ``record_dir`` when it
 is given, for ``mty replay``.
 
+The ``run_code`` description lists each wrapped tool as a typed stub, as
+``Sandbox.describe_tools()`` does for Python tools: parameter and return types are read from the
+tool's JSON schemas (``string`` -> ``str``, ``anyOf`` -> ``A | B``, ``$ref`` -> the model's
+name...) and a parameter's default is its schema's ``default`` (``= ...`` when the schema gives
+none); an argument the code leaves out is not sent, so pydantic-ai fills in the real default.
+Settings are checked when the toolset is made (``record_dir`` may be a ``str``: it is made a
+``Path``), not at the first ``run_code`` inside the user's agent run.
+
 Rejected: a ``Sandbox`` per ``run_code`` call (its tools are fixed when it is made, but making
 one per call costs its pool); the sandbox is made once per set of tool definitions, and the
 tool functions find the current call's ``ToolManager`` through a context variable.
@@ -26,6 +34,7 @@ import contextvars
 import inspect
 import json
 import keyword
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +50,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
 from typing_extensions import TypedDict
 
-from mighty._errors import Misuse
+from mighty._errors import BadInput, Misuse, WrongType
 from mighty.sandbox import Limits, RunResult, Sandbox, Tool
 
 __all__ = ["MAX_RETRY_OUTPUT", "RUN_CODE_DESCRIPTION", "MightyCodeToolset"]
@@ -105,11 +114,29 @@ class MightyCodeToolset(WrapperToolset[Any]):
     """
 
     limits: Limits = field(default_factory=Limits)
-    record_dir: Path | None = None
+    record_dir: str | os.PathLike[str] | None = None
     max_retries: int = 3
     pool: int = 2
     tool_name: str = "run_code"
     _shared: _Shared = field(default_factory=_Shared, repr=False)
+
+    def __post_init__(self) -> None:
+        # Checked here, not at the first run_code call inside the user's agent run.
+        if not isinstance(self.limits, Limits):
+            raise WrongType(f"limits must be a mighty.sandbox.Limits, got {type(self.limits)}")
+        if self.record_dir is not None:
+            if not isinstance(self.record_dir, str | os.PathLike):
+                raise WrongType(
+                    f"record_dir must be a path (str or Path), got {type(self.record_dir)}"
+                )
+            self.record_dir = Path(self.record_dir)
+            if self.record_dir.exists() and not self.record_dir.is_dir():
+                raise BadInput(f"record_dir {self.record_dir} exists and is not a directory")
+        for name, value in (("max_retries", self.max_retries), ("pool", self.pool)):
+            if type(value) is not int or value < 0:
+                raise BadInput(f"{name} must be an int >= 0, got {value!r}")
+        if not self.tool_name.isidentifier():
+            raise BadInput(f"tool_name must be an identifier, got {self.tool_name!r}")
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
         wrapped = await self.wrapped.get_tools(ctx)
@@ -150,8 +177,9 @@ class MightyCodeToolset(WrapperToolset[Any]):
         call_id = ctx.tool_call_id or "call"
         record = None
         if self.record_dir is not None:
-            self.record_dir.mkdir(parents=True, exist_ok=True)
-            record = self.record_dir / f"{self.tool_name}-{_safe_file(call_id)}.bin"
+            directory = Path(self.record_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+            record = directory / f"{self.tool_name}-{_safe_file(call_id)}.bin"
         token = _CURRENT.set(_Call(manager, call_id))
         try:
             result = await sandbox.run_async(code, record=record)
@@ -199,27 +227,97 @@ def _python_name(name: str, taken: dict[str, str]) -> str:
     return local
 
 
+class _Shown:
+    """A parameter default as the stub shows it (the schema's default, or ``...``); the code
+    never receives it: a left-out argument is not sent (the guest's stub omits it)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_JSON_TYPES = {
+    "string": "str",
+    "integer": "int",
+    "number": "float",
+    "boolean": "bool",
+    "null": "None",
+}
+
+
+def _annotation(schema: Any, depth: int = 0) -> str:
+    """The Python type a JSON schema describes, as stub text (``Any`` when it cannot tell)."""
+    if not isinstance(schema, dict) or depth > 8:
+        return "Any"
+    if isinstance(schema.get("$ref"), str):
+        return schema["$ref"].rsplit("/", 1)[-1] or "Any"
+    for union in ("anyOf", "oneOf"):
+        if isinstance(schema.get(union), list) and schema[union]:
+            parts = list(dict.fromkeys(_annotation(s, depth + 1) for s in schema[union]))
+            return "Any" if "Any" in parts else " | ".join(parts)
+    if "const" in schema:
+        return f"Literal[{schema['const']!r}]"
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return f"Literal[{', '.join(repr(v) for v in schema['enum'])}]"
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " | ".join(_annotation({**schema, "type": k}, depth + 1) for k in kind) or "Any"
+    if kind in _JSON_TYPES:
+        return _JSON_TYPES[kind]
+    if kind == "array":
+        if isinstance(schema.get("prefixItems"), list):
+            items = ", ".join(_annotation(s, depth + 1) for s in schema["prefixItems"])
+            return f"tuple[{items}]"
+        return f"list[{_annotation(schema.get('items'), depth + 1)}]"
+    if kind == "object":
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) and extra:
+            return f"dict[str, {_annotation(extra, depth + 1)}]"
+        return "dict[str, Any]"
+    return "Any"
+
+
 def _tool_function(local: str, definition: ToolDefinition) -> Callable[..., Any]:
-    """An async host function with keyword-only parameters from the tool's JSON schema."""
+    """An async host function with keyword-only parameters from the tool's JSON schema, its
+    types and defaults kept for the stub (:func:`_stubs`)."""
     schema = definition.parameters_json_schema or {}
     properties = schema.get("properties") or {}
     required = set(schema.get("required") or ())
     params = []
-    for pname in properties:
+    for pname, prop in properties.items():
         if not (pname.isidentifier() and not keyword.iskeyword(pname)):
             continue  # not expressible as a keyword argument: pydantic-ai's validation decides
-        default = inspect.Parameter.empty if pname in required else None
-        params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=default))
+        default: Any = inspect.Parameter.empty
+        if pname not in required:
+            shown = "..."
+            if isinstance(prop, dict) and "default" in prop:
+                shown = repr(prop["default"])
+            default = _Shown(shown)
+        params.append(
+            inspect.Parameter(
+                pname,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=_annotation(prop),
+            )
+        )
     if schema.get("additionalProperties", True) is not False or len(params) < len(properties):
         params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
     target = definition.name
+    returns = (
+        _annotation(definition.return_schema)
+        if definition.return_schema is not None
+        else inspect.Signature.empty
+    )
 
     async def call(**kwargs: Any) -> Any:
         current = _CURRENT.get()
         if current is None:
             raise Misuse("a code-mode tool was called outside a run_code call")
-        # Arguments left at their default are not sent: pydantic-ai fills in the real default.
-        args = {k: v for k, v in kwargs.items() if v is not None or k in required}
+        # A left-out argument is not sent: pydantic-ai fills in the real default.
+        args = {k: v for k, v in kwargs.items() if not isinstance(v, _Shown)}
         part = ToolCallPart(
             tool_name=target,
             args=args,
@@ -229,15 +327,38 @@ def _tool_function(local: str, definition: ToolDefinition) -> Callable[..., Any]
 
     call.__name__ = local
     call.__doc__ = definition.description or ""
-    call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    call.__signature__ = inspect.Signature(params, return_annotation=returns)  # type: ignore[attr-defined]
     return call
+
+
+def _signature_text(signature: inspect.Signature) -> str:
+    """``(*, title: str, limit: int = 5) -> int``: annotations bare, as a stub writes them."""
+    pieces: list[str] = []
+    star = False
+    for param in signature.parameters.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            pieces.append(f"**{param.name}")
+            continue
+        if param.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            pieces.append("*")
+            star = True
+        text = param.name
+        if param.annotation is not inspect.Parameter.empty:
+            text += f": {param.annotation}"
+        if param.default is not inspect.Parameter.empty:
+            text += f" = {param.default!r}"
+        pieces.append(text)
+    tail = ""
+    if signature.return_annotation is not inspect.Signature.empty:
+        tail = f" -> {signature.return_annotation}"
+    return f"({', '.join(pieces)}){tail}"
 
 
 def _stubs(sandbox: Sandbox) -> str:
     lines = []
     for tool in sandbox.tools.values():
         doc = (inspect.getdoc(tool.fn) or "").strip()
-        lines.append(f"async def {tool.name}{tool.signature}: ...")
+        lines.append(f"async def {tool.name}{_signature_text(tool.signature)}: ...")
         if doc:
             lines.extend(f"    # {line}" for line in doc.splitlines()[:20])
     return "\n".join(lines) + "\n"

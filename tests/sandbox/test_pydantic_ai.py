@@ -165,3 +165,70 @@ def test_long_output_of_a_failed_run_is_cut_for_the_model(interpreter: object) -
     assert "line 10\n" not in replies[0]
     assert "characters cut]" in replies[0]
     assert len(replies[0]) < MAX_RETRY_OUTPUT + 2000
+
+
+def _description(toolset: MightyCodeToolset) -> str:
+    """The run_code description the model is given for ``toolset``."""
+    from pydantic_ai import RunContext
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.usage import RunUsage
+
+    ctx: RunContext[None] = RunContext(deps=None, model=TestModel(), usage=RunUsage())
+    tools = asyncio.run(toolset.get_tools(ctx))
+    return tools["run_code"].tool_def.description or ""
+
+
+def test_description_shows_types_and_real_defaults(interpreter: object) -> None:
+    """The stub of each tool has its parameter and return types and its real defaults."""
+    toolset: FunctionToolset[None] = FunctionToolset()
+
+    @toolset.tool_plain
+    def year(title: str) -> int:
+        """The year a film came out."""
+        return 1999
+
+    @toolset.tool_plain
+    def search(
+        query: str, limit: int = 5, lang: str | None = None, tags: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Search the catalogue."""
+        return []
+
+    code = MightyCodeToolset(toolset)
+    try:
+        text = _description(code)
+    finally:
+        code.close()
+    assert "async def year(*, title: str) -> int: ..." in text
+    assert (
+        "async def search(*, query: str, limit: int = 5, lang: str | None = None,"
+        " tags: list[str] | None = None) -> list[dict[str, Any]]: ..."
+    ) in text
+
+
+def test_a_default_left_out_is_filled_by_pydantic_ai(interpreter: object) -> None:
+    """An argument the code leaves out gets the tool's own default, not the stub's text."""
+    output, _, _ = run(["await convert(celsius=100)"])
+    assert output == "212.0"
+
+
+def test_record_dir_as_a_string(interpreter: object, tmp_path: Path) -> None:
+    """record_dir="rec" (a str) works: each run_code call is recorded under it."""
+    folder = tmp_path / "rec"
+    _, replies, _ = run(["6 * 7"], record_dir=str(folder))
+    assert replies == ["42"]
+    assert [t.name for t in folder.glob("*.bin")] == ["run_code-c0.bin"]
+
+
+def test_bad_settings_are_refused_at_construction(tmp_path: Path) -> None:
+    """A record_dir that is not a path, or is a file, and a negative pool fail at once."""
+    from mighty._errors import BadInput, WrongType
+
+    tools: FunctionToolset[None] = FunctionToolset()
+    with pytest.raises(WrongType, match="record_dir must be a path"):
+        MightyCodeToolset(tools, record_dir=3)  # type: ignore[arg-type]
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BadInput, match="not a directory"):
+        MightyCodeToolset(tools, record_dir=tmp_path / "file")
+    with pytest.raises(BadInput, match="pool must be"):
+        MightyCodeToolset(tools, pool=-1)
