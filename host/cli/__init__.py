@@ -8,6 +8,7 @@ from mighty.cli._node import migrate_command, node_command
 from mighty.cli._observe import inspect_agents_command, top_command
 from mighty.cli._run import reload_command, run_command
 from mighty.cli._sandbox import exec_command
+from mighty.cli._send import ask_command, send_command
 
 # Commands living in their own modules join the group here, once `main` exists.
 main.add_command(exec_command, "exec")
@@ -22,5 +23,7 @@ main.add_command(inspect_command, "wit")
 main.add_command(eval_command, "eval")
 main.add_command(inspect_agents_command, "inspect")
 main.add_command(top_command, "top")
+main.add_command(send_command, "send")
+main.add_command(ask_command, "ask")
 
 __all__ = ["main", "parse_size"]

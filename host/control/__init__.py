@@ -5,7 +5,13 @@ Opt in by setting ``RUNTIME_CONTROL_SOCK`` to a path; the runtime serves its ops
 """
 
 from mighty.control._client import request
-from mighty.control._ops import MAX_ADDRESS, UnknownAgent, application_ops, runtime_ops
+from mighty.control._ops import (
+    MAX_ADDRESS,
+    MAX_ASK_TIMEOUT,
+    UnknownAgent,
+    application_ops,
+    runtime_ops,
+)
 from mighty.control._protocol import ENV_VAR, PROTOCOL_VERSION, ControlError
 from mighty.control._server import (
     IDLE_TIMEOUT,
@@ -21,6 +27,7 @@ __all__ = [
     "ENV_VAR",
     "IDLE_TIMEOUT",
     "MAX_ADDRESS",
+    "MAX_ASK_TIMEOUT",
     "MAX_FILE_BYTES",
     "PROTOCOL_VERSION",
     "SORT_KEYS",

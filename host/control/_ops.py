@@ -1,5 +1,12 @@
-"""The ops a running system serves on the control socket: ``inspect``, ``top``, ``status``,
-``reload``.
+"""The ops a running system serves on the control socket: ``inspect``, ``top``, ``send``,
+``ask`` (every runtime: `mty run` and `mty node`), ``status``, ``reload``.
+
+``send`` and ``ask`` put one message into an agent's mailbox from outside (`mty send`, `mty ask`:
+try a swapped version on a running system without restarting it); the sender is the host, as
+for a manifest's ``[[start]]`` messages, and a body is JSON (CBOR-encoded for the agent as the
+start messages' are). An ask's reply comes back as JSON (bytes as ``{"bytes": base64}``).
+Rejected: a separate socket or HTTP port for messages (one socket, one permission model: the
+control socket is the owner's, mode 0600).
 
 Each op validates its arguments (a control request is untrusted input: bounded, typed) and
 calls the Python API (``Runtime.inspect``, ``Runtime.top``); the control layer does no work the
@@ -16,10 +23,13 @@ from mighty._errors import BadInput
 if TYPE_CHECKING:
     from mighty.agents import Application, Runtime
 
-__all__ = ["MAX_ADDRESS", "UnknownAgent", "application_ops", "runtime_ops"]
+__all__ = ["MAX_ADDRESS", "MAX_ASK_TIMEOUT", "UnknownAgent", "application_ops", "runtime_ops"]
 
 MAX_ADDRESS = 256
-"""Longest agent address or name an ``inspect`` request may carry."""
+"""Longest agent address or name (or message name) a request may carry."""
+
+MAX_ASK_TIMEOUT = 3600.0
+"""Longest an ``ask`` (or a ``send`` waiting for mailbox room) may be told to wait, seconds."""
 
 
 class UnknownAgent(BadInput):
@@ -54,7 +64,50 @@ def runtime_ops(runtime: Runtime) -> dict[str, Callable[[dict[str, Any]], Any]]:
             raise BadInput(f"top takes no arguments, not {sorted(args)}")
         return runtime.top()
 
-    return {"inspect": inspect, "top": top}
+    def send(args: dict[str, Any]) -> Any:
+        to, name, body, timeout = _message(args, "send")
+        from mighty.agents import NoProc
+
+        try:
+            runtime.send(to, name, body, timeout=5.0 if timeout is None else timeout)
+        except NoProc as exc:
+            raise UnknownAgent(exc.message) from None
+        return {"to": to, "message": name, "sent": True}
+
+    def ask(args: dict[str, Any]) -> Any:
+        to, name, body, timeout = _message(args, "ask")
+        from mighty.agents import NoProc
+        from mighty.agents._introspect import jsonable
+
+        try:
+            reply = runtime.ask(to, name, body, timeout=timeout)
+        except NoProc as exc:
+            raise UnknownAgent(exc.message) from None
+        return {"to": to, "message": name, "reply": jsonable(reply)}
+
+    return {"inspect": inspect, "top": top, "send": send, "ask": ask}
+
+
+def _message(args: dict[str, Any], op: str) -> tuple[str, str, Any, float | None]:
+    """``send``/``ask`` arguments checked: ``to`` and ``message`` (1..MAX_ADDRESS chars),
+    ``body`` (any JSON, default null), ``timeout`` (seconds, optional)."""
+    unknown = set(args) - {"to", "message", "body", "timeout"}
+    if unknown:
+        raise BadInput(f"{op} takes to, message, body and timeout, not {sorted(unknown)}")
+    to, name = args.get("to"), args.get("message")
+    for field, value in (("to", to), ("message", name)):
+        if not isinstance(value, str) or not value or len(value) > MAX_ADDRESS:
+            raise BadInput(f"{op} {field!r} must be a string of 1..{MAX_ADDRESS} chars")
+    timeout = args.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_ASK_TIMEOUT
+    ):
+        raise BadInput(f"{op} 'timeout' must be a number of seconds in (0, {MAX_ASK_TIMEOUT:g}]")
+    assert isinstance(to, str)
+    assert isinstance(name, str)
+    return to, name, args.get("body"), None if timeout is None else float(timeout)
 
 
 def application_ops(app: Application) -> dict[str, Callable[[dict[str, Any]], Any]]:
