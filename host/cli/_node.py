@@ -167,10 +167,11 @@ def _supervise(node: Any, plan: Any, leader: str) -> Any:
 
 
 def _control_server(runtime: Any, node: Any) -> Any:
-    """The control socket (RUNTIME_CONTROL_SOCK): status, and migrate for `mty migrate`."""
+    """The control socket (RUNTIME_CONTROL_SOCK): inspect, top, send, ask, status, and
+    migrate for `mty migrate`."""
     import os
 
-    from mighty.control import ENV_VAR, ControlServer
+    from mighty.control import ENV_VAR, ControlServer, runtime_ops
 
     path = os.environ.get(ENV_VAR)
     if not path:
@@ -185,7 +186,9 @@ def _control_server(runtime: Any, node: Any) -> Any:
             raise BadInput("migrate takes {address: str, node: str}")
         return node.migrate(address, target).to_json()
 
-    server = ControlServer(path, {"status": status, "migrate": migrate}).start()
+    # inspect, top, send and ask as `mty run` serves them (`mty inspect` got unknown_op here).
+    ops = {**runtime_ops(runtime), "status": status, "migrate": migrate}
+    server = ControlServer(path, ops).start()
     click.echo(f"mty: control socket at {path}", err=True)
     return server
 
