@@ -2,6 +2,10 @@
 
 Exit status everywhere: 0 ok, 1 the guest failed, 2 bad usage or input, 130 interrupted by
 Ctrl-C (SIGINT), 143 terminated (SIGTERM): the guest call is cancelled cleanly either way.
+`mty call` passes a guest's own exit status through (``wasi:cli/exit``, and a command
+component's ``wasi:cli/run`` result: ok is 0, err is 1), as ``wasmtime run`` does, so that a
+script can tell a guest's success from its failure. Rejected: exit 1 for every guest exit,
+which made ``exit(0)`` a failure.
 Errors are one line on stderr (``mty: error: ...``) and never a Python traceback, unless
 ``MTY_DEBUG=1``.
 
@@ -31,6 +35,7 @@ from mighty._errors import (
     Cancelled,
     CompileError,
     GuestError,
+    GuestExit,
     HostError,
     MightyError,
 )
@@ -43,7 +48,15 @@ if TYPE_CHECKING:
     from mighty.trace import FlushMode, Recorder
     from mighty.wasi import Policy
 
-__all__ = ["broken_pipe", "escape_control", "main", "parse_size", "refuse_internal", "version_text"]
+__all__ = [
+    "broken_pipe",
+    "command_export",
+    "escape_control",
+    "main",
+    "parse_size",
+    "refuse_internal",
+    "version_text",
+]
 
 EXIT_OK = 0
 EXIT_GUEST = 1
@@ -374,10 +387,35 @@ def _agent_defaults(
     return agent_wit(), [*python_path, agent_sdk()]
 
 
+_GUEST_ARGV = "mty.call.guest_argv"
+_COMMAND_EXPORT = re.compile(r"^wasi:cli/run(@[^#]*)?#run$")
+
+
+class _CallCommand(click.Command):
+    """`mty call`: what follows the first bare ``--`` is the guest's own argument list, never
+    options of ours (``mty call X.wasm -- -v file`` reads like ``wasmtime run X.wasm -v file``).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta[_GUEST_ARGV] = args[at + 1 :]
+            args = args[:at]
+        return super().parse_args(ctx, args)
+
+
+def command_export(component: Component) -> str | None:
+    """The name of ``component``'s ``wasi:cli/run`` export, if it is a command."""
+    for name in component.export_functions():
+        if _COMMAND_EXPORT.match(name):
+            return name
+    return None
+
+
 # Negative numbers are JSON arguments, not options: `mty call x.wasm add 1 -5`.
-@main.command(context_settings={"ignore_unknown_options": True})
+@main.command(cls=_CallCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("component", type=click.Path(path_type=Path))
-@click.argument("func")
+@click.argument("func", required=False)
 @click.argument("args", nargs=-1)
 @click.option("--fuel", type=click.IntRange(min=1), help="Fuel for the call (default 10^10).")
 @click.option("--memory", type=_Size(), help="Linear memory ceiling, e.g. 64MiB (default 256MiB).")
@@ -395,6 +433,11 @@ def _agent_defaults(
 )
 @click.option(
     "--arg", "guest_args", multiple=True, metavar="A", help="Argument for the guest; repeatable."
+)
+@click.option(
+    "--argv0",
+    metavar="NAME",
+    help="The guest's argv[0] (a command's default: the component's file name).",
 )
 @click.option(
     "--stdin",
@@ -453,13 +496,14 @@ def _agent_defaults(
 @click.option("-q", "--quiet", is_flag=True, help="No progress messages.")
 def call(
     component: Path,
-    func: str,
+    func: str | None,
     args: Sequence[str],
     fuel: int | None,
     memory: int | None,
     timeout: float | None,
     env: Sequence[str],
     guest_args: Sequence[str],
+    argv0: str | None,
     stdin: Path | None,
     dirs: Sequence[str],
     clock: str,
@@ -475,8 +519,12 @@ def call(
 
     The guest runs on mighty's WASI with nothing granted but what the options give it. Its
     stdout and stderr are captured: printed to ours, or fields of the --json object.
+
+    A command component (one exporting wasi:cli/run) runs like `wasmtime run`: `mty call
+    X.wasm [OPTIONS] -- ARGS...` (FUNC left out), argv[0] is X.wasm's file name unless
+    --argv0, and the guest's exit status is ours (with --json, the `exit_code` field).
     """
-    from mighty.abi import from_json, to_json
+    from mighty.abi import to_json
     from mighty.budget import Budget
     from mighty.engine import Component
     from mighty.instance import Instance
@@ -484,11 +532,12 @@ def call(
     with _errors(as_json):
         changes: dict[str, Any] = {"fuel": fuel, "memory": memory, "timeout": timeout}
         budget = Budget(**{k: v for k, v in changes.items() if v is not None})
-        policy = _policy(env, guest_args, stdin, dirs, clock, seed)
-        policy = _http(policy, allow_http, http_secrets)
-        decoded = _json_args(args)
         with Waits(not quiet) as show:
             loaded = Component.load(component, progress=show)
+        func, is_command, argv, args = _call_shape(loaded, component, func, args, argv0, guest_args)
+        policy = _policy(env, argv, stdin, dirs, clock, seed)
+        policy = _http(policy, allow_http, http_secrets)
+        decoded = _json_args(args)
         refuse_internal(loaded, func)
         recorder = _recorder(record, flush)
         try:
@@ -503,23 +552,18 @@ def call(
             raise
         try:
             signature = instance.signature(func)
-            params = signature.params
-            if len(decoded) != len(params):
-                wanted = ", ".join(f"{name}: {ty}" for name, ty in params) or "no arguments"
-                raise BadInput(
-                    f"{func} takes {len(params)} argument(s) ({wanted}), got {len(decoded)}"
-                )
-            values = [
-                from_json(ty, value, name)
-                for (name, ty), value in zip(params, decoded, strict=True)
-            ]
+            values = _typed_args(func, signature.params, decoded)
             try:
                 result, usage = instance.call_with_usage(func, *values, budget=budget)
+            except GuestExit as exc:
+                _guest_exit(exc, instance, as_json=as_json, command=is_command)
             except GuestError as exc:
                 if as_json:
                     _guest_failure_json(exc, instance)
                 _echo_guest_output(instance)
                 raise
+            if is_command:
+                _command_done(result, usage.to_json(), instance, as_json=as_json)
             rendered = None if signature.result is None else to_json(signature.result, result)
             if as_json:
                 document = {"ok": True, "result": rendered, "usage": usage.to_json()}
@@ -724,6 +768,45 @@ def trace_show(path: Path, as_json: bool) -> None:
                 click.echo(f"    {count:6d}  {name}")
 
 
+def _call_shape(
+    loaded: Component,
+    path: Path,
+    func: str | None,
+    args: Sequence[str],
+    argv0: str | None,
+    guest_args: Sequence[str],
+) -> tuple[str, bool, list[str], list[str]]:
+    """(function, whether it is the command's run, the guest's argv, JSON arguments).
+
+    Without FUNC a command's wasi:cli/run is called. A command gets argv[0] (``--argv0`` or
+    the file name), then ``--arg``s, then what followed ``--``; any other function gets its
+    ``--arg``s alone (``--argv0`` first if given), and what followed ``--`` are JSON arguments.
+    """
+    after_dash = click.get_current_context().meta.get(_GUEST_ARGV)
+    command = command_export(loaded)
+    if func is None:
+        if command is None:
+            raise BadInput(
+                f"{path} is not a command (no wasi:cli/run export): name the function to "
+                f"call; it exports: {', '.join(loaded.export_functions()) or 'nothing'}"
+            )
+        func = command
+    if func == command:
+        return func, True, [argv0 or path.name, *guest_args, *(after_dash or [])], list(args)
+    argv = [*([argv0] if argv0 is not None else []), *guest_args]
+    return func, False, argv, [*args, *(after_dash or [])]
+
+
+def _typed_args(func: str, params: Sequence[tuple[str, Any]], decoded: list[Any]) -> list[Any]:
+    """The call's JSON arguments as values of the export's parameter types."""
+    from mighty.abi import from_json
+
+    if len(decoded) != len(params):
+        wanted = ", ".join(f"{name}: {ty}" for name, ty in params) or "no arguments"
+        raise BadInput(f"{func} takes {len(params)} argument(s) ({wanted}), got {len(decoded)}")
+    return [from_json(ty, value, name) for (name, ty), value in zip(params, decoded, strict=True)]
+
+
 def refuse_internal(component: Component, func: str) -> None:
     """BadInput when ``func`` is a toolchain internal (componentize-py's ``exports#init``)."""
     if func in component.export_functions(include_internal=True) and (
@@ -865,6 +948,52 @@ def _guest_failure_json(exc: GuestError, instance: Instance) -> NoReturn:
         code = _signal_exit(exc.signal)
     click.echo(json.dumps(document))
     sys.exit(code)
+
+
+def _exit_status(code: int) -> int:
+    """A guest's exit status as ours: 0-255 as it is; anything else (which a shell would
+    truncate, 256 reading as success) is 1."""
+    return code if 0 <= code <= 255 else EXIT_GUEST
+
+
+def _guest_exit(exc: GuestExit, instance: Instance, *, as_json: bool, command: bool) -> NoReturn:
+    """The guest called wasi:cli/exit: its status becomes ours; 0 is success.
+
+    A command says nothing of its own exit (as ``wasmtime run``); a function call that exits
+    non-zero still gets its one ``mty: error`` line."""
+    status = _exit_status(exc.code)
+    if as_json:
+        document: dict[str, object] = {"ok": status == 0, "exit_code": status}
+        if status == 0 and not command:
+            document["result"] = None  # the function never returned a value
+        elif status != 0:
+            document["error"] = {"kind": exc.kind, "message": exc.message}
+        if exc.usage is not None:
+            document["usage"] = exc.usage.to_json()
+        document.update(_outputs_json(instance))
+        click.echo(json.dumps(document))
+    else:
+        _echo_guest_output(instance)
+        if status != 0 and not command:
+            click.echo(f"mty: error: {escape_control(exc.message)}", err=True)
+    sys.exit(status)
+
+
+def _command_done(result: object, usage: object, instance: Instance, *, as_json: bool) -> NoReturn:
+    """wasi:cli/run returned: ``ok`` is exit status 0, ``err`` 1 (as wasmtime)."""
+    from mighty.abi import Ok
+
+    status = EXIT_OK if isinstance(result, Ok) else EXIT_GUEST
+    if as_json:
+        document: dict[str, object] = {"ok": status == 0, "exit_code": status, "usage": usage}
+        if status != 0:
+            message = "the command's wasi:cli/run returned an error"
+            document["error"] = {"kind": "guest_exit", "message": message}
+        document.update(_outputs_json(instance))
+        click.echo(json.dumps(document))
+    else:
+        _echo_guest_output(instance)
+    sys.exit(status)
 
 
 def _echo_guest_output(instance: Instance) -> None:
