@@ -273,9 +273,10 @@ class Application:
         """Call ``stop`` first when the application shuts down (before the runtime stops)."""
         self._on_shutdown.append(stop)
 
-    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT) -> None:
+    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT, *, interrupt: int | None = None) -> None:
         """Stop what was registered with ``on_shutdown``, then the tree in reverse start order
-        (within ``timeout``), then close the recorder and telemetry. Idempotent."""
+        (within ``timeout``; ``interrupt``, a signal number: running guest calls are interrupted
+        instead of waited for), then close the recorder and telemetry. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -284,7 +285,7 @@ class Application:
                 stop()
         finally:
             try:
-                self.runtime.shutdown(drain=False, timeout=timeout)
+                self.runtime.shutdown(drain=False, timeout=timeout, interrupt=interrupt)
             finally:
                 if self.recorder is not None:
                     self.recorder.close()
@@ -301,11 +302,14 @@ class Application:
         on_started: Callable[[Supervisor], None] | None = None,
         threshold: str | int = 0,
         timeout: float = SHUTDOWN_TIMEOUT,
+        signal: Callable[[], int | None] | None = None,
     ) -> RunReport:
         """``start``, ``send_start``, ``wait``, ``shutdown``: what `mty run` does; the report.
 
-        ``on_started`` is called once the tree runs, before the start messages. The summary is
-        taken after the shutdown, so it counts what the shutdown left unhandled."""
+        ``on_started`` is called once the tree runs, before the start messages. ``signal``
+        says which signal stopped the run, if one did: the shutdown interrupts running guest
+        calls with it. The summary is taken after the shutdown, so it counts what the shutdown
+        left unhandled."""
         replies: list[StartReply] = []
         failures: list[str] = []
         try:
@@ -318,7 +322,7 @@ class Application:
                 )
             self.wait(keep_running=keep_running, interrupted=interrupted)
         finally:
-            self.shutdown(timeout)
+            self.shutdown(timeout, interrupt=None if signal is None else signal())
         return RunReport(
             root.state, replies, failures, self.summary(threshold), interrupted=interrupted()
         )

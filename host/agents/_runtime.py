@@ -110,7 +110,7 @@ from mighty.agents._types import (
     NoProc,
     Refused,
 )
-from mighty.budget import DEFAULT_TIMEOUT, Budget, CallScope
+from mighty.budget import DEFAULT_TIMEOUT, Budget, CallScope, interrupting
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Scope, Seed, Slot
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
@@ -837,10 +837,12 @@ class AgentProcess:
 
     def _crashed(self, envelope: Envelope | None, exc: MightyError) -> str:
         """Record a crash (``_run`` held): the instance is closed; the caller reports it."""
-        self.stats.crashes += 1
         reason = f"{exc.kind}: {exc.message}"
         if isinstance(exc, Cancelled) and exc.reason == "interrupted":
+            if self.runtime._closing:  # a shutdown after a signal: not handled, not a crash
+                return self._abandoned(envelope, reason)
             self._interrupted = exc.signal or signal.SIGINT
+        self.stats.crashes += 1
         if isinstance(exc, BudgetExceeded):
             self.runtime.emit("budget.exhausted", self.address, {"reason": exc.kind})
         self.runtime.emit("agent.crashed", self.address, {"reason": reason})
@@ -850,6 +852,18 @@ class AgentProcess:
             breaker.record_failure()
         if envelope is not None:
             _settle(envelope, error=AgentCrashed(f"{self.address} crashed: {reason}"))
+        with self._state:
+            self.alive = False
+            self._exiting = True
+        self._close_instance()
+        return reason
+
+    def _abandoned(self, envelope: Envelope | None, reason: str) -> str:
+        """A shutdown interrupted the message (``_run`` held): it counts as unhandled."""
+        gone = NoProc(f"{self.address} is gone (shutdown)")
+        # An ask the shutdown gave up on was counted when it was settled.
+        if envelope is not None and (envelope.reply is None or _settle(envelope, error=gone)):
+            self.stats.unhandled += 1
         with self._state:
             self.alive = False
             self._exiting = True
@@ -1588,12 +1602,15 @@ class Runtime:
             if p.stats.unhandled
         }
 
-    def shutdown(self, *, drain: bool = True, timeout: float = 10.0) -> None:
+    def shutdown(
+        self, *, drain: bool = True, timeout: float = 10.0, interrupt: int | None = None
+    ) -> None:
         """Drain (optionally), stop every agent in reverse start order, stop the workers.
 
         Returns within ``timeout`` seconds, whatever the agents do: a message still running at
         the deadline is abandoned (its asker gets NoProc; it counts as unhandled) and its
-        worker closes the instance when it returns.
+        worker closes the instance when it returns. ``interrupt``, a signal number: running
+        guest calls are interrupted at once instead (their messages count as unhandled).
         """
         deadline = time.monotonic() + timeout
         if drain:
@@ -1601,6 +1618,12 @@ class Runtime:
         # From here on a crash buries its agent instead of reporting it, and nothing starts:
         # a supervisor restarting an agent now would race with the stops below.
         self._closing = True
+        with interrupting(interrupt) if interrupt is not None else contextlib.nullcontext():
+            self._stop_all(deadline)
+        if self.hibernation is not None:
+            self.hibernation.close()
+
+    def _stop_all(self, deadline: float) -> None:
         for process in reversed(self.agents()):
             if not process.halt(timeout=deadline - time.monotonic()):
                 current = process.current
@@ -1610,8 +1633,6 @@ class Runtime:
                     process.stats.unhandled += 1
             self._bury(process, "shutdown")
         self.scheduler.stop(timeout=deadline - time.monotonic())
-        if self.hibernation is not None:
-            self.hibernation.close()
 
     def __enter__(self) -> Runtime:
         return self

@@ -7,6 +7,7 @@ from mighty.budget._budget import (
     Budget,
     Meter,
     Usage,
+    interrupting,
     split_wasmtime_error,
     trap_code_of,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "Meter",
     "StopReason",
     "Usage",
+    "interrupting",
     "split_wasmtime_error",
     "trap_code_of",
 ]

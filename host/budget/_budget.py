@@ -17,6 +17,15 @@ scope, the signal that interrupted it and the pause for host time, checked by th
 while guest code runs and by host functions (``ctx.scope``) while the guest waits in the host.
 Rejected: ``Engine.increment_epoch`` from the cancelling thread with a deadline of one tick
 (that interrupts every store of the engine, not just the cancelled one).
+
+Every running call's scope is in one registry (``_ACTIVE``, keyed by its Meter), which the epoch
+callback reads. :func:`interrupting` uses it to stop them all at once: a process that is shutting
+down after a signal (`mty run`'s Ctrl-C) marks every running call interrupted, and every call
+that starts while the block is open, so each stops at its next epoch tick or host check instead
+of being waited for. Rejected: waiting for running calls up to a shutdown timeout and then
+abandoning them (a busy agent held a Ctrl-C'd `mty run` for the whole timeout, 10 s), and
+cancel scopes handed out per agent by the runtime (a call made by a host function, a restart's
+``init`` or a hibernation has none of its own, and a registry of them would be this one again).
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, overload
 
@@ -58,6 +68,7 @@ __all__ = [
     "Budget",
     "Meter",
     "Usage",
+    "interrupting",
     "split_wasmtime_error",
     "trap_code_of",
 ]
@@ -114,6 +125,46 @@ _EPOCH_CALLBACK_T = ctypes.CFUNCTYPE(
 _UPDATE_DEADLINE_CONTINUE = 0
 _ACTIVE: dict[int, CallScope] = {}
 _NEXT_KEY = itertools.count(1)
+
+
+class _Interrupting:
+    """The signal that :func:`interrupting` stops every call with (None: calls run as usual)."""
+
+    signum: int | None = None
+    depth = 0
+
+
+@contextmanager
+def interrupting(signum: int) -> Iterator[int]:
+    """While open, every guest call in the process is interrupted as if ``signum`` had come.
+
+    Running calls stop at their next epoch tick (or their next host check, when they wait in a
+    host function) and calls that start meanwhile stop at their first, each with ``Cancelled``
+    (``reason="interrupted"``, ``by="signal"``). Yields how many calls were running. For a
+    shutdown after a signal: nothing is waited for. Any thread; blocks nest.
+    """
+    if isinstance(signum, bool) or not isinstance(signum, int) or signum <= 0:
+        raise BadInput(f"interrupting() takes a signal number, got {signum!r}")
+    with _INTERRUPTING_LOCK:
+        _Interrupting.depth += 1
+        if _Interrupting.signum is None:
+            _Interrupting.signum = signum
+        # Set before the registry is read (Meter._run reads them the other way round), so a
+        # call that starts now is either in the list below or sees the signal itself.
+        current = _Interrupting.signum
+    running = list(_ACTIVE.values())
+    for scope in running:
+        scope.interrupt(current)
+    try:
+        yield len(running)
+    finally:
+        with _INTERRUPTING_LOCK:
+            _Interrupting.depth -= 1
+            if _Interrupting.depth == 0:
+                _Interrupting.signum = None
+
+
+_INTERRUPTING_LOCK = threading.Lock()
 _now = time.monotonic
 
 _STOP_MESSAGES = {
@@ -271,6 +322,9 @@ class Meter:
             # while the guest is blocked in the host).
             ctx.scope = state
         _ACTIVE[self._key] = state
+        halting = _Interrupting.signum  # read after the registry is written: see interrupting()
+        if halting is not None:
+            state.interrupt(halting)
         started = _now()
         self.entered = True
         try:

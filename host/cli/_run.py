@@ -1,10 +1,11 @@
 """`mty run mighty.toml`: run an agent system until its start messages are done (or Ctrl-C).
 
 The end, either way: the tree is stopped in reverse start order (``Runtime.shutdown``, which
-returns within its deadline), and the summary says, per agent, what was handled and what was
-accepted but left unhandled. Exit status: 0 when everything accepted was handled and nothing
-failed, 1 otherwise, 130 on SIGINT and 143 on SIGTERM (one line, or one JSON object whose error
-kind is ``cancelled``).
+returns within its deadline; after a signal it first interrupts every guest call still running,
+whose message then counts as unhandled, so a busy agent does not hold the exit), and the
+summary says, per agent, what was handled and what was accepted but left unhandled. Exit
+status: 0 when everything accepted was handled and nothing failed, 1 otherwise, 130 on SIGINT
+and 143 on SIGTERM (one line, or one JSON object whose error kind is ``cancelled``).
 
 Signals are only *noted* by the handler, never raised: the main thread may be inside a lock of
 the runtime, a ctypes callback of wasmtime (an agent's ``init`` runs here) or ``Event.wait``,
@@ -114,6 +115,15 @@ class _Signals:
     is_flag=True,
     help="The introspect capability: inspect snapshots and spans carry message bodies.",
 )
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=_SHUTDOWN_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="At the end, how long to wait for messages still running before abandoning them "
+    "(after Ctrl-C or SIGTERM they are interrupted at once).",
+)
 def run_command(
     manifest: Path,
     record: str | None,
@@ -123,6 +133,7 @@ def run_command(
     log_level: str,
     quiet: bool,
     introspect: bool,
+    shutdown_timeout: float,
 ) -> None:
     """Run the agents, supervision tree and start messages of MANIFEST.
 
@@ -175,7 +186,9 @@ def run_command(
             on_reply=replied,
             on_failure=failed,
             threshold=threshold,
-            timeout=_SHUTDOWN_TIMEOUT,
+            timeout=shutdown_timeout,
+            # A signal interrupts the guest calls still running: they are not waited for.
+            signal=lambda: signals.first,
         )
         replies = [r.to_json() for r in report.replies]
         if signals.first is not None:
