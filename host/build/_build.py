@@ -185,8 +185,7 @@ def build_component(
     if hit is not None:
         return hit
     # What componentize-py would fail on only after a panic or a minute: named here at once.
-    check_export_names(wit, world)
-    check_syntax(syntax_inputs(build_inputs(source.stem, roots)))
+    _check_first(source, wit, world, roots)
     builds.mkdir(parents=True, exist_ok=True)
     # One builder per digest at a time (pytest-xdist workers, parallel `mty build`s): the others
     # wait here, then find the cache entry the first one published.
@@ -239,6 +238,7 @@ def build_component(
                 raise BuildError(f"{_TOOL} succeeded but {tmp_path} is not a WebAssembly component")
             _fsync(tmp_path)
             os.replace(tmp_path, cached_path)
+            _share_with_store(cached_path)
         finally:
             tmp_path.unlink(missing_ok=True)
             shutil.rmtree(stage, ignore_errors=True)
@@ -257,6 +257,27 @@ def build_component(
 
 def _ignore(_: str) -> None:
     pass
+
+
+def _check_first(source: Path, wit: Path, world: str, roots: Sequence[Path]) -> None:
+    check_export_names(wit, world)
+    check_syntax(syntax_inputs(build_inputs(source.stem, roots)))
+
+
+def _share_with_store(cached_path: Path) -> None:
+    """Hard-link a new build into the component store (``components/<sha256>.wasm``), where
+    loading it would put a second copy of the same bytes (18 MB each: a build used to be
+    stored twice). Best effort: the store copies it on load when the link cannot be made."""
+    from mighty.engine._store import ComponentStore
+
+    try:
+        target = ComponentStore().path_for(_sha256_file(cached_path))
+        if target.exists():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.link(cached_path, target)
+    except OSError:
+        pass
 
 
 def _source_epoch() -> int:
