@@ -26,6 +26,17 @@ from mighty.cli._main import _control_socket, _errors, _fail, escape_control
 __all__ = ["inspect_agents_command", "top_command"]
 
 _SOCKET_HELP = "Control socket (default: $RUNTIME_CONTROL_SOCK)."
+_PIPED_WIDTH = 10_000
+"""Columns when stdout is not a terminal: a tree or table piped to a file or `less` keeps its
+whole lines (rich assumes 80 columns there, and cut them)."""
+
+
+def _console() -> Any:
+    """A rich console for stdout: the terminal's width, or no practical limit when piped."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else _PIPED_WIDTH
+    return Console(highlight=False, soft_wrap=True, width=width)
 
 
 def _ask(path: str, op: str, args: dict[str, Any], as_json: bool) -> Any:
@@ -60,9 +71,7 @@ def inspect_agents_command(agent: str | None, socket_path: Path | None, as_json:
         if as_json:
             click.echo(json.dumps(result))
             return
-        from rich.console import Console
-
-        console = Console(highlight=False, soft_wrap=True)
+        console = _console()
         if agent:
             console.print(_agent_tree(result))
         else:
@@ -220,9 +229,7 @@ def top_command(
                     )
                 )
             else:
-                from rich.console import Console
-
-                Console(highlight=False).print(_top_view(rows, frame["workers"], sort_key, None))
+                _console().print(_top_view(rows, frame["workers"], sort_key, None))
             return
         _live(path, interval, sort_key)
 
