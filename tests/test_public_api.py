@@ -25,6 +25,7 @@ PACKAGES = [
     "mighty.abi",
     "mighty.agents",
     "mighty.budget",
+    "mighty.capabilities",
     "mighty.build",
     "mighty.cli",
     "mighty.cluster",

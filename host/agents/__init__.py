@@ -16,6 +16,7 @@ from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, Mailbox
 from mighty.agents._manifest import (
     Manifest,
     agent_types,
+    capabilities,
     load_manifest,
     state_dir,
     supervisor_spec,
@@ -130,6 +131,7 @@ __all__ = [
     "WorkerStats",
     "agent_types",
     "broadcast",
+    "capabilities",
     "decode_body",
     "encode_body",
     "level_number",

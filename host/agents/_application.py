@@ -36,6 +36,7 @@ from mighty.agents._manifest import (
     Manifest,
     StartModel,
     agent_types,
+    capabilities,
     load_manifest,
     state_dir,
     supervisor_spec,
@@ -149,7 +150,8 @@ class Application:
             raise BadInput("the manifest has a [cluster] block: run each node with `mty node`")
         self.manifest = manifest
         self.base = Path(base)
-        self.types = agent_types(manifest, self.base, progress)
+        self.capabilities = capabilities(manifest, self.base)
+        self.types = agent_types(manifest, self.base, progress, self.capabilities)
         self.telemetry = telemetry
         self.recorder: Recorder | None = None
         if record is not None:
@@ -164,6 +166,7 @@ class Application:
                 on_event=on_event,
                 introspect=introspect or manifest.introspect,
                 telemetry=telemetry,
+                capabilities=self.capabilities,
             )
         except BaseException:
             if self.recorder is not None:

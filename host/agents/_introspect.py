@@ -225,6 +225,13 @@ def agent_snapshot(
         "wakes": stats.wakes,
         "recent": recent,
         "bodies": bodies,
+        "grants": {
+            "tools": sorted(agent_type.grants.tools),
+            "spawn": sorted(agent_type.grants.spawn),
+            "message": sorted(agent_type.grants.message),
+            "inspect": sorted(agent_type.grants.inspect),
+            "http": [str(g.origin) for g in agent_type.policy.http.grants],
+        },
     }
 
 

@@ -111,6 +111,13 @@ from mighty.agents._types import (
     Refused,
 )
 from mighty.budget import DEFAULT_TIMEOUT, Budget, CallScope, interrupting
+from mighty.capabilities import (
+    AGENT_TOOLS,
+    AgentTools,
+    AgentToolsProvider,
+    Capabilities,
+    CapabilityBroker,
+)
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Scope, Seed, Slot
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
@@ -303,12 +310,20 @@ class AgentProcess:
             policy=self.type.policy,
             gate=self.runtime.gate,
             record=self.runtime.recorder,
-            slots=(self.seed(), LOG_SINK.of(self._wasi_log)),
+            slots=self._slots(),
             agent=self.address,
             agent_name=self.name,
         )
         self._attach_output(instance)
         return instance
+
+    def _slots(self) -> tuple[Seed, ...]:
+        seeds = (self.seed(), LOG_SINK.of(self._wasi_log))
+        granted = self.type.grants.tools
+        if not granted:
+            return seeds
+        tools = AgentTools(self.runtime.broker, granted, self.type.budget.timeout or 60.0)
+        return (*seeds, AGENT_TOOLS.of(tools))
 
     def _init_instance(self) -> Instance:
         """A new instance that ran ``init`` (and, for a durable type, was stored); BadSpawn."""
@@ -948,6 +963,7 @@ class Runtime:
         introspect: bool = False,
         history: int = HISTORY,
         telemetry: Telemetry | None = None,
+        capabilities: Capabilities | None = None,
     ) -> None:
         """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
         written, on the thread running the agent; each agent also keeps its last
@@ -963,12 +979,18 @@ class Runtime:
 
         ``telemetry`` (a :class:`mighty.telemetry.Telemetry`) turns spans, metrics and event
         export on; None (the default) costs nothing on the message path.
+
+        ``capabilities``: the host tools, MCP servers and HTTP grants agent types may be
+        granted by name (``AgentType.grants.tools``); its MCP servers start with the runtime
+        and stop at its shutdown.
         """
         # First: an unusable state_dir raises before any thread starts.
         store = SnapshotStore(state_dir) if state_dir is not None else None
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
-        self.gate = Gate([WasiProvider(), AgentHostProvider(self)])
+        self.capabilities = capabilities if capabilities is not None else Capabilities()
+        self.broker = CapabilityBroker(self.capabilities)
+        self.gate = Gate([WasiProvider(), AgentHostProvider(self), AgentToolsProvider()])
         self._types: dict[str, AgentType] = {}
         self._agents: dict[str, AgentProcess] = {}
         self._names: dict[str, str] = {}
@@ -1012,6 +1034,13 @@ class Runtime:
     # -- types and processes ---------------------------------------------------------------
 
     def register(self, agent_type: AgentType) -> None:
+        granted = self.capabilities.check(
+            agent_type.grants.tools, f"agent type {agent_type.name!r}"
+        )
+        for name in granted:  # the MCP servers it may use start now, in the background
+            client = self.broker.clients.get(name.partition(".")[0])
+            if client is not None:
+                client.start()
         if self.hibernation is None and (agent_type.durable or agent_type.hibernate_after):
             raise BadInput(
                 f"agent type {agent_type.name!r}: hibernate_after and durable need a "
@@ -1622,6 +1651,7 @@ class Runtime:
             self._stop_all(deadline)
         if self.hibernation is not None:
             self.hibernation.close()
+        self.broker.close()
 
     def _stop_all(self, deadline: float) -> None:
         for process in reversed(self.agents()):
@@ -1676,6 +1706,47 @@ def _guest_ask_wait(scope: Scope, requested: float) -> tuple[float, float]:
     return left, left + _HERE_GRACE
 
 
+_ANY = frozenset({"*"})
+
+
+def _listed(names: frozenset[str]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def _target(runtime: Runtime, to: str) -> tuple[str | None, str | None]:
+    """The agent type and registered name behind address ``to`` (None where not known)."""
+    address = runtime.whereis(to)
+    name = to if address is not None else None
+    address = address or to
+    parts = address.split(":")
+    if len(parts) >= 2 and parts[-1].isdigit():
+        return parts[-2], name
+    return None, name
+
+
+def _may_message(runtime: Runtime, process: AgentProcess, to: str, message: str) -> Err | None:
+    """None when ``process`` may send ``message`` to ``to``; the refusal otherwise."""
+    grants = process.type.grants
+    agent_type, name = _target(runtime, to)
+    if not grants.may_message(agent_type, name if name is not None else to):
+        return Err(
+            Variant(
+                "refused",
+                f"{process.address} may not message {to[:200]!r} (its type "
+                f"{process.type.name!r} is granted messages to: {_listed(grants.message)})",
+            )
+        )
+    if message == INSPECT and not (runtime.introspect is False or grants.may_inspect(agent_type)):
+        return Err(
+            Variant(
+                "refused",
+                f"{process.address} may not inspect {to[:200]!r} (its type "
+                f"{process.type.name!r} is granted inspect of: {_listed(grants.inspect)})",
+            )
+        )
+    return None
+
+
 def _agent_error(exc: AgentError) -> Err:
     if isinstance(exc, AskTimeout):
         return Err(Variant("timeout"))
@@ -1705,6 +1776,9 @@ class AgentHostProvider:
 
         def send_raw(ctx: GuestContext, to: str, msg: dict[str, Any]) -> Any:
             process = _process(ctx)
+            denied = _may_message(runtime, process, to, msg["name"])
+            if denied is not None:
+                return denied
             try:
                 runtime.send_raw(to, msg["name"], bytes(msg["body"]), sender=process.address)
             except AgentError as exc:
@@ -1715,6 +1789,11 @@ class AgentHostProvider:
             process = ctx.find(_PROCESS)  # _process, inline: a frame less a guest's ask
             if process is None:
                 return _process(ctx)  # raises
+            grants = process.type.grants
+            if grants.message != _ANY or msg["name"] == INSPECT:
+                denied = _may_message(runtime, process, to, msg["name"])
+                if denied is not None:
+                    return denied
             current = process.current
             chain = (*(current.asker_chain if current is not None else ()), process.address)
             scope = ctx.scope
@@ -1751,6 +1830,15 @@ class AgentHostProvider:
 
         def spawn(ctx: GuestContext, agent_type: str, init: bytes) -> Any:
             process = _process(ctx)
+            if not process.type.grants.may_spawn(agent_type):
+                return Err(
+                    Variant(
+                        "refused",
+                        f"{process.address} may not spawn agents of type {agent_type[:100]!r}"
+                        f" (its type {process.type.name!r} is granted spawn of: "
+                        f"{_listed(process.type.grants.spawn)})",
+                    )
+                )
             try:
                 return Ok(
                     runtime.spawn_process(agent_type, bytes(init), parent=process.address).address

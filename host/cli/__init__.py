@@ -1,6 +1,7 @@
 """The `mty` command line."""
 
 from mighty.cli._cache import cache_command
+from mighty.cli._capabilities import capabilities_command
 from mighty.cli._eval import eval_command
 from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
@@ -27,5 +28,6 @@ main.add_command(top_command, "top")
 main.add_command(send_command, "send")
 main.add_command(ask_command, "ask")
 main.add_command(cache_command, "cache")
+main.add_command(capabilities_command, "capabilities")
 
 __all__ = ["main", "parse_size"]

@@ -61,7 +61,14 @@ def node_command(
     record: Path | None,
 ) -> None:
     """Join the cluster of MANIFEST's [cluster] block and serve its agents until Ctrl-C."""
-    from mighty.agents import Runtime, agent_types, load_manifest, start_tree, supervisor_spec
+    from mighty.agents import (
+        Runtime,
+        agent_types,
+        capabilities,
+        load_manifest,
+        start_tree,
+        supervisor_spec,
+    )
     from mighty.cluster import Node, parse_cluster
 
     threshold = level_number(log_level)
@@ -75,12 +82,14 @@ def node_command(
         config = parse_cluster(data).resolve(base)
         check_nats_reachable(config.servers, min(config.connect_timeout, 5.0))  # before builds
         with Waits(not quiet) as show:
-            types = agent_types(spec, base, show)
+            registry = capabilities(spec, base)
+            types = agent_types(spec, base, show, registry)
         recorder = _recorder(record, name or config.node)
         runtime = Runtime(
             workers=spec.workers,
             on_output=None if quiet else _OutputWriter(threshold),
             recorder=recorder,
+            capabilities=registry,
         )
         node = Node(runtime, config, name=name)
         supervisor: Any = None

@@ -117,6 +117,15 @@ def _agent_tree(snap: dict[str, Any]) -> Any:
     )
     if snap["children"]:
         tree.add("children: " + ", ".join(_text(c) for c in snap["children"]))
+    grants = snap.get("grants")
+    if grants is not None:
+        tree.add(
+            "grants: "
+            + "; ".join(
+                f"{what} {', '.join(_text(n) for n in grants[what]) or 'none'}"
+                for what in ("tools", "http", "spawn", "message", "inspect")
+            )
+        )
     recent = tree.add(f"last {len(snap['recent'])} message(s)")
     for item in snap["recent"]:
         body = f" {_text(json.dumps(item['body']))[:120]}" if "body" in item else ""

@@ -33,7 +33,7 @@ class ToolError(Exception):
         self.message = message
 
 
-def call(name, *args, **kwargs):
+def call(name, /, *args, **kwargs):
     """Call the granted tool ``name`` (``lookup`` or ``server.tool``); its result."""
     if _tools is None:
         raise ToolError(name, "not_granted", "this component's world has no mighty:agent/tools")
@@ -69,7 +69,12 @@ class _Server:
         if name.startswith("__"):
             raise AttributeError(name)
         full = f"{self._prefix}.{name}"
-        return lambda *args, **kwargs: call(full, *args, **kwargs)
+
+        def tool(*args, **kwargs):
+            return call(full, *args, **kwargs)
+
+        tool.__name__ = name
+        return tool
 
 
 class _Tool(_Server):
