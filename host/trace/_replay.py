@@ -503,14 +503,56 @@ def _group(
 
 
 def _mismatch(instance: int, step: int, what: str, expected: Any, got: Any) -> NondeterminismError:
+    # Name the part that differs (``res.words[2]``) with its two values, not the whole outcome
+    # records (``{'ok': True, 'res': {...}, 'error': None}``) side by side; the whole values
+    # stay on the error (``expected``, ``got``) for --json.
+    found = _difference(expected, got)
+    if found is not None and found[0]:
+        where, want, have = found
+        detail = f"{where} differs: the trace has {_shown(want)}, the replay gave {_shown(have)}"
+    else:
+        detail = f"the trace has {_shown(expected)}, the replay gave {_shown(got)}"
     return NondeterminismError(
-        f"instance {instance} step {step}: {what}: the trace has {expected!r}, the replay "
-        f"gave {got!r}",
+        f"instance {instance} step {step}: {what}: {detail}",
         instance=instance,
         step=step,
         expected=expected,
         got=got,
     )
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _difference(a: Any, b: Any, path: str = "", depth: int = 0) -> tuple[str, Any, Any] | None:
+    """The first place ``a`` and ``b`` differ, as ``(path, a's value, b's value)``; None when
+    equal. An outcome's ``ok``/``res``/``error`` keys, a record's fields and list indexes make
+    the path (``res.total``, ``args[1]``)."""
+    if depth > 32 or type(a) is not type(b):
+        return None if a == b else (path, a, b)
+    if isinstance(a, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if key not in a or key not in b:
+                return (_join(path, key), a.get(key, "(absent)"), b.get(key, "(absent)"))
+            found = _difference(a[key], b[key], _join(path, key), depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list | tuple):
+        for index, (x, y) in enumerate(zip(a, b, strict=False)):
+            found = _difference(x, y, f"{path}[{index}]", depth + 1)
+            if found is not None:
+                return found
+        if len(a) != len(b):
+            return (f"{path} length" if path else "length", len(a), len(b))
+        return None
+    return None if a == b else (path, a, b)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
 
 
 def replay_trace(
