@@ -130,8 +130,18 @@ def node_command(
                 )
             )
         else:
-            click.echo(f"node {node.name}: {len(summary['agents'])} agent(s), {summary['node']}")
+            click.echo(_node_line(node.name, len(summary["agents"]), summary["node"]))
         sys.exit(1 if failed else 0)
+
+
+def _node_line(name: str, agents: int, stats: dict[str, Any]) -> str:
+    """The closing line: ``node a: 2 agent(s); sent 3, asked 1, received 4, dropped none``
+    (it printed the stats dict)."""
+    dropped = ", ".join(f"{why} {n}" for why, n in sorted(stats["dropped"].items())) or "none"
+    return (
+        f"node {name}: {agents} agent(s); sent {stats['sent']}, asked {stats['asked']}, "
+        f"received {stats['received']}, dropped {dropped}"
+    )
 
 
 def _leave(supervisor: Any, control: Any, runtime: Any, node: Any, recorder: Any) -> None:

@@ -28,7 +28,8 @@ def _mty(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_node_serves_inspect_and_messages(tmp_path: Path, wat: Callable[[str], bytes]) -> None:
-    """A node's control socket answers inspect (tree and JSON), ask and send, as `mty run`'s."""
+    """A node's control socket answers inspect (tree and JSON), ask and send, as `mty run`'s;
+    its closing line is text."""
     echo_wasm = tmp_path / "echo.wasm"
     echo_wasm.write_bytes(wat((ROOT / "tests" / "fixtures" / "echo_agent.wat").read_text()))
     with (
@@ -57,4 +58,9 @@ def test_node_serves_inspect_and_messages(tmp_path: Path, wat: Callable[[str], b
             sent = _mty("send", "e", "note", "--socket", sock)
             assert sent.returncode == 0, sent.stderr
         finally:
-            node.finish()
+            status = node.finish()
+    assert status == 0, "".join(node.lines)
+    # The closing line reads as text, not a Python dict.
+    last = node.out.strip().splitlines()[-1]
+    assert last.startswith("node a: 1 agent(s); sent "), last
+    assert "{" not in last
