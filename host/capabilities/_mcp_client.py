@@ -397,10 +397,11 @@ class McpClient:
         why: list[str] = []
         try:
             async with contextlib.AsyncExitStack() as stack:
-                streams = await asyncio.wait_for(
-                    stack.enter_async_context(self._transport(ended, why)),
-                    self.server.connect_timeout,
-                )
+                # asyncio.timeout, not wait_for: wait_for enters the transport in a task of its
+                # own, and the SDK's HTTP client's task group must be left by the task that
+                # entered it ("Attempted to exit cancel scope in a different task").
+                async with asyncio.timeout(self.server.connect_timeout):
+                    streams = await stack.enter_async_context(self._transport(ended, why))
                 session = await stack.enter_async_context(ClientSession(*streams))
                 tools = await asyncio.wait_for(
                     self._handshake(session), self.server.connect_timeout
@@ -428,7 +429,11 @@ class McpClient:
         except McpUnavailable as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure to connect is a reason to retry
-            return why[0] if why else f"{type(exc).__name__}: {exc}"[:500]
+            # The SDK's task groups wrap the cause (a 401, a refused connection): name it.
+            cause: BaseException = exc
+            while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+                cause = cause.exceptions[0]
+            return why[0] if why else f"{type(cause).__name__}: {cause}"[:500]
 
     async def _handshake(self, session: ClientSession) -> dict[str, McpToolInfo]:
         await session.initialize()
@@ -649,15 +654,22 @@ async def _stop_process(process: asyncio.subprocess.Process) -> None:
     if process.stdin is not None:
         with contextlib.suppress(OSError):
             process.stdin.close()
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if sig is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, sig)
-        try:
-            await asyncio.wait_for(process.wait(), _STOP_GRACE)
-            return
-        except TimeoutError:
-            continue
+    try:
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, sig)
+            try:
+                await asyncio.wait_for(process.wait(), _STOP_GRACE)
+                return
+            except TimeoutError:
+                continue
+    finally:
+        # The pipes' transport closes itself only once stdout reached EOF; a reader that
+        # stopped early (a message over the bound) leaves it open (a ResourceWarning).
+        transport = getattr(process, "_transport", None)
+        if transport is not None:
+            transport.close()
 
 
 @contextlib.asynccontextmanager
@@ -672,6 +684,15 @@ async def _http_transport(
         token = _read_secret(server.token, f"MCP server {server.name}: token")
         headers["Authorization"] = f"Bearer {token}"
     transport = _capped_transport(httpx2, server.max_message)
+
+    def over() -> None:
+        # The SDK turns a broken response into an error result and keeps the session: a
+        # response over the bound drops the connection instead, as on stdio.
+        if not why:
+            why.append(f"the server sent a response over {server.max_message} bytes")
+        ended.set()
+
+    transport.on_over = over
     client = httpx2.AsyncClient(
         headers=headers,
         transport=transport,
@@ -686,7 +707,7 @@ async def _http_transport(
         ):
             yield streams
     finally:
-        if transport.over:
+        if transport.over and not why:
             why.append(f"the server sent a response over {server.max_message} bytes")
         ended.set()
 
@@ -694,12 +715,18 @@ async def _http_transport(
 def _capped_transport(httpx2: Any, limit: int) -> Any:
     """An httpx transport whose response bodies stop (with an error) past ``limit`` bytes."""
 
+    class Stream(_CappedStream, httpx2.AsyncByteStream):  # type: ignore[misc]
+        """httpx asserts a response's stream is one of its byte streams."""
+
     class Capped(httpx2.AsyncHTTPTransport):  # type: ignore[misc]
         over = False
 
+        def on_over(self) -> None:
+            """Called once a body passes the bound (the owner sets its own)."""
+
         async def handle_async_request(self, request: Any) -> Any:
             response = await super().handle_async_request(request)
-            response.stream = _CappedStream(response.stream, self, limit)
+            response.stream = Stream(response.stream, self, limit)
             return response
 
     return Capped()
@@ -717,6 +744,7 @@ class _CappedStream:
             seen += len(chunk)
             if seen > self.limit:
                 self.owner.over = True
+                self.owner.on_over()
                 raise McpUnavailable(f"a response body is over {self.limit} bytes")
             yield chunk
 
