@@ -232,7 +232,7 @@ def migrate_command(address: str, node: str, socket_path: Path | None, as_json: 
             # Preparing the target may ship and compile a component (the agent keeps running).
             result = request(path, "migrate", {"address": address, "node": node}, timeout=600)
         except ControlError as exc:
-            _control_refused("migration", exc.kind, str(exc), as_json)
+            _control_refused("migration", exc.kind, exc.message, as_json)  # str(exc) repeats kind
         if as_json:
             click.echo(json.dumps({"ok": True, "result": result}))
         else:

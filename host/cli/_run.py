@@ -423,7 +423,7 @@ def reload_command(
                     timeout=drain_timeout + 120,
                 )
         except ControlError as exc:
-            _control_refused("reload", exc.kind, str(exc), as_json)
+            _control_refused("reload", exc.kind, exc.message, as_json)  # str(exc) repeats kind
         if as_json:
             click.echo(json.dumps({"ok": True, "result": result}))
         else:
