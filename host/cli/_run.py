@@ -279,8 +279,11 @@ class _EventWriter:
             return
         if level_number("info") < self.threshold:
             return
-        fields = json.dumps(event.data.get("body"), default=repr, sort_keys=True)
-        line = f"[{event.address}] event {kind[len('agent.') :]} {fields}\n"
+        if "body" in event.data:  # the guest's emit()
+            fields = json.dumps(event.data["body"], default=repr, sort_keys=True)
+            line = f"[{event.address}] event {kind[len('agent.') :]} {fields}\n"
+        else:  # the runtime's own (hibernated, woke, recovered): not the agent's words
+            line = f"mty: {event.address} {kind[len('agent.') :]}\n"
         with self._lock, suppress(OSError, ValueError):
             _write_text(sys.stderr, line)
 
