@@ -12,7 +12,17 @@ from mighty.cluster._config import (
     check_node_name,
     parse_cluster,
 )
-from mighty.cluster._frames import MAX_FRAME, VERSION, Frame, FrameError, decode, encode
+from mighty.cluster._frames import (
+    MAX_FRAME,
+    VERSION,
+    Frame,
+    FrameError,
+    decode,
+    encode,
+    heartbeat_subject,
+    node_subject,
+    sender_of,
+)
 from mighty.cluster._lease import SupervisorLease
 from mighty.cluster._migrate import MigrationFailed, MigrationReport
 from mighty.cluster._node import ClusterError, Node, NodeStats, error_of
@@ -43,6 +53,9 @@ __all__ = [
     "encode",
     "error_of",
     "free_port",
+    "heartbeat_subject",
     "nats_server_binary",
+    "node_subject",
     "parse_cluster",
+    "sender_of",
 ]

@@ -1,16 +1,24 @@
 """The frames nodes exchange over NATS: CBOR maps with a version field, validated and bounded.
 
-A request frame goes to a node's subject (``<prefix>.node.<node>``) and names what to do in
-``k``: ``send`` (put a message in a mailbox; the reply acknowledges it), ``ask`` (request/reply;
+A request frame goes to its node's subject, which also names the sender
+(``<prefix>.node.<node>.<sender>``, :func:`node_subject`), and names what to do in ``k``:
+``send`` (put a message in a mailbox; the reply acknowledges it), ``ask`` (request/reply;
 ``ttl`` is the asker's deadline in milliseconds left when it sent, so clocks need not agree),
 ``spawn``, ``stop``, ``migrate`` (an agent's state and mailbox moving in) and ``hb`` (a
-heartbeat, published to ``<prefix>.hb``). Every answer is a reply frame: ``ok`` with a body, or
-``err`` with the ``agent-error`` code (``noproc``, ``timeout``, ``refused``, ``mailbox-full``,
-``circuit-open``, ``failed``, ``cycle``, ``bad-spawn``) and a message.
+heartbeat, published to ``<prefix>.hb.<sender>``). Every answer is a reply frame: ``ok`` with a
+body, or ``err`` with the ``agent-error`` code (``noproc``, ``timeout``, ``refused``,
+``mailbox-full``, ``circuit-open``, ``failed``, ``cycle``, ``bad-spawn``) and a message.
 
-Everything here is untrusted network input: ``decode`` checks the size, the CBOR, the version,
-every field's type and length, and raises FrameError (with a short ``reason`` for the drop
-counters) for anything else. It never raises anything but FrameError.
+Everything here is untrusted network input. :func:`sender_of` reads the sender from the subject
+(its last token) without looking at the bytes, so a node checks the sender against its peers and
+the size against its limit before anything is decoded; ``decode`` then checks the CBOR, the
+version, every field's type and length, and raises FrameError (with a short ``reason`` for the
+drop counters) for anything else. It never raises anything but FrameError. The ``node`` field
+inside the frame must agree with the subject.
+
+Rejected: the sender only inside the CBOR (it cannot be read without decoding, so a frame from
+anyone was decoded first), and a NATS header (a subject can be granted per NATS user with the
+server's publish permissions, ``<prefix>.node.*.<sender>``; a header cannot).
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ __all__ = [
     "FrameError",
     "decode",
     "encode",
+    "heartbeat_subject",
+    "node_subject",
+    "sender_of",
 ]
 
 VERSION = 1
@@ -84,6 +95,26 @@ class Frame:
     type: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     """Kind-specific data (heartbeat load, a migration's mailbox), checked by its reader."""
+
+
+def node_subject(prefix: str, node: str, sender: str) -> str:
+    """The subject of a request from node ``sender`` to node ``node``."""
+    return f"{prefix}.node.{node}.{sender}"
+
+
+def heartbeat_subject(prefix: str, sender: str) -> str:
+    """The subject node ``sender`` publishes its heartbeats to."""
+    return f"{prefix}.hb.{sender}"
+
+
+def sender_of(subject: str) -> str:
+    """The sending node a request or heartbeat subject names (its last token; "" if none).
+
+    Subscriptions are to ``<prefix>.node.<node>.*`` and ``<prefix>.hb.*``: NATS delivers only
+    subjects with exactly one more token, so the last one is the sender's.
+    """
+    head, dot, sender = subject.rpartition(".")
+    return sender if dot and head else ""
 
 
 def encode(frame: Frame) -> bytes:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from mighty._errors import HostError, MightyError
 from mighty.abi import Err
 from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, Envelope, NoProc
-from mighty.cluster._frames import Frame, decode, encode
+from mighty.cluster._frames import Frame, encode, node_subject
 from mighty.cluster._moved import Reporter, moved_op, relocate, supervised_extra
 from mighty.engine import Component, ComponentStore
 from mighty.trace import migration_link
@@ -340,8 +340,10 @@ async def forward_frame(
     try:
         if nc is None:
             raise NoProc(f"node {node.name} has left the cluster")
-        answer = await nc.request(f"{node.prefix}.node.{target}", encode(onward), timeout=timeout)
-        reply = decode(answer.data, max_frame=node.config.max_frame)
+        answer = await nc.request(
+            node_subject(node.prefix, target, node.name), encode(onward), timeout=timeout
+        )
+        reply = await node.decoded(answer.data, node.config.max_frame)
     except AgentError as exc:
         reply = Frame(
             "err", node=node.name, code=exc.code, type=type(exc).__name__, msg=exc.message

@@ -22,6 +22,13 @@ by another node go over NATS, from the host API and from guests alike.
 
 Frames that are not ours (garbage, a newer version, a node outside ``[cluster.peers]``) are
 dropped, counted in ``stats.dropped`` by reason, and logged (the first few, then every 1000th).
+The sender and the size are checked before a byte is decoded: the sender is the last token of
+the subject (``<prefix>.node.<node>.<sender>``, ``<prefix>.hb.<sender>``; see ``_frames``), and
+the frame's own ``node`` must agree with it. Frames over a few KiB are decoded on the node's
+decoder thread, not on the NATS loop, which also runs the heartbeats: a flood of large frames
+(up to ``max_frame`` each, hundreds of thousands of items) cannot hold up liveness; the
+subscription waits for each, so frames still arrive in order. Rejected: decoding every frame
+off the loop (a thread hop per message, for frames that decode in microseconds).
 
 Threads: nothing on the NATS loop blocks (a blocking delivery, a spawn, a name lookup run on
 the node's small thread pool); calls from other threads wait on the loop with a timeout.
@@ -74,7 +81,15 @@ from mighty.agents import (
 )
 from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
-from mighty.cluster._frames import Frame, FrameError, decode, encode
+from mighty.cluster._frames import (
+    Frame,
+    FrameError,
+    decode,
+    encode,
+    heartbeat_subject,
+    node_subject,
+    sender_of,
+)
 from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
 from mighty.cluster._moved import on_membership
 
@@ -111,6 +126,10 @@ _POOL = 8
 _SUB_PENDING = 65_536
 _SUB_PENDING_BYTES = 64 << 20
 _LOGGED_DROPS = 10
+_INLINE_DECODE = 4096
+"""Frames up to this many bytes are decoded on the NATS loop (microseconds); larger ones on the
+decoder thread."""
+_HEARTBEAT_MAX = 4096
 
 
 class ClusterError(HostError):
@@ -200,6 +219,7 @@ class Node:
             target=self._loop.run_forever, name=f"cluster-{self.name}", daemon=True
         )
         self._pool = ThreadPoolExecutor(_POOL, thread_name_prefix=f"cluster-{self.name}")
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix=f"cluster-{self.name}-decode")
         self._nc: Client | None = None
         self._watcher: Any = None
         self._names_kv: KeyValue | None = None
@@ -305,13 +325,13 @@ class Node:
             ) from None
         # Bounded: past these, NATS drops for this slow consumer (counted by the server).
         await nc.subscribe(
-            self.subject,
+            f"{self.subject}.*",  # the last token names the sender
             cb=self._on_request,
             pending_msgs_limit=_SUB_PENDING,
             pending_bytes_limit=_SUB_PENDING_BYTES,
         )
         await nc.subscribe(
-            f"{self.prefix}.hb",
+            heartbeat_subject(self.prefix, "*"),
             cb=self._on_heartbeat,
             pending_msgs_limit=1024,
             pending_bytes_limit=1 << 20,
@@ -357,6 +377,7 @@ class Node:
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     async def _close(self) -> None:
         for task in self._tasks:
@@ -627,7 +648,7 @@ class Node:
                 f"{to}: a message of {len(data)} bytes exceeds the cluster's frame limit "
                 f"({self.config.max_frame})"
             )
-        coro = self._request(f"{self.prefix}.node.{node}", to, data, timeout, future)
+        coro = self._request(node_subject(self.prefix, node, self.name), to, data, timeout, future)
         try:
             self._loop.call_soon_threadsafe(_eager, self._loop, coro)
         except RuntimeError:
@@ -651,7 +672,7 @@ class Node:
             _set(future, error=AskTimeout(f"{what} from {to} within {timeout:g} s"))
             return
         try:
-            reply = decode(msg.data, max_frame=self.config.max_frame)
+            reply = await self.decoded(msg.data, self.config.max_frame)
         except FrameError as exc:
             self._drop(exc.reason, f"a reply from {to}: {exc.message}")
             _set(future, error=AskTimeout(f"{to} answered with a frame this node cannot read"))
@@ -686,8 +707,10 @@ class Node:
             nc = self._nc
             assert nc is not None
             try:
-                msg = await nc.request(f"{self.prefix}.node.{node}", encode(frame), timeout=timeout)
-                reply = decode(msg.data, max_frame=self.config.max_frame)
+                msg = await nc.request(
+                    node_subject(self.prefix, node, self.name), encode(frame), timeout=timeout
+                )
+                reply = await self.decoded(msg.data, self.config.max_frame)
             except nats.errors.NoRespondersError:
                 _set(future, error=NoProc(f"node {node} is not running"))
                 return
@@ -734,18 +757,35 @@ class Node:
     def _reply_soon(self, msg: Msg, frame: Frame) -> None:
         _eager(self._loop, self._respond(msg, frame))
 
-    async def _on_request(self, msg: Msg) -> None:
+    async def decoded(self, data: bytes, max_frame: int) -> Frame:
+        """``decode(data)``; on the decoder thread when it is large (see the module docstring)."""
+        if len(data) <= _INLINE_DECODE:
+            return decode(data, max_frame=max_frame)
+        if len(data) > max_frame:
+            raise FrameError(f"frame of {len(data)} bytes (limit {max_frame})", reason="size")
         try:
-            frame = decode(msg.data, max_frame=self.config.max_frame)
+            future = self._decoder.submit(decode, data, max_frame=max_frame)
+        except RuntimeError:  # shut down: the node is leaving
+            raise FrameError("a frame while the node leaves", reason="closing") from None
+        return await asyncio.wrap_future(future)
+
+    async def _on_request(self, msg: Msg) -> None:
+        # Before a byte is decoded: who sent it (the subject's last token), and how much.
+        sender = sender_of(msg.subject)
+        if sender not in self.config.peers:
+            self._drop("peer", f"a frame from {sender[:64]!r}, not in [cluster.peers]")
+            return
+        try:
+            frame = await self.decoded(msg.data, self.config.max_frame)
         except FrameError as exc:
-            self._drop(exc.reason, f"a frame on {msg.subject}: {exc.message}")
+            self._drop(exc.reason, f"a frame from {sender}: {exc.message}")
             if exc.reason == "version":
                 await self._respond(
                     msg, Frame("err", node=self.name, code="failed", msg=exc.message)
                 )
             return
-        if frame.node not in self.config.peers:
-            self._drop("peer", f"a frame from {frame.node!r}, not in [cluster.peers]")
+        if frame.node != sender:
+            self._drop("sender", f"a frame from {sender} that says it is from {frame.node!r}")
             return
         self.stats.received += 1
         if frame.k in ("send", "ask"):
@@ -1113,7 +1153,7 @@ class Node:
         while True:
             frame = encode(self._heartbeat())
             try:
-                await nc.publish(f"{self.prefix}.hb", frame)
+                await nc.publish(heartbeat_subject(self.prefix, self.name), frame)
                 if nc.is_connected:
                     await asyncio.wait_for(
                         self._nodes_kv.put(self.name, frame), self.config.heartbeat
@@ -1145,18 +1185,22 @@ class Node:
             self._pool.submit(run)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
+        sender = sender_of(msg.subject)
+        if sender not in self.config.peers:  # before decoding, as for requests
+            self._drop("peer", f"a heartbeat from {sender[:64]!r}, not in [cluster.peers]")
+            return
+        if sender == self.name:
+            return
         try:
-            frame = decode(msg.data, max_frame=4096)
+            frame = decode(msg.data, max_frame=_HEARTBEAT_MAX)
         except FrameError as exc:
-            self._drop(exc.reason, f"a heartbeat: {exc.message}")
+            self._drop(exc.reason, f"a heartbeat from {sender}: {exc.message}")
             return
         if frame.k != "hb":
             self._drop("field", f"a {frame.k!r} frame on the heartbeat subject")
             return
-        if frame.node not in self.config.peers:
-            self._drop("peer", f"a heartbeat from {frame.node!r}, not in [cluster.peers]")
-            return
-        if frame.node == self.name:
+        if frame.node != sender:
+            self._drop("sender", f"a heartbeat from {sender} that says it is from {frame.node!r}")
             return
         load = frame.extra.get("load", 0)
         self._load[frame.node] = load if isinstance(load, int) and load >= 0 else 0

@@ -115,14 +115,15 @@ def test_garbage_and_newer_frames_are_counted_drops(
 
     async def poke() -> bytes:
         nc = await nats.connect(nats_server.url)
-        await nc.publish("mighty.node.b", b"\xff\x00garbage")
-        await nc.publish(
-            "mighty.node.b", cbor2.dumps({"v": 1, "k": "send", "node": "intruder", "to": address})
-        )
+        await nc.publish("mighty.node.b.a", b"\xff\x00garbage")
+        send = {"v": 1, "k": "send", "node": "intruder", "to": address}
+        await nc.publish("mighty.node.b.intruder", cbor2.dumps(send))
+        # A frame that says it is from another node than its subject does.
+        await nc.publish("mighty.node.b.a", cbor2.dumps(send | {"node": "t"}))
         reply = await nc.request(
-            "mighty.node.b", cbor2.dumps({"v": VERSION + 1, "k": "send"}), timeout=2
+            "mighty.node.b.a", cbor2.dumps({"v": VERSION + 1, "k": "send"}), timeout=2
         )
-        await nc.publish("mighty.hb", b"not a heartbeat")
+        await nc.publish("mighty.hb.a", b"not a heartbeat")
         await nc.flush()
         await nc.close()
         return reply.data
@@ -131,9 +132,9 @@ def test_garbage_and_newer_frames_are_counted_drops(
         answer = decode(asyncio.run(poke()))
     assert answer.k == "err" and "newer" in answer.msg
     deadline = time.monotonic() + 5
-    while sum(node_b.stats.dropped.values()) < 4 and time.monotonic() < deadline:
+    while sum(node_b.stats.dropped.values()) < 5 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert node_b.stats.dropped == {"garbage": 2, "peer": 1, "version": 1}
+    assert node_b.stats.dropped == {"garbage": 2, "peer": 1, "sender": 1, "version": 1}
     assert "dropped" in caplog.text
     assert b.process(address).stats.handled == 0  # the intruder's send was not delivered
     a, _ = nodes("a")

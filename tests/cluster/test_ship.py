@@ -111,13 +111,13 @@ def test_shipped_bytes_that_do_not_hash_to_the_announced_sha_are_refused(
             served.append(frame.extra["n"])
             await msg.respond(encode(Frame("ok", node="a", body=b"\0" * frame.extra["n"])))
 
-        await nc.subscribe("mighty.node.a", cb=serve)
+        await nc.subscribe("mighty.node.a.b", cb=serve)
         answers = []
         for size in (3000, -1):
             prepare = Frame(
                 "migrate", node="a", type="echo", extra={"sha": sha, "size": size, "init": b""}
             )
-            reply = await nc.request("mighty.node.b", encode(prepare), timeout=30)
+            reply = await nc.request("mighty.node.b.a", encode(prepare), timeout=30)
             answers.append(decode(reply.data).msg)
         await nc.close()
         assert sum(served) == 3000
