@@ -30,6 +30,7 @@ path stays what it was: nothing here runs unless a caller builds this hook.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -128,8 +129,30 @@ def answer_gate(component: Component, base: Gate | None = None) -> Gate:
     return Gate([*gate.providers, _StandIns(component, missing)])
 
 
+_TOOL_CALLS = {("mighty:agent/tools", "call"), ("mighty:sandbox/tools", "call")}
+_MAX_KEYED_JSON = 1 << 20
+
+
 def _default_key(interface: str, function: str, args: list[Any]) -> Any:
+    if (interface.partition("@")[0], function) in _TOOL_CALLS:
+        args = _tool_call_args(args)
     return _canonical({"if": interface, "fn": function, "args": args})
+
+
+def _tool_call_args(args: list[Any]) -> list[Any]:
+    """A tool call's ``[name, json]`` with the JSON in canonical form (keys sorted): the same
+    call with its keyword arguments in another order is the same call. JSON that does not
+    parse, or is over 1 MiB, is keyed by its bytes."""
+    if len(args) != 2 or not isinstance(args[1], bytes | bytearray | memoryview):
+        return args
+    data = bytes(args[1])
+    if len(data) > _MAX_KEYED_JSON:
+        return args
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return args
+    return [args[0], json.dumps(value, sort_keys=True, separators=(",", ":")).encode()]
 
 
 class TraceAnswers:
