@@ -681,7 +681,7 @@ class HostDescriptor(Descriptor):
             if dir_only(new):
                 raise FsError("no-entry", "a symbolic link's path may not end in /")
             link_target_ok(depth, old)
-            self.preopen.charge(ENTRY_COST)
+            self.preopen.charge(ENTRY_COST + len(old.encode()))  # the target is stored too
             os.symlink(old, name, dir_fd=d)
             self.state.touch_fd(d)
             if self.state.times is not None:

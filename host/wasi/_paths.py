@@ -52,6 +52,7 @@ from contextlib import contextmanager
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_LINK_PARTS",
     "MAX_NAME",
     "MAX_PATH",
     "MAX_SYMLINKS",
@@ -73,6 +74,9 @@ MAX_DEPTH = 256
 """How deep below its base a walk may go (it holds one fd per level)."""
 MAX_SYMLINKS = 40
 """Symlink expansions in one resolution before it is a ``loop`` (Linux's MAXSYMLINKS)."""
+MAX_LINK_PARTS = 4096
+"""Components symlink targets may add to one resolution before it is a ``loop``: 40 targets of
+``a/..`` x 1,000 would otherwise cost 80,000 ``openat`` calls (0.13 s of host time) a call."""
 
 
 class FsError(Exception):
@@ -231,6 +235,19 @@ def stays_beneath(depth: int, target: str) -> bool:
     return True
 
 
+def _splice(queue: deque[str], target: str, links: list[int]) -> None:
+    """Put a symlink's target in front of the rest of the walk; ``links`` counts the links
+    followed and the components they added (``loop`` past MAX_SYMLINKS or MAX_LINK_PARTS)."""
+    parts = _link_parts(target)
+    links[0] += 1
+    links[1] += len(parts)
+    if links[0] > MAX_SYMLINKS:
+        raise FsError("loop", "too many symbolic links")
+    if links[1] > MAX_LINK_PARTS:
+        raise FsError("loop", "symbolic links added too many path components")
+    queue.extendleft(reversed(parts))
+
+
 def _walked(parent: int, name: str, depth: int, path: str) -> tuple[int, str, int]:
     """The walk's result; ``not-directory`` if ``path`` ends in ``/`` and names a non-directory
     (an absent name passes: the operation decides what a missing one means)."""
@@ -250,7 +267,7 @@ def resolve_depth(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, 
     stack: list[int] = []
     try:
         queue = deque(split_path(path))
-        links = 0
+        links = [0, 0]
         name = "."
         while queue:
             part = queue.popleft()
@@ -287,10 +304,7 @@ def resolve_depth(base: int, path: str, *, follow: bool) -> Iterator[tuple[int, 
                 if target is None:
                     raise FsError(errno_code(exc), f"{part!r}: {exc.strerror}") from None
             # `part` is a symlink: walk its target in its place.
-            links += 1
-            if links > MAX_SYMLINKS:
-                raise FsError("loop", "too many symbolic links")
-            queue.extendleft(reversed(_link_parts(target)))
+            _splice(queue, target, links)
             name = "."
         yield _walked(stack[-1] if stack else base, name, len(stack), path)
     except OSError as exc:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from mighty.abi import Ok
 from mighty.wasi import DirGrant, MemoryDir, Policy
-from mighty.wasi._paths import MAX_SYMLINKS
+from mighty.wasi._memfs import ENTRY_COST
+from mighty.wasi._paths import MAX_LINK_PARTS, MAX_SYMLINKS
 from tests.wasi.test_filesystem import CREATE, FOLLOW, NONE, RW, Guest, R
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -264,6 +265,35 @@ def test_link_chains_end_in_loop_after_the_limit(grants: tuple[Guest, Path]) -> 
     assert g.err("stat-at", rw, FOLLOW, "a/x") == "loop"
     g.ok("symlink-at", rw, "self", "self")
     assert g.err("open-at", rw, FOLLOW, "self", CREATE, RW) == "loop"
+
+
+def test_link_targets_bound_the_walk(grants: tuple[Guest, Path]) -> None:
+    """Links whose targets add more than MAX_LINK_PARTS components to one walk are a loop, so
+    40 links of `a/..` x 800 cannot make one call cost 64,000 openat calls."""
+    g, tmp = grants
+    rw = g.dirs["/rw"]
+    (tmp / "rw" / "a").mkdir()
+    (tmp / "rw" / "end").write_bytes(b"end")
+    detour = "/".join(["a", ".."] * 800)
+    previous = "end"
+    for i in range(10):
+        g.ok("symlink-at", rw, f"{detour}/{previous}", f"l{i}")
+        previous = f"l{i}"
+    assert 2 * 1601 <= MAX_LINK_PARTS < 3 * 1601
+    assert _read(g, rw, "l1") == b"end"
+    assert g.err("open-at", rw, FOLLOW, "l2", NONE, R) == "loop"
+
+
+def test_symlinks_are_charged_to_the_write_quota(tmp_path: Path) -> None:
+    """A link costs ENTRY_COST plus its target's bytes of a grant's max_bytes."""
+    g = Guest(Policy(dirs=(DirGrant(tmp_path, "/q", readonly=False, max_bytes=2 * ENTRY_COST),)))
+    try:
+        q = g.dirs["/q"]
+        g.ok("symlink-at", q, "t" * ENTRY_COST, "one")
+        assert g.err("symlink-at", q, "t", "two") == "insufficient-space"
+        assert os.listdir(tmp_path) == ["one"]
+    finally:
+        g.close()
 
 
 _PARTS = st.sampled_from(["..", ".", "a", "b", "l0", "l1", "l2", "secret", ""])
