@@ -87,9 +87,11 @@ def exec_command(
                     _write_text(sys.stdout, value + "\n")
             else:
                 assert result.error is not None
+                message = escape_control(result.error.message)  # an error line: always
                 if result.error.traceback:
                     _write_text(sys.stderr, result.error.traceback.rstrip("\n") + "\n")
-                message = escape_control(result.error.message)  # an error line: always
+                    # The traceback showed it whole (a SyntaxError's source and caret): once.
+                    message = (message.strip().splitlines() or [""])[-1]
                 _write_text(sys.stderr, f"mty: {result.error.kind}: {message}\n")
         sys.exit(EXIT_OK if result.ok else EXIT_GUEST)
 
