@@ -860,7 +860,7 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         key = "ok" if isinstance(value, Ok) else "err" if isinstance(value, Err) else "some"
         return {key: _jsonable(value.value, depth + 1)}
     if isinstance(value, Variant):
-        return {"case": value.case, "value": _jsonable(value.value, depth + 1)}
+        return {value.case: _jsonable(value.value, depth + 1)}  # as `mty call --json` writes
     if isinstance(value, HandleRef):
         return {"resource": f"{value.interface}/{value.name}", "rep": value.rep}
     if isinstance(value, list | tuple | set | frozenset):
