@@ -312,6 +312,10 @@ class McpClient:
         self, tool: str, arguments: Mapping[str, Any], timeout: float | None = None
     ) -> Any:
         """:meth:`call` from an event loop (any loop: the call runs on the client's)."""
+        if asyncio.get_running_loop() is self._loop:
+            # Already on the client's loop (an agent's MCP tool runs there): no hop through
+            # its self-pipe and back (~60 us of CPU a call).
+            return await self._call(tool, dict(arguments), timeout)
         future = asyncio.run_coroutine_threadsafe(
             self._call(tool, dict(arguments), timeout), self._loop
         )
