@@ -104,6 +104,7 @@ def test_public_names() -> None:
             "FileRefused",
             "IDLE_TIMEOUT",
             "MAX_ADDRESS",
+            "MAX_ASK_TIMEOUT",
             "MAX_FILE_BYTES",
             "UnknownAgent",
             "application_ops",
