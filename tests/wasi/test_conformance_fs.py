@@ -4,6 +4,7 @@ symlinks that never lead out of their grant, trailing slashes, access-mode error
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -245,6 +246,42 @@ def test_symlink_swapped_between_calls(grants: tuple[Guest, Path]) -> None:
     assert g.err("unlink-file-at", rw, "d/secret") == "not-permitted"
     assert _read(g, held, "f") == b"in"
     assert g.err("open-at", held, FOLLOW, "../outside/secret", NONE, R) == "not-permitted"
+    assert (tmp / "outside" / "secret").read_bytes() == b"SECRET"
+
+
+def test_guest_flipping_its_own_links_races_no_open_outside(grants: tuple[Guest, Path]) -> None:
+    """A second guest on the same grant flips `d` between a directory and links that a kernel
+    would follow out (`t -> s/..`, `s -> .`) while the first opens through it: every open that
+    succeeds is the file inside, never the secret beside the grant."""
+    g, tmp = grants
+    other = Guest(Policy(dirs=(DirGrant(tmp / "rw", "/rw", readonly=False),)))
+    rw, rw_other = g.dirs["/rw"], other.dirs["/rw"]
+    g.ok("symlink-at", rw, ".", "s")
+    g.ok("symlink-at", rw, "s/..", "t")
+    g.ok("create-directory-at", rw, "real")
+    (tmp / "rw" / "real" / "secret").write_bytes(b"inside")
+    g.ok("symlink-at", rw, "real", "d")
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            for target in ("t/outside", "s/../outside", "real"):
+                other.call("unlink-file-at", rw_other, "d")
+                other.call("symlink-at", rw_other, target, "d")
+
+    thread = threading.Thread(target=flip)
+    thread.start()
+    try:
+        for _ in range(2000):
+            result = g.call("open-at", rw, FOLLOW, "d/secret", NONE, R)
+            if isinstance(result, Ok):
+                desc = g.ctx.get(result.value.kind, result.value.rep)
+                assert g.ok("read", desc, 100, 0)[0] == b"inside"
+                desc.close()
+    finally:
+        stop.set()
+        thread.join()
+        other.close()
     assert (tmp / "outside" / "secret").read_bytes() == b"SECRET"
 
 
