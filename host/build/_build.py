@@ -268,7 +268,7 @@ def _share_with_store(cached_path: Path) -> None:
     """Hard-link a new build into the component store (``components/<sha256>.wasm``), where
     loading it would put a second copy of the same bytes (18 MB each: a build used to be
     stored twice). Best effort: the store copies it on load when the link cannot be made."""
-    from mighty.engine._store import ComponentStore
+    from mighty.engine import ComponentStore
 
     try:
         target = ComponentStore().path_for(_sha256_file(cached_path))

@@ -67,7 +67,7 @@ class CacheEntry:
 
 
 def _current_compiled(root: Path) -> Path:
-    from mighty.engine._cache import CompiledCache
+    from mighty.engine import CompiledCache
 
     return CompiledCache(root).directory
 

@@ -389,7 +389,7 @@ class Suite:
             with suppress(Exception):  # a member that cannot load is an error in its cells
                 members[name].get()
         if any(m.kind == "code" for _, m in cells):
-            from mighty.sandbox._interpreter import interpreter_component
+            from mighty.sandbox import interpreter_component
 
             with suppress(Exception):  # a cell that needs it reports the failure itself
                 interpreter_component(progress)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from mighty.cli import main
 from mighty.cli._cache import cache_entries, prune_cache
-from mighty.engine._cache import CompiledCache
+from mighty.engine import CompiledCache
 
 SHA = [f"{i:x}" * 64 for i in range(1, 6)]
 DAY = 86400.0
