@@ -305,7 +305,7 @@ class Node:
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             servers = ", ".join(config.servers)
             raise ClusterError(
-                f"no NATS server answered at {servers}: {exc or type(exc).__name__}"
+                f"no NATS server answered at {servers}: {str(exc) or type(exc).__name__}"
             ) from None
         self._nc = nc
         js = nc.jetstream()
