@@ -316,7 +316,8 @@ def reached_distributions(
     wanted -= sys.stdlib_module_names
     wanted -= _GENERATED
     wanted = {name for name in wanted if _resolve(name, roots) is None}
-    present = {name for name in wanted if _resolve(name, site_paths) is not None}
+    # A cheap look first: resolving lists a package's files (thousands, for some).
+    present = {name for name in wanted if _in_site(name, site_paths)}
     if not present:
         return [], []
     dists = list(importlib.metadata.distributions(path=[str(p) for p in site_paths]))
@@ -350,6 +351,15 @@ def reached_distributions(
                 pending.append(_normal(match[1]))
     listed = sorted(f"{by_name[k].metadata['Name']}=={by_name[k].version}" for k in reached)
     return listed, sorted(loose)
+
+
+def _in_site(name: str, site_paths: Sequence[Path]) -> bool:
+    for path in site_paths:
+        if (path / name).is_dir() or (path / f"{name}.py").is_file():
+            return True
+        if any(path.glob(f"{name}.*.so")) or any(path.glob(f"{name}.*.pyd")):
+            return True
+    return False
 
 
 def _top_level_names(dist: importlib.metadata.Distribution) -> set[str]:
