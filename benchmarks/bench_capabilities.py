@@ -6,7 +6,8 @@ Run: .venv/bin/python benchmarks/bench_capabilities.py [--json] [--quick]
 The agent is benchmarks/agents/tool_loop.py (built with the agent SDK): its ``loop`` message
 calls one granted tool N times through ``mighty_agent.tools.call`` and returns the last result.
 A message with N calls minus a message with none, over N, is the per-call figure (the ask's own
-cost cancels out); the two are timed in turns, and the figure is the median of the rounds.
+cost cancels out). Agent and baselines take turns, one round of each at a time, so a burst of
+load hits all alike; each figure is the median of the rounds.
 
 - host tool: ``add(a, b=1)`` granted as a host tool (``Capabilities.with_tool``), called by the
   agent through ``mighty:agent/tools`` (the gate, argument binding and validation, the tool
@@ -16,7 +17,10 @@ cost cancels out); the two are timed in turns, and the figure is the median of t
   ``mcp`` SDK's server) granted as ``files.add`` and called by the agent (the broker's
   connection, the capability loop), against the ``mcp`` SDK's own client (``stdio_client`` and
   ``ClientSession.call_tool``, sequential calls on one session) calling another process of the
-  same server, on this thread's event loop. Ratio of the per-call medians: target <= 1.3.
+  same server, on an event loop thread of its own (one hop onto it per round). Ratio of the
+  per-call medians: target <= 1.3.
+  Beside it, the broker alone: ``McpClient.call`` from this thread on the runtime's client
+  (no agent, no gate), against the same SDK figure.
 
 ``cpu_us``: process CPU per call (every thread: the guest, the host's tool threads and loop;
 the server is another process and is not counted). The load average (1/5/15 min) is printed at
@@ -26,10 +30,13 @@ the start and the end: on a 2-CPU machine a load above ~2 means the figures shar
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +48,7 @@ from mighty import Component
 from mighty.agents import AgentType, Grants, Runtime
 from mighty.budget import Budget
 from mighty.build import build_component
-from mighty.capabilities import Capabilities, McpServer
+from mighty.capabilities import Capabilities, McpClient, McpServer
 
 QUICK = "--quick" in sys.argv
 ROUNDS = 3 if QUICK else 11
@@ -64,63 +71,127 @@ def add(a: int, b: int = 1) -> int:
     return a + b
 
 
-def agent_per_call(runtime: Runtime, address: str, tool: str, n: int) -> tuple[float, float]:
-    """Median seconds (wall, process CPU) per call: a loop of ``n`` calls minus an empty one."""
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and process-CPU seconds of one call of ``fn``."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - started, time.process_time() - started_cpu
+
+
+def turns(
+    sides: dict[str, Callable[[], tuple[float, float]]], rounds: int
+) -> dict[str, tuple[float, float]]:
+    """Each side once per round, in turn (a burst of load hits all alike); for each, the
+    median (wall, CPU) seconds per call over the rounds. One warm-up round first."""
+    for fn in sides.values():
+        fn()
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            seen[name].append(fn())
+    return {
+        name: (median([w for w, _ in got]), median([c for _, c in got]))
+        for name, got in seen.items()
+    }
+
+
+def agent_side(
+    runtime: Runtime, address: str, tool: str, n: int
+) -> Callable[[], tuple[float, float]]:
+    """One round: a message with ``n`` calls minus a message with none, per call."""
 
     def message(count: int) -> tuple[float, float]:
-        started, started_cpu = time.perf_counter(), time.process_time()
-        result = runtime.ask(address, "loop", {"tool": tool, "n": count, "args": ARGS})
-        wall, cpu = time.perf_counter() - started, time.process_time() - started_cpu
-        assert count == 0 or result == 2, result
+        out: list[Any] = []
+        body = {"tool": tool, "n": count, "args": ARGS}
+        wall, cpu = timed(lambda: out.append(runtime.ask(address, "loop", body)))
+        assert count == 0 or out == [2], out
         return wall, cpu
 
-    message(n)  # warm-up: the first calls resolve the tool (and wait for the server)
-    walls, cpus = [], []
-    for _ in range(ROUNDS):
+    def round_() -> tuple[float, float]:
         full, empty = message(n), message(0)
-        walls.append((full[0] - empty[0]) / n)
-        cpus.append((full[1] - empty[1]) / n)
-    return median(walls), median(cpus)
+        return (full[0] - empty[0]) / n, (full[1] - empty[1]) / n
+
+    return round_
 
 
-def direct_per_call(n: int) -> tuple[float, float]:
-    """Median seconds (wall, CPU) per direct call of ``add`` in a Python loop of ``n``."""
-    walls, cpus = [], []
-    for _ in range(ROUNDS):
-        started, started_cpu = time.perf_counter(), time.process_time()
+def direct_side(n: int) -> Callable[[], tuple[float, float]]:
+    """One round: ``n`` direct calls of ``add`` in a Python loop, per call."""
+
+    def loop() -> None:
         for _ in range(n):
             add(**ARGS)
-        walls.append((time.perf_counter() - started) / n)
-        cpus.append((time.process_time() - started_cpu) / n)
-    return median(walls), median(cpus)
+
+    def round_() -> tuple[float, float]:
+        wall, cpu = timed(loop)
+        return wall / n, cpu / n
+
+    return round_
 
 
-def sdk_per_call(n: int) -> tuple[float, float]:
-    """Median seconds (wall, CPU) per call of the SDK's own stdio client, one session."""
-    from mcp.client.session import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
+def client_side(client: McpClient, n: int) -> Callable[[], tuple[float, float]]:
+    """One round: ``n`` calls of ``McpClient.call`` from this thread (no agent), per call."""
 
-    params = StdioServerParameters(command=SERVER[0], args=list(SERVER[1:]), cwd=str(ROOT))
+    def loop() -> None:
+        for _ in range(n):
+            assert client.call("add", ARGS) == 2
 
-    async def run() -> tuple[list[float], list[float]]:
-        walls: list[float] = []
-        cpus: list[float] = []
-        async with stdio_client(params) as streams, ClientSession(*streams) as session:
-            await session.initialize()
-            await session.list_tools()
-            for _ in range(n):  # warm-up
-                await session.call_tool("add", ARGS)
-            for _ in range(ROUNDS):
-                started, started_cpu = time.perf_counter(), time.process_time()
-                for _ in range(n):
-                    result: Any = await session.call_tool("add", ARGS)
-                walls.append((time.perf_counter() - started) / n)
-                cpus.append((time.process_time() - started_cpu) / n)
+    def round_() -> tuple[float, float]:
+        wall, cpu = timed(loop)
+        return wall / n, cpu / n
+
+    return round_
+
+
+class SdkClient:
+    """The ``mcp`` SDK's own stdio client and session on an event loop thread of its own,
+    open across rounds (as the broker's connection is)."""
+
+    def __init__(self) -> None:
+        from mcp.client.session import ClientSession
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        params = StdioServerParameters(command=SERVER[0], args=list(SERVER[1:]), cwd=str(ROOT))
+        self.stop = asyncio.Event()
+        opened: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        async def own() -> None:
+            # One task enters and leaves the SDK's contexts (its cancel scopes demand it).
+            async with stdio_client(params) as streams, ClientSession(*streams) as session:
+                await session.initialize()
+                await session.list_tools()
+                opened.set_result(session)
+                await self.stop.wait()
+
+        self.owner = asyncio.run_coroutine_threadsafe(own(), self.loop)
+        self.session = opened.result(timeout=120)
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def side(self, n: int) -> Callable[[], tuple[float, float]]:
+        """One round: ``n`` sequential ``call_tool`` on the session (one hop onto its loop
+        per round, not per call), per call."""
+
+        async def loop() -> None:
+            for _ in range(n):
+                result = await self.session.call_tool("add", ARGS)
                 assert result.structured_content == {"result": 2}, result
-        return walls, cpus
 
-    walls, cpus = asyncio.run(run())
-    return median(walls), median(cpus)
+        def round_() -> tuple[float, float]:
+            wall, cpu = timed(lambda: self._run(loop()))
+            return wall / n, cpu / n
+
+        return round_
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.owner.result(timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
 
 
 def main() -> None:
@@ -149,23 +220,41 @@ def main() -> None:
             )
         )
         address = runtime.spawn("loop")
-        host_wall, host_cpu = agent_per_call(runtime, address, "add", HOST_CALLS)
-        direct_wall, direct_cpu = direct_per_call(HOST_CALLS)
-        overhead = (host_wall - direct_wall) * 1e6
-        rows.append(
+        host = turns(
             {
-                "name": "agent -> host tool: per-call overhead",
-                "absolute_us": round(overhead, 1),
-                "agent_us": round(host_wall * 1e6, 1),
-                "direct_us": round(direct_wall * 1e6, 3),
-                "target": "<= 60 us",
-                "met": yes(overhead <= 60),
-                "cpu_us": f"agent {host_cpu * 1e6:.1f}, direct {direct_cpu * 1e6:.3f}",
-                "calls": f"{ROUNDS} x {HOST_CALLS}",
-            }
+                "agent": agent_side(runtime, address, "add", HOST_CALLS),
+                "direct": direct_side(HOST_CALLS),
+            },
+            ROUNDS,
         )
-        mcp_wall, mcp_cpu = agent_per_call(runtime, address, "files.add", MCP_CALLS)
-    sdk_wall, sdk_cpu = sdk_per_call(MCP_CALLS)
+        sdk = SdkClient()
+        try:
+            mcp = turns(
+                {
+                    "agent": agent_side(runtime, address, "files.add", MCP_CALLS),
+                    "client": client_side(runtime.broker.clients["files"], MCP_CALLS),
+                    "sdk": sdk.side(MCP_CALLS),
+                },
+                ROUNDS,
+            )
+        finally:
+            sdk.close()
+    (host_wall, host_cpu), (direct_wall, direct_cpu) = host["agent"], host["direct"]
+    overhead = (host_wall - direct_wall) * 1e6
+    rows.append(
+        {
+            "name": "agent -> host tool: per-call overhead",
+            "absolute_us": round(overhead, 1),
+            "agent_us": round(host_wall * 1e6, 1),
+            "direct_us": round(direct_wall * 1e6, 3),
+            "target": "<= 60 us",
+            "met": yes(overhead <= 60),
+            "cpu_us": f"agent {host_cpu * 1e6:.1f}, direct {direct_cpu * 1e6:.3f}",
+            "calls": f"{ROUNDS} x {HOST_CALLS}",
+        }
+    )
+    (mcp_wall, mcp_cpu), (sdk_wall, sdk_cpu) = mcp["agent"], mcp["sdk"]
+    client_wall, client_cpu = mcp["client"]
     ratio = mcp_wall / sdk_wall
     rows.append(
         {
@@ -177,6 +266,15 @@ def main() -> None:
             "met": yes(ratio <= 1.3),
             "cpu_us": f"agent {mcp_cpu * 1e6:.0f}, sdk {sdk_cpu * 1e6:.0f}",
             "calls": f"{ROUNDS} x {MCP_CALLS}",
+        }
+    )
+    rows.append(
+        {
+            "name": "McpClient.call, no agent / mcp SDK client",
+            "absolute_us": round(client_wall * 1e6),
+            "baseline_us": round(sdk_wall * 1e6),
+            "ratio": round(client_wall / sdk_wall, 2),
+            "cpu_us": f"client {client_cpu * 1e6:.0f}, sdk {sdk_cpu * 1e6:.0f}",
         }
     )
     rows.append(
