@@ -1700,6 +1700,17 @@ def _handle_converter(wt: WitType, at_handle: _Conv) -> _Conv | None:
         return lambda ctx, v: tuple(
             p(ctx, x) if p is not None else x for p, x in zip(parts, v, strict=True)
         )
+    if isinstance(wt, ResultType) and _mentions_resources(wt):
+        # wasi:http's response-outparam.set takes result<own<outgoing-response>, error-code>.
+        ok = _handle_converter(wt.ok, at_handle) if wt.ok is not None else None
+        err = _handle_converter(wt.err, at_handle) if wt.err is not None else None
+        return lambda ctx, v: (
+            OkValue(ok(ctx, v.value))
+            if ok is not None and isinstance(v, OkValue)
+            else ErrValue(err(ctx, v.value))
+            if err is not None and isinstance(v, ErrValue)
+            else v
+        )
     if isinstance(wt, RecordType | VariantType | ResultType | MapType):
         if _mentions_resources(wt):
             raise HostError(f"mighty's gate does not pass resources inside {wt} to the host yet")

@@ -33,7 +33,7 @@ from mighty.engine import (
     restore_memory,
     shielded,
 )
-from mighty.gate import CallHook, Gate, GuestContext, Seed
+from mighty.gate import CallHook, Gate, GuestContext, Handle, Seed
 from mighty.instance._recording import Recording, RecordSink
 from mighty.wasi import WASI_POLICY, CaptureOutput, Policy, WasiProvider, outputs
 
@@ -214,7 +214,11 @@ class Instance:
             lowered = native.lower(args)
             if lowered is not None:
                 return self._call_native(name, export, native, lowered, args, budget, cancel)
-        params = codec.lower_params(self._meter.store, args)
+        # A Handle (from this instance's ``context.new``) goes to the guest as its own resource.
+        lowered_args = [
+            wc.ResourceHost.own(a.rep, a.kind.type_id) if type(a) is Handle else a for a in args
+        ]
+        params = codec.lower_params(self._meter.store, lowered_args)
         recording = self._recording
         if recording is not None:
             recording.begin_export(name, args, asdict(budget))

@@ -744,7 +744,8 @@ class InstanceRecording:
                 "i": self.instance_id,
                 "s": self._next_step(),
                 "fn": name,
-                "args": list(args),
+                # A host resource passed in (wasi:http serve's request) as its HandleRef.
+                "args": [to_refs(a) if type(a) is Handle else a for a in args],
                 "budget": budget,
             }
         )

@@ -735,7 +735,7 @@ def _replay_export(
     outcome: dict[str, Any]
     budget, capped = limits.cap(record["budget"], record["@"])
     try:
-        value = live.call(record["fn"], *record["args"], budget=budget)
+        value = live.call(record["fn"], *_materialize(live.context, record["args"]), budget=budget)
         outcome = {"ok": True, "res": value, "error": None}
     except NondeterminismError:
         raise

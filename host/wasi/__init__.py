@@ -1,7 +1,13 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
 from mighty.wasi._cli import outputs
-from mighty.wasi._http import HTTP_RESPONDER
+from mighty.wasi._http import (
+    HTTP_RESPONDER,
+    RequestBody,
+    ServedRequest,
+    ServedResponse,
+    incoming_handler_args,
+)
 from mighty.wasi._http_client import Exchange, PreparedRequest, Responder, error_code
 from mighty.wasi._http_policy import HttpGrant, HttpLimits, HttpPolicy, Origin, Secret
 from mighty.wasi._logging import LOG_SINK, LogSink
@@ -26,9 +32,13 @@ __all__ = [
     "OutputPolicy",
     "Policy",
     "PreparedRequest",
+    "RequestBody",
     "Responder",
     "Secret",
+    "ServedRequest",
+    "ServedResponse",
     "WasiProvider",
     "error_code",
+    "incoming_handler_args",
     "outputs",
 ]

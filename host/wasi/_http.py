@@ -21,9 +21,22 @@ none. Header names and values are checked as RFC 9110 asks, and the hop-by-hop h
 owns (``host``, ``connection``, ``transfer-encoding``, ...) are ``forbidden`` to the guest, as
 wasmtime forbids them.
 
-The server side of the types (``incoming-request``, ``response-outparam``) has no object in
-this host: nothing makes one, so a call naming one is a contract violation. ``outgoing-
-response`` works as data (the ``mty serve`` side will hand them on).
+The server side (``incoming-request``, ``response-outparam``, ``outgoing-response``) is what
+``mty serve`` (:mod:`mighty.serve`) hands an instance: :func:`incoming_handler_args` puts a
+:class:`ServedRequest` and a :class:`ServedResponse` in the instance's tables, and the host calls
+``wasi:http/incoming-handler.handle`` with them. The server feeds the request body from its
+connection (:class:`RequestBody`, bounded and read by the guest through the same
+``incoming-body`` and reader as a client's response body: one implementation of the type), and
+reads the response as the guest writes it: the head when the guest calls
+``response-outparam.set``, then the body chunk by chunk through a window of ``window`` bytes,
+so a guest writing faster than the client reads waits in ``check-write`` (its pollable wakes
+when the server drains), and a client that goes away fails the guest's next write ``closed``.
+An ``outgoing-response`` made outside a server is data the guest may build and drop.
+
+Rejected for the server side: buffering the whole response before sending it (a streaming
+handler would hold its whole output in the host, and the client would see nothing until the
+end); a blocking write that sleeps in the host until the client reads (a wait outside the
+poll machinery would not see the call's deadline and cancel scope).
 
 Rejected: making the request synchronously inside ``handle`` (one request at a time, and a
 slow server would stall the guest's other work); following redirects in the host (each hop
@@ -34,9 +47,10 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mighty.abi import Err, Ok, Variant
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Slot
@@ -62,7 +76,17 @@ from mighty.wasi._streams import (
     StreamFailed,
 )
 
-__all__ = ["HTTP_RESPONDER", "bindings", "close_all", "resources", "setup"]
+__all__ = [
+    "HTTP_RESPONDER",
+    "RequestBody",
+    "ServedRequest",
+    "ServedResponse",
+    "bindings",
+    "close_all",
+    "incoming_handler_args",
+    "resources",
+    "setup",
+]
 
 _TYPES = "wasi:http/types"
 _HANDLER = "wasi:http/outgoing-handler"
@@ -295,17 +319,19 @@ class _BodyWriter(OutputStream):
 
 
 class _OutgoingBody:
-    """The guest's handle on a body: its stream is taken once; finish or drop ends it."""
+    """The guest's handle on a body it writes: a request's (``BodyBuffer``, sent whole) or a
+    response's (``_ResponseBody``, streamed to a server's client); its stream is taken once;
+    finish or drop ends it."""
 
-    def __init__(self, buffer: BodyBuffer) -> None:
-        self.buffer = buffer
+    def __init__(self, target: BodyBuffer | _ResponseBody) -> None:
+        self.target = target
         self.stream_taken = False
         self.finished = False
 
 
 def _drop_outgoing_body(_ctx: GuestContext, body: object) -> None:
     if isinstance(body, _OutgoingBody) and not body.finished:
-        body.buffer.abort()
+        body.target.abort()
 
 
 class _OutgoingRequest:
@@ -529,7 +555,9 @@ def _body_write(ctx: GuestContext, body: _OutgoingBody) -> Ok | Err:
     if body.stream_taken:
         return Err(None)
     body.stream_taken = True
-    return Ok(ctx.new(OUTPUT_STREAM, _BodyWriter(body.buffer)))
+    target = body.target
+    writer = _BodyWriter(target) if isinstance(target, BodyBuffer) else _ResponseWriter(target)
+    return Ok(ctx.new(OUTPUT_STREAM, writer))
 
 
 def _body_finish(_ctx: GuestContext, body: _OutgoingBody, trailers: _Fields | None) -> Ok | Err:
@@ -537,9 +565,9 @@ def _body_finish(_ctx: GuestContext, body: _OutgoingBody, trailers: _Fields | No
     if trailers is not None:
         trailers.release()
         if trailers.entries:
-            body.buffer.abort()
-            return Err(error_code("internal-error", "request trailers are not supported"))
-    body.buffer.finish()
+            body.target.abort()
+            return Err(error_code("internal-error", "trailers are not supported"))
+    body.target.finish()
     return Ok(None)
 
 
@@ -614,54 +642,69 @@ def _response_consume(ctx: GuestContext, response: _IncomingResponse) -> Ok | Er
     return Ok(ctx.new(INCOMING_BODY, _IncomingBody(response.exchange)))
 
 
+class _BodySource(Protocol):
+    """What an ``incoming-body`` reads: a client's response (:class:`Exchange`, fed by its
+    worker) or a served request (:class:`RequestBody`, fed by the server)."""
+
+    stream_taken: bool
+    cancelled: bool
+    wake: threading.Event
+
+    def read(self, limit: int) -> tuple[bytes, bool, Variant | None]: ...
+
+    def body_ready(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
 class _IncomingBody:
-    def __init__(self, exchange: Exchange) -> None:
-        self.exchange = exchange
+    def __init__(self, source: _BodySource) -> None:
+        self.source = source
 
 
 def _drop_incoming_body(_ctx: GuestContext, body: object) -> None:
-    if isinstance(body, _IncomingBody) and not body.exchange.stream_taken:
-        body.exchange.cancel()
+    if isinstance(body, _IncomingBody) and not body.source.stream_taken:
+        body.source.cancel()
 
 
 class _BodyReader(InputStream):
-    """A response body as the guest reads it: what the worker buffered, then the end."""
+    """A body as the guest reads it: what the worker or the server buffered, then the end."""
 
-    def __init__(self, exchange: Exchange) -> None:
-        self.exchange = exchange
+    def __init__(self, source: _BodySource) -> None:
+        self.source = source
 
     def read(self, limit: int) -> bytes:
-        data, ended, error = self.exchange.read(limit)
+        data, ended, error = self.source.read(limit)
         if data:
             return data
         if error is not None:
-            raise StreamFailed(f"response body failed: {error.case}", error)
+            raise StreamFailed(f"body failed: {error.case}", error)
         if ended:
             raise StreamClosed
-        if self.exchange.cancelled:
-            raise StreamFailed("the request was cancelled", error_code("connection-terminated"))
+        if self.source.cancelled:
+            raise StreamFailed("the body was cancelled", error_code("connection-terminated"))
         return b""
 
     def ready(self) -> bool:
-        return self.exchange.body_ready() or self.exchange.cancelled
+        return self.source.body_ready() or self.source.cancelled
 
     def waker(self) -> threading.Event | None:
-        return self.exchange.wake
+        return self.source.wake
 
     def close(self) -> None:
-        self.exchange.cancel()
+        self.source.cancel()
 
 
 def _incoming_body_stream(ctx: GuestContext, body: _IncomingBody) -> Ok | Err:
-    if body.exchange.stream_taken:
+    if body.source.stream_taken:
         return Err(None)
-    body.exchange.stream_taken = True
-    return Ok(ctx.new(INPUT_STREAM, _BodyReader(body.exchange)))
+    body.source.stream_taken = True
+    return Ok(ctx.new(INPUT_STREAM, _BodyReader(body.source)))
 
 
 def _incoming_body_finish(ctx: GuestContext, body: _IncomingBody) -> Any:
-    if not body.exchange.stream_taken:
-        body.exchange.cancel()
+    if not body.source.stream_taken:
+        body.source.cancel()
     return ctx.new(FUTURE_TRAILERS, _Trailers())
 
 
@@ -685,20 +728,353 @@ def _http_error_code(_ctx: GuestContext, error: object) -> Variant | None:
     return code if isinstance(code, Variant) else None
 
 
-# -- outgoing responses (data only; the serve side hands them on) -----------------------------
+# -- the server side: incoming requests, response outparams, outgoing responses ---------------
+
+_METHODS = frozenset(
+    {"get", "head", "post", "put", "delete", "connect", "options", "trace", "patch"}
+)
+
+
+class RequestBody:
+    """A served request's body: the server feeds it from its connection (any thread), the
+    guest reads it through ``incoming-body``. The server bounds it: it stops reading its
+    socket while :attr:`buffered` is over its window and resumes when ``on_read`` says the
+    guest took some."""
+
+    def __init__(self, on_read: Callable[[], None] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        """Set after each change; :func:`incoming_handler_args` makes it the instance's own."""
+        self.on_read = on_read
+        self._chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.received = 0
+        self.eof = False
+        self.error: Variant | None = None
+        self.cancelled = False
+        self.stream_taken = False
+        self.body_taken = False
+
+    # -- the server's side -----------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Bytes from the connection (dropped if the guest cancelled the body)."""
+        with self.lock:
+            if self.cancelled or self.eof or self.error is not None:
+                return
+            self._chunks.append(bytes(data))
+            self.buffered += len(data)
+            self.received += len(data)
+        self.wake.set()
+
+    def end(self) -> None:
+        """The whole body has arrived."""
+        with self.lock:
+            self.eof = True
+        self.wake.set()
+
+    def fail(self, code: Variant) -> None:
+        """The body cannot be completed (too large, the client stalled or went away): the
+        guest's next read fails with ``code`` once it has read what arrived."""
+        with self.lock:
+            if not self.eof and self.error is None:
+                self.error = code
+        self.wake.set()
+
+    # -- the guest's side (the _BodySource protocol) ----------------------------------------
+
+    def body_ready(self) -> bool:
+        with self.lock:
+            return bool(self._chunks) or self.eof or self.error is not None
+
+    def read(self, limit: int) -> tuple[bytes, bool, Variant | None]:
+        with self.lock:
+            out = bytearray()
+            while self._chunks and len(out) < limit:
+                chunk = self._chunks.popleft()
+                room = limit - len(out)
+                if len(chunk) > room:
+                    self._chunks.appendleft(chunk[room:])
+                    chunk = chunk[:room]
+                out += chunk
+            self.buffered -= len(out)
+            ended = not self._chunks and (self.eof or self.error is not None)
+            error = self.error if ended else None
+        if out and self.on_read is not None:
+            self.on_read()
+        return bytes(out), ended, error
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            self._chunks.clear()
+            self.buffered = 0
+        if self.on_read is not None:
+            self.on_read()
+
+
+@dataclass(slots=True)
+class ServedRequest:
+    """An HTTP request a server hands to an instance's ``incoming-handler.handle``."""
+
+    method: str
+    """As sent (``GET``; any token)."""
+    path_with_query: str
+    scheme: str | None
+    """``http``, ``https`` or None."""
+    authority: str | None
+    headers: list[tuple[str, bytes]]
+    body: RequestBody
+
+
+class _ResponseBody:
+    """The body of an ``outgoing-response``: what the guest wrote and the server has not
+    taken yet, at most ``window`` bytes of it; ``limit`` bytes in all."""
+
+    def __init__(self, limit: int, wake: threading.Event, window: int = 1 << 20) -> None:
+        self.lock = threading.Lock()
+        self.limit = limit
+        self.wake = wake
+        self.window = window
+        self._chunks: deque[bytes] = deque()
+        self.pending = 0
+        self.written = 0
+        self.finished = False
+        self.aborted = False
+        self.closed = False
+        self.notify: Callable[[], None] | None = None
+        """Set when the response reaches a server: called after each write, finish, abort."""
+
+    # -- the guest's side -------------------------------------------------------------------
+
+    def room(self) -> int:
+        with self.lock:
+            if self.closed or self.finished or self.aborted:
+                raise StreamClosed
+            return max(0, self.window - self.pending)
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            size = self.written + len(data)
+            if size > self.limit:
+                raise StreamFailed(
+                    f"response body over its limit of {self.limit} bytes",
+                    error_code("HTTP-response-body-size", size),
+                )
+            self._chunks.append(data)
+            self.pending += len(data)
+            self.written = size
+            notify = self.notify
+        if notify is not None:
+            notify()
+
+    def finish(self) -> None:
+        with self.lock:
+            self.finished = True
+            notify = self.notify
+        if notify is not None:
+            notify()
+
+    def abort(self) -> None:
+        with self.lock:
+            if self.finished:
+                return
+            self.aborted = True
+            notify = self.notify
+        if notify is not None:
+            notify()
+
+    # -- the server's side ------------------------------------------------------------------
+
+    def take(self, limit: int) -> tuple[bytes, bool, bool]:
+        """Up to ``limit`` written bytes; whether the body is complete (finished and all
+        taken); whether the guest abandoned it unfinished."""
+        with self.lock:
+            out = bytearray()
+            while self._chunks and len(out) < limit:
+                chunk = self._chunks.popleft()
+                room = limit - len(out)
+                if len(chunk) > room:
+                    self._chunks.appendleft(chunk[room:])
+                    chunk = chunk[:room]
+                out += chunk
+            self.pending -= len(out)
+            done = self.finished and not self._chunks
+            aborted = self.aborted
+        if out:
+            self.wake.set()
+        return bytes(out), done, aborted
+
+    def close(self) -> None:
+        """The client is gone: the guest's next write fails ``closed``."""
+        with self.lock:
+            self.closed = True
+            self._chunks.clear()
+            self.pending = 0
+        self.wake.set()
+
+
+class _ResponseWriter(OutputStream):
+    """The output stream of a response body: as much as the window has room for."""
+
+    def __init__(self, body: _ResponseBody) -> None:
+        self.body = body
+
+    def check_write(self) -> int:
+        return self.body.room()
+
+    def write(self, data: bytes) -> None:
+        self.body.write(bytes(data))
+
+    def ready(self) -> bool:
+        try:
+            return self.body.room() > 0
+        except StreamClosed:
+            return True
+
+    def waker(self) -> threading.Event | None:
+        return self.body.wake
+
+
+class ServedResponse:
+    """The host side of a ``response-outparam``: what the guest answered, for the server.
+
+    ``notify`` is called (on the guest's thread) whenever something changed: the head was
+    set, body bytes were written, the body was finished or abandoned, the outparam dropped.
+    """
+
+    def __init__(
+        self, notify: Callable[[], None] | None = None, *, limit: int | None = None
+    ) -> None:
+        self.notify = notify
+        self.limit = limit
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: _ResponseBody | None = None
+        self.error: Variant | None = None
+        """The ``error-code`` the guest answered instead of a response."""
+        self.dropped = False
+
+    @property
+    def answered(self) -> bool:
+        """Whether the guest set a response or an error."""
+        return self.status is not None or self.error is not None
+
+    def _changed(self) -> None:
+        if self.notify is not None:
+            self.notify()
+
+
+def _drop_outparam(_ctx: GuestContext, out: object) -> None:
+    if isinstance(out, ServedResponse):
+        out.dropped = True
+        out._changed()
+
+
+class _IncomingRequest:
+    def __init__(self, request: ServedRequest) -> None:
+        self.request = request
+        self.method = _method_variant(request.method)
+        self.scheme = _scheme_variant(request.scheme)
+        self.headers = [(k.lower(), bytes(v)) for k, v in request.headers]
+
+
+def _method_variant(method: str) -> Variant:
+    lower = method.lower()
+    if lower in _METHODS and method == method.upper():
+        return Variant(lower)
+    return Variant("other", method)
+
+
+def _scheme_variant(scheme: str | None) -> Variant | None:
+    if scheme is None:
+        return None
+    if scheme.lower() in ("http", "https"):
+        return Variant(scheme.upper())
+    return Variant("other", scheme)
+
+
+def _drop_incoming_request(_ctx: GuestContext, request: object) -> None:
+    if isinstance(request, _IncomingRequest) and not request.request.body.body_taken:
+        request.request.body.cancel()
+
+
+def _incoming_method(_ctx: GuestContext, request: _IncomingRequest) -> Variant:
+    return request.method
+
+
+def _incoming_path(_ctx: GuestContext, request: _IncomingRequest) -> str | None:
+    return request.request.path_with_query
+
+
+def _incoming_scheme(_ctx: GuestContext, request: _IncomingRequest) -> Variant | None:
+    return request.scheme
+
+
+def _incoming_authority(_ctx: GuestContext, request: _IncomingRequest) -> str | None:
+    return request.request.authority
+
+
+def _incoming_headers(ctx: GuestContext, request: _IncomingRequest) -> Any:
+    # A child view, as the response's: immutable, charged to nobody (the server bounded it).
+    return ctx.new(FIELDS, _Fields(None, request.headers, immutable=True))
+
+
+def _incoming_consume(ctx: GuestContext, request: _IncomingRequest) -> Ok | Err:
+    body = request.request.body
+    if body.body_taken:
+        return Err(None)
+    body.body_taken = True
+    return Ok(ctx.new(INCOMING_BODY, _IncomingBody(body)))
+
+
+def _outparam_set(ctx: GuestContext, out: ServedResponse, response: Ok | Err) -> None:
+    if isinstance(response, Err):
+        code = response.value
+        out.error = code if isinstance(code, Variant) else error_code("internal-error", None)
+        out._changed()
+        return
+    outgoing = response.value
+    if not isinstance(outgoing, _OutgoingResponse):
+        raise GuestViolation("wasi:http response-outparam.set: not an outgoing-response")
+    body = outgoing.body
+    with body.lock:
+        if out.limit is not None:
+            body.limit = min(body.limit, out.limit)
+        body.notify = out._changed
+    out.headers = outgoing.headers.lowered()
+    out.body = body
+    out.status = outgoing.status
+    out._changed()
+
+
+def incoming_handler_args(
+    ctx: GuestContext, request: ServedRequest, response: ServedResponse
+) -> tuple[Any, Any]:
+    """The two arguments of ``wasi:http/incoming-handler.handle`` for this instance:
+    ``request`` as its ``incoming-request`` and ``response`` as its ``response-outparam``
+    (handles the guest owns once the call is made)."""
+    state = ctx.slot(_STATE)
+    request.body.wake = state.wake
+    return (
+        ctx.new(INCOMING_REQUEST, _IncomingRequest(request)),
+        ctx.new(RESPONSE_OUTPARAM, response),
+    )
 
 
 class _OutgoingResponse:
-    def __init__(self, headers: _Fields, limit: int) -> None:
+    def __init__(self, headers: _Fields, limit: int, wake: threading.Event) -> None:
         headers.immutable = True
         self.headers = headers
         self.status = 200
-        self.body = BodyBuffer(limit)
+        self.body = _ResponseBody(limit, wake)
         self.body_taken = False
 
 
 def _outgoing_response_new(ctx: GuestContext, headers: _Fields) -> Any:
-    return ctx.new(OUTGOING_RESPONSE, _OutgoingResponse(headers, _limits(ctx).max_response_bytes))
+    state = ctx.slot(_STATE)
+    response = _OutgoingResponse(headers, state.policy.limits.max_response_bytes, state.wake)
+    return ctx.new(OUTGOING_RESPONSE, response)
 
 
 def _outgoing_response_status(_ctx: GuestContext, response: _OutgoingResponse) -> int:
@@ -725,12 +1101,6 @@ def _outgoing_response_body(ctx: GuestContext, response: _OutgoingResponse) -> O
     return Ok(ctx.new(OUTGOING_BODY, _OutgoingBody(response.body)))
 
 
-def _no_incoming(_ctx: GuestContext, *_args: object) -> Any:
-    raise GuestViolation(
-        "wasi:http: this host has no incoming requests or response outparams outside a server"
-    )
-
-
 # -- the interface ----------------------------------------------------------------------------
 
 FIELDS = ResourceKind(_TYPES, "fields", on_drop=_drop_fields)
@@ -742,8 +1112,8 @@ INCOMING_RESPONSE = ResourceKind(_TYPES, "incoming-response", on_drop=_drop_resp
 INCOMING_BODY = ResourceKind(_TYPES, "incoming-body", on_drop=_drop_incoming_body)
 FUTURE_TRAILERS = ResourceKind(_TYPES, "future-trailers")
 OUTGOING_RESPONSE = ResourceKind(_TYPES, "outgoing-response")
-INCOMING_REQUEST = ResourceKind(_TYPES, "incoming-request")
-RESPONSE_OUTPARAM = ResourceKind(_TYPES, "response-outparam")
+INCOMING_REQUEST = ResourceKind(_TYPES, "incoming-request", on_drop=_drop_incoming_request)
+RESPONSE_OUTPARAM = ResourceKind(_TYPES, "response-outparam", on_drop=_drop_outparam)
 
 
 def resources() -> list[ResourceKind]:
@@ -764,7 +1134,8 @@ def resources() -> list[ResourceKind]:
 
 
 def bindings() -> list[Binding]:
-    """Every function of wasi:http/types and wasi:http/outgoing-handler 0.2."""
+    """Every function of wasi:http/types and wasi:http/outgoing-handler 0.2 (the server side
+    of the types included: ``incoming-handler`` is an export, called by the host)."""
     t = _TYPES
     out = [
         Binding(t, "[constructor]fields", _fields_new),
@@ -813,14 +1184,13 @@ def bindings() -> list[Binding]:
         )
         out.append(Binding(t, f"[method]request-options.{which}", _getter(attr)))
         out.append(Binding(t, f"[method]request-options.set-{which}", _setter(attr)))
-    for name in (
-        "[method]incoming-request.method",
-        "[method]incoming-request.path-with-query",
-        "[method]incoming-request.scheme",
-        "[method]incoming-request.authority",
-        "[method]incoming-request.headers",
-        "[method]incoming-request.consume",
-        "[static]response-outparam.set",
-    ):
-        out.append(Binding(t, name, _no_incoming))
+    out += [
+        Binding(t, "[method]incoming-request.method", _incoming_method),
+        Binding(t, "[method]incoming-request.path-with-query", _incoming_path),
+        Binding(t, "[method]incoming-request.scheme", _incoming_scheme),
+        Binding(t, "[method]incoming-request.authority", _incoming_authority),
+        Binding(t, "[method]incoming-request.headers", _incoming_headers),
+        Binding(t, "[method]incoming-request.consume", _incoming_consume),
+        Binding(t, "[static]response-outparam.set", _outparam_set),
+    ]
     return out
