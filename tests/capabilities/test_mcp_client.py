@@ -14,7 +14,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+import mcp_types
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mighty._errors import BadInput
 from mighty.capabilities import (
@@ -24,6 +27,7 @@ from mighty.capabilities import (
     McpUnavailable,
     mcp_tools,
 )
+from mighty.capabilities._mcp_client import result_value
 from tests.capabilities.conftest import (
     HTTP_TOKEN,
     TOKEN_ENV,
@@ -86,6 +90,45 @@ def test_a_named_tool_the_server_lacks_fails_typed(stdio_server: Factory) -> Non
 
 
 # -- calls and results --------------------------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_TEXTS = st.lists(st.text(max_size=12), max_size=4)
+
+
+@given(_TEXTS, st.one_of(st.none(), st.dictionaries(st.text(max_size=4), _JSON, max_size=3)))
+def test_result_value_of_any_result(texts: list[str], structured: dict[str, object] | None) -> None:
+    """A result is its structured content when it has some, else its text blocks joined by
+    newlines; an error result raises with its text, whatever else it holds."""
+    blocks = [mcp_types.TextContent(type="text", text=t) for t in texts]
+    result = mcp_types.CallToolResult(content=blocks, structured_content=structured)
+    expected = structured if structured is not None else "\n".join(texts)
+    assert result_value("s", "t", result) == expected
+    failed = mcp_types.CallToolResult(content=blocks, structured_content=structured, is_error=True)
+    with pytest.raises(McpToolFailed) as caught:
+        result_value("s", "t", failed)
+    assert str(caught.value) == "s.t: " + ("\n".join(texts) or "the tool failed")
+
+
+@given(_TEXTS, st.binary(min_size=1, max_size=12))
+def test_result_value_keeps_blocks_that_are_not_text(texts: list[str], data: bytes) -> None:
+    """A result with a block that is not text (an image) comes back as the blocks, as JSON."""
+    import base64
+
+    image = mcp_types.ImageContent(
+        type="image", data=base64.b64encode(data).decode(), mime_type="image/png"
+    )
+    blocks = [*(mcp_types.TextContent(type="text", text=t) for t in texts), image]
+    value = result_value("s", "t", mcp_types.CallToolResult(content=blocks))
+    assert value == [
+        *({"type": "text", "text": t} for t in texts),
+        {"type": "image", "data": image.data, "mimeType": "image/png"},
+    ]
 
 
 def test_values_come_back_unwrapped(shared: McpClient) -> None:
