@@ -25,15 +25,17 @@ magic, all before it is read whole.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import cbor2
 
@@ -68,7 +70,9 @@ __all__ = [
     "ReplayLimitExceeded",
     "ReplayLimits",
     "ReplayReport",
+    "StateAt",
     "replay_trace",
+    "state_at",
 ]
 
 _INTERRUPTIONS = ("deadline_exceeded", "cancelled")
@@ -82,12 +86,16 @@ class ReplayLimits:
 
     ``fuel`` and ``memory`` per call (``memory`` also per instance), ``timeout`` seconds per
     call, ``component_bytes`` the largest component file a trace may make the replayer read.
+    ``timeout_from_trace=False`` gives every call ``timeout`` whatever the trace recorded: the
+    debugger's calls stop at its prompt for as long as a person reads, and a recorded deadline
+    is replayed by stopping at the call's last recorded import, not by the clock.
     """
 
     fuel: int = DEFAULT_FUEL
     memory: int = DEFAULT_MEMORY
     timeout: float = 60.0
     component_bytes: int = 256 << 20
+    timeout_from_trace: bool = True
 
     def __post_init__(self) -> None:
         Budget(fuel=self.fuel, memory=self.memory, timeout=self.timeout)  # same validation
@@ -103,7 +111,7 @@ class ReplayLimits:
         granted = Budget(
             fuel=min(asked.fuel, self.fuel),
             memory=min(asked.memory, self.memory),
-            timeout=min(asked.timeout, self.timeout),
+            timeout=min(asked.timeout, self.timeout) if self.timeout_from_trace else self.timeout,
         )
         return granted, granted != asked
 
@@ -136,6 +144,9 @@ class ReplayEvent:
 
     ``kind`` is ``call`` (an export is about to be called), ``import`` (the guest made a recorded
     import; ``result`` is what it gets back) or ``export`` (the export returned ``result``).
+    ``offset`` is the byte offset of its record in the trace: records are appended in the order
+    they happened across every instance of the run, so ``offset`` orders events globally;
+    ``agent`` is the address the instance had, when it was an agent.
     """
 
     index: int
@@ -147,6 +158,8 @@ class ReplayEvent:
     args: Any
     result: Any = None
     fuel: int | None = None
+    offset: int = -1
+    agent: str | None = None
 
 
 class ReplayAborted(Exception):
@@ -268,6 +281,53 @@ def _canonical(value: Any) -> bytes:
         return cbor2.dumps(encode_value(value), canonical=True)
 
 
+class _Sequencer:
+    """Lets the instances of a replay, each on its own thread, pass their events in the order
+    the trace recorded them across the run (``order="recorded"``).
+
+    Each instance has a cursor: the offset of the next record it may pass (exact while it waits
+    at one, a lower bound while its guest runs between two). An instance passes the event at
+    ``offset`` once every other instance's cursor is beyond it, so exactly one event is in
+    flight at a time and the observer sees them by offset. A record that is never an event (a
+    close, a call the trace ends inside) holds no one up: the cursor moves past it when its
+    instance passes the next event or finishes. After a failure every waiting instance is
+    stopped with :class:`ReplayAborted`.
+    """
+
+    def __init__(self, groups: dict[int, list[dict[str, Any]]]) -> None:
+        self._cond = threading.Condition()
+        self._offsets = {i: [int(r["@"]) for r in records] for i, records in groups.items()}
+        self._cursor = {i: offsets[0] for i, offsets in self._offsets.items()}
+        self.failed = False
+
+    def wait(self, instance: int, offset: int) -> None:
+        with self._cond:
+            self._cursor[instance] = offset
+            self._cond.notify_all()
+            while not self.failed and any(
+                at < offset for other, at in self._cursor.items() if other != instance
+            ):
+                self._cond.wait()
+            if self.failed:
+                raise ReplayAborted
+
+    def passed(self, instance: int, offset: int) -> None:
+        offsets = self._offsets[instance]
+        at = bisect.bisect_right(offsets, offset)
+        with self._cond:
+            self._cursor[instance] = offsets[at] if at < len(offsets) else _END
+            self._cond.notify_all()
+
+    def finished(self, instance: int, failed: bool) -> None:
+        with self._cond:
+            self._cursor[instance] = _END
+            self.failed = self.failed or failed
+            self._cond.notify_all()
+
+
+_END = 1 << 62
+
+
 class _Replayer:
     """The gate hook answering one instance's imports from its recorded records."""
 
@@ -277,8 +337,12 @@ class _Replayer:
         observer: Observer | None,
         counter: list[int],
         canonical: dict[int, tuple[dict[str, Any], bytes]] | None = None,
+        sequencer: _Sequencer | None = None,
+        agent: str | None = None,
     ) -> None:
         self.instance = instance
+        self.sequencer = sequencer
+        self.agent = agent
         # Import records' canonical bytes as the reader worked them out, by the record's id.
         self.canonical = canonical if canonical is not None else {}
         self.observer = observer
@@ -347,6 +411,7 @@ class _Replayer:
                 _refs(args),
                 result,
                 record.get("fuel"),
+                record["@"],
             )
         if binding.name in _OUTPUT_NAMES:
             self._track_output(binding.name, _refs(args), result)
@@ -376,23 +441,33 @@ class _Replayer:
         args: Any,
         result: Any = None,
         fuel: Any = None,
+        offset: int = -1,
     ) -> None:
         if self.observer is None:
             return
+        sequencer = self.sequencer
+        if sequencer is not None:
+            sequencer.wait(self.instance, offset)
         self.counter[0] += 1
-        self.observer(
-            ReplayEvent(
-                self.counter[0],
-                self.instance,
-                int(step),
-                kind,
-                interface,
-                function,
-                args,
-                result,
-                fuel if isinstance(fuel, int) else None,
+        try:
+            self.observer(
+                ReplayEvent(
+                    self.counter[0],
+                    self.instance,
+                    int(step),
+                    kind,
+                    interface,
+                    function,
+                    args,
+                    result,
+                    fuel if isinstance(fuel, int) else None,
+                    offset,
+                    self.agent,
+                )
             )
-        )
+        finally:
+            if sequencer is not None:
+                sequencer.passed(self.instance, offset)
 
     def _track_output(self, name: str, args: list[Any], result: Any) -> None:
         # Rebuild stdout/stderr from the writes on the streams get-stdout/get-stderr returned.
@@ -563,10 +638,11 @@ def replay_trace(
     substitute: str | Path | None = None,
     observer: Observer | None = None,
     limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
-    agent: str | None = None,
+    agent: str | Sequence[str] | None = None,
     component_dirs: Sequence[Path] = (),
     store: ComponentStore | None = None,
     progress: Progress | None = None,
+    order: Literal["instance", "recorded"] = "instance",
 ) -> ReplayReport:
     """Replay a trace (or one instance of it); return the report or raise on divergence.
 
@@ -574,11 +650,17 @@ def replay_trace(
     (``store``, default the cache's), the absolute path recorded in the trace, ``components``
     (sha256 -> path), then any ``.wasm`` in ``component_dirs`` of the recorded size; their
     bytes must hash to the recorded sha256. ``agent`` (an address ``kv:3`` or a registered
-    name) replays only that agent's instances, every restart and swap of it, in order.
+    name, or several: a sub-graph) replays only those agents' instances, every restart and swap
+    of each, in order; a name the trace does not hold is an error. Every import is answered
+    from the trace, so agents replayed together get each other's messages as recorded.
     ``substitute`` replays every instance against that component instead (a new build): the
     report is then where it diverges.
     ``observer`` sees every call, import and export as it is replayed (the debugger pauses
-    there); raising :class:`ReplayAborted` from it ends the replay. ``limits`` caps every
+    there); raising :class:`ReplayAborted` from it ends the replay. ``order="recorded"`` runs
+    the instances side by side, one thread each, and shows the observer their events in the
+    order the trace recorded them across the run (an ask's callee handles the message
+    between the asker's call and its ask import); ``"instance"`` (the default) replays one
+    instance after another. The digest is the same either way. ``limits`` caps every
     recorded budget and the component files read (see :class:`ReplayLimits`). ``progress``
     hears about the compile of a component the cache does not hold (default: to stderr).
     """
@@ -597,23 +679,32 @@ def replay_trace(
         groups = {instance: groups[instance]}
     if agent is not None:
         groups = _agent_groups(groups, agent)
-    total = hashlib.sha256()
-    reports: list[InstanceReport] = []
+    _check_heads(groups)
     counter = [0]
+    sequencer = _Sequencer(groups) if order == "recorded" and observer is not None else None
+    replayers: dict[int, _Replayer] = {}
+    reports: dict[int, InstanceReport] = {}
     for instance_id, records in groups.items():
         head = records[0]
-        if head.get("k") != "instance":
-            raise TraceInvalid(
-                f"instance {instance_id} has no start record in the trace (its first record,"
-                f" at byte {head['@']}, is {head['k']!r})",
-                offset=head["@"],
-            )
+        agent_of = head.get("a")
+        replayers[instance_id] = _Replayer(
+            instance_id,
+            observer,
+            counter,
+            canonical,
+            sequencer,
+            agent_of if isinstance(agent_of, str) else None,
+        )
+        reports[instance_id] = InstanceReport(instance_id, head["component"])
+
+    def one(instance_id: int) -> None:
+        records = groups[instance_id]
+        head = records[0]
         if substitute:
             component = _read_component(Path(substitute), None, limits, report_to)
         else:
             component = _load(head, components, limits, component_dirs, store, report_to)
-        replayer = _Replayer(instance_id, observer, counter, canonical)
-        report = InstanceReport(instance_id, head["component"])
+        replayer = replayers[instance_id]
         steps = deque(records[1:])
         # Imports made while instantiating come before the first call record.
         while steps and steps[0]["k"] == "import":
@@ -622,14 +713,128 @@ def replay_trace(
         live = Instance(component, budget=budget, hooks=[replayer], gate=_replay_gate(component))
         live.context.replaying = True
         try:
-            _replay_calls(live, replayer, steps, report, limits)
+            _replay_calls(live, replayer, steps, reports[instance_id], limits)
         finally:
             live.close()
-        total.update(replayer.digest.digest())
-        reports.append(report)
-    if not any(r.exports or r.imports for r in reports):
+
+    if sequencer is None:
+        for instance_id in groups:
+            one(instance_id)
+    else:
+        _run_side_by_side(groups, one, sequencer)
+    total = hashlib.sha256()
+    for instance_id in groups:
+        total.update(replayers[instance_id].digest.digest())
+    if not any(r.exports or r.imports for r in reports.values()):
         raise TraceInvalid(f"{path} holds no call to replay", offset=-1)
-    return ReplayReport(Path(path), total.hexdigest(), reports, truncated)
+    return ReplayReport(Path(path), total.hexdigest(), list(reports.values()), truncated)
+
+
+@dataclass(frozen=True)
+class StateAt:
+    """What :func:`state_at` found: ``state`` (the bytes ``snapshot`` returned) or ``why``
+    there is none; ``exports`` is how many of the instance's export calls were replayed."""
+
+    state: bytes | None
+    why: str
+    exports: int
+
+
+def state_at(
+    path: str | Path,
+    instance: int,
+    before: int,
+    *,
+    limits: ReplayLimits = DEFAULT_REPLAY_LIMITS,
+    component_dirs: Sequence[Path] = (),
+    store: ComponentStore | None = None,
+    progress: Progress | None = None,
+) -> StateAt:
+    """The state ``instance`` had at byte offset ``before`` of the trace: a fresh instance of
+    its recorded component replays the export calls that ended before that point (checked as
+    any replay), then its ``snapshot`` export is called (any import it makes is refused).
+
+    The instance the debugger is stepping through is never asked: a ``snapshot`` call there
+    would run guest code the recording did not, and its fuel and heap would differ after."""
+    with TraceReader(path) as reader:
+        groups = _group(reader)
+    records = groups.get(instance)
+    if not records or records[0].get("k") != "instance":
+        raise HostError(f"the trace has no instance {instance}")
+    head = records[0]
+    steps = deque(r for r in records[1:] if int(r["@"]) < before)
+    for record in steps:
+        if record["k"] == "export" and not record["ok"]:
+            kind = (record.get("error") or {}).get("kind", "failed")
+            return StateAt(None, f"the instance failed in {record['fn']} ({kind}) by then", 0)
+    if not any(record["k"] == "export" for record in steps):
+        return StateAt(None, "no export call (init) has finished by then", 0)
+    component = _load(head, None, limits, component_dirs, store, progress or _stderr_progress)
+    if "snapshot" not in component.export_functions():
+        return StateAt(None, "the component exports no snapshot", 0)
+    replayer = _Replayer(instance, None, [0])
+    report = InstanceReport(instance, head["component"])
+    while steps and steps[0]["k"] == "import":
+        replayer.expected.append(steps.popleft())
+    budget, _ = limits.cap(head["budget"], head["@"])
+    live = Instance(component, budget=budget, hooks=[replayer], gate=_replay_gate(component))
+    live.context.replaying = True
+    try:
+        _replay_calls(live, replayer, steps, report, limits)
+        replayer.expected.clear()  # imports of a call still in flight at ``before``
+        replayer.stop_when_empty = False
+        try:
+            state = live.call("snapshot", budget=Budget(fuel=limits.fuel, memory=limits.memory))
+        except MightyError as exc:
+            return StateAt(None, f"snapshot failed: {exc.message}", report.exports)
+    finally:
+        live.close()
+    return StateAt(bytes(state), "", report.exports)
+
+
+def _check_heads(groups: dict[int, list[dict[str, Any]]]) -> None:
+    for instance_id, records in groups.items():
+        head = records[0]
+        if head.get("k") != "instance":
+            raise TraceInvalid(
+                f"instance {instance_id} has no start record in the trace (its first record,"
+                f" at byte {head['@']}, is {head['k']!r})",
+                offset=head["@"],
+            )
+
+
+def _run_side_by_side(
+    groups: dict[int, list[dict[str, Any]]],
+    one: Callable[[int], None],
+    sequencer: _Sequencer,
+) -> None:
+    """Replay every instance on its own thread, in step through ``sequencer``; raise the
+    first failure (a divergence before the aborts it caused in the other instances)."""
+    failures: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def run(instance_id: int) -> None:
+        failed = False
+        try:
+            one(instance_id)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            failed = True
+            with lock:
+                failures.append((instance_id, exc))
+        finally:
+            sequencer.finished(instance_id, failed)
+
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"mighty-replay-{i}", daemon=True)
+        for i in groups
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        real = [exc for _, exc in failures if not isinstance(exc, ReplayAborted)]
+        raise (real or [failures[0][1]])[0]
 
 
 def _unanswerable(ctx: GuestContext, *args: Any) -> Any:
@@ -731,7 +936,7 @@ def _replay_export(
     interrupted = not end["ok"] and (end.get("error") or {}).get("kind") in _INTERRUPTIONS
     replayer.stop_when_empty = interrupted
     report.exports += 1
-    replayer.notify("call", record["s"], "", record["fn"], record["args"])
+    replayer.notify("call", record["s"], "", record["fn"], record["args"], offset=record["@"])
     outcome: dict[str, Any]
     budget, capped = limits.cap(record["budget"], record["@"])
     try:
@@ -787,6 +992,7 @@ def _replay_export(
         record["args"],
         recorded["res"] if recorded["ok"] else recorded["error"],
         end.get("fuel"),
+        end["@"],
     )
 
 
@@ -825,17 +1031,24 @@ def _check_magic(head: bytes) -> None:
 
 
 def _agent_groups(
-    groups: dict[int, list[dict[str, Any]]], agent: str
+    groups: dict[int, list[dict[str, Any]]], agent: str | Sequence[str]
 ) -> dict[int, list[dict[str, Any]]]:
-    """The instances that were agent ``agent`` (by address, else by registered name)."""
-    by_address = {i: r for i, r in groups.items() if r[0].get("a") == agent}
-    chosen = by_address or {i: r for i, r in groups.items() if r[0].get("name") == agent}
-    if not chosen:
-        known = sorted({str(r[0]["a"]) for r in groups.values() if r[0].get("a") is not None})
-        raise HostError(
-            f"the trace has no agent {agent!r} (agents: {', '.join(known) or 'none recorded'})"
-        )
-    return chosen
+    """The instances that were agent ``agent`` (by address, else by registered name, else an
+    instance number), or any of several agents, in trace order; every one must be there."""
+    wanted = [agent] if isinstance(agent, str) else list(agent)
+    chosen: set[int] = set()
+    for name in wanted:
+        by_address = {i for i, r in groups.items() if r[0].get("a") == name}
+        found = by_address or {i for i, r in groups.items() if r[0].get("name") == name}
+        if not found and name.isdigit() and int(name) in groups:
+            found = {int(name)}
+        if not found:
+            known = sorted({str(r[0]["a"]) for r in groups.values() if r[0].get("a") is not None})
+            raise HostError(
+                f"the trace has no agent {name!r} (agents: {', '.join(known) or 'none recorded'})"
+            )
+        chosen |= found
+    return {i: r for i, r in groups.items() if i in chosen}
 
 
 def _load(
