@@ -1009,6 +1009,8 @@ class MemDescriptor(Descriptor):
                     raise FsError("no-entry", name)
                 if "directory" in open_flags:
                     raise FsError("invalid", "open-at cannot create a directory")
+                if dir_only(path):
+                    raise FsError("is-directory", "open-at creates files, and the path ends in /")
                 if parent.nlink == 0:
                     raise FsError("no-entry", "the directory was removed")
                 node = self.fs.add(parent, name, directory=False)
@@ -1069,6 +1071,10 @@ class MemDescriptor(Descriptor):
             if "." in (src_name, dst_name):
                 raise FsError("busy", "cannot rename '.'")
             node = self.fs.lookup(src_dir, src_name)
+            if dir_only(new) and not node.is_dir:
+                raise FsError(
+                    "not-directory", "only a directory can be renamed to a path ending in /"
+                )
             target = dst_dir.children.get(dst_name)
             if target is node:
                 return

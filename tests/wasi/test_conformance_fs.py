@@ -412,7 +412,11 @@ def test_trailing_slash_in_memory_directories() -> None:
         assert g.err("stat-at", m, NONE, "f/") == "not-directory"
         assert g.err("open-at", m, NONE, "f/", NONE, R) == "not-directory"
         assert g.err("unlink-file-at", m, "f/") == "not-directory"
+        assert g.err("open-at", m, NONE, "new/", CREATE, RW) == "is-directory"
+        assert g.err("rename-at", m, "f", m, "new/") == "not-directory"
         assert g.ok("stat-at", m, NONE, "d/")["type"] == "directory"
+        g.ok("rename-at", m, "d/", m, "d2/")
+        assert g.ok("stat-at", m, NONE, "d2/x")["type"] == "regular-file"
     finally:
         g.close()
 
