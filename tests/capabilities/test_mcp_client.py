@@ -103,8 +103,7 @@ _TEXTS = st.lists(st.text(max_size=12), max_size=4)
 
 @given(_TEXTS, st.one_of(st.none(), st.dictionaries(st.text(max_size=4), _JSON, max_size=3)))
 def test_result_value_of_any_result(texts: list[str], structured: dict[str, object] | None) -> None:
-    """A result is its structured content when it has some, else its text blocks joined by
-    newlines; an error result raises with its text, whatever else it holds."""
+    """Structured content wins, else the text blocks joined; an error result raises its text."""
     blocks = [mcp_types.TextContent(type="text", text=t) for t in texts]
     result = mcp_types.CallToolResult(content=blocks, structured_content=structured)
     expected = structured if structured is not None else "\n".join(texts)
@@ -248,8 +247,7 @@ def test_a_server_that_dies_mid_call_is_restarted(stdio_server: Factory) -> None
 
 
 def test_calls_while_down_fail_at_once(tmp_path: object) -> None:
-    """A server that exits at every start: after the first failure, waits and calls fail at
-    once (no connect timeout is waited out) with the reason, while restarts go on."""
+    """A server that exits at every start: after the first failure, waits and calls fail at once."""
     server = McpServer(
         "broken", command=(sys.executable, "-c", "raise SystemExit(4)"), connect_timeout=3600
     )

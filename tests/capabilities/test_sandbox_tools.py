@@ -75,8 +75,7 @@ def test_only_the_selected_tools_exist(box: Sandbox) -> None:
 
 
 def test_arguments_are_checked_against_the_schema(box: Sandbox) -> None:
-    """Arguments of the wrong type are a ToolError the code can catch, before the server is
-    called; a missing or unknown parameter is a TypeError, as for any Python function."""
+    """Wrong types are a ToolError before the server is called; missing/unknown: TypeError."""
     code = (
         "seen = []\n"
         "for call in (lambda: add(a='two'), lambda: read(path=3), lambda: add(a=1.5),\n"
@@ -136,8 +135,7 @@ def test_describe_tools_shows_typed_signatures(box: Sandbox) -> None:
 def test_a_recorded_run_replays_with_the_server_stopped(
     interpreter: object, tmp_path: Path
 ) -> None:
-    """A run recorded while calling the server replays from its trace after the server is
-    gone: the same tool results, by replay_trace and by `mty replay`."""
+    """A run recorded against the server replays (replay_trace, mty replay) with it stopped."""
     made = make_stdio_server(tmp_path, "recorded")
     trace = tmp_path / "run.bin"
     client = McpClient(made.server)
