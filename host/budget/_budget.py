@@ -18,6 +18,23 @@ while guest code runs and by host functions (``ctx.scope``) while the guest wait
 Rejected: ``Engine.increment_epoch`` from the cancelling thread with a deadline of one tick
 (that interrupts every store of the engine, not just the cancelled one).
 
+Fuel after an epoch stop. Wasmtime keeps a function's fuel count in a local and writes it to the
+store only at calls, returns and fuel checks that run out, never at an epoch check or a trap
+(bytecodealliance/wasmtime#13802): a call stopped by its deadline, a cancel or a signal while
+it ran a loop without calls (CPython's ``while True: pass`` is one function's loop) reported
+the fuel of its last call, ~500k for a second of work, and 0 for a WAT ``(loop (br 0))``.
+Nothing outside the guest can read that local. So the epoch callback notes, at each tick, when
+the count last moved (in the thread's CPU time, which a loaded machine does not stretch), and a
+call it stops is charged, on top of what wasmtime counted, the CPU time since then at the rate
+of a reference loop shaped like an interpreter's dispatch (a byte load, a ``br_table``, a few
+locals and a store), measured once per process. Exact when the guest makes calls; otherwise an
+estimate, never below what was counted and never above the budget: CPython's own loops burn
+about 0.8x the reference's fuel a CPU second, a bare ``(loop (br 0))`` 0.1x. Rejected: reading
+the count at the stop alone (the bug); the rate of the call's counted fuel (it counts the set-up
+before the loop, not the loop) or of the store's earlier calls (their wall time is mostly host
+work: 7 M fuel a second for the sandbox's); wall time (a second of it on a loaded machine is
+not a second of the guest's work).
+
 Every running call's scope is in one registry (``_ACTIVE``, keyed by its Meter), which the epoch
 callback reads. :func:`interrupting` uses it to stop them all at once: a process that is shutting
 down after a signal (`mty run`'s Ctrl-C) marks every running call interrupted, and every call
@@ -30,6 +47,7 @@ cancel scopes handed out per agent by the runtime (a call made by a host functio
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import math
@@ -166,6 +184,7 @@ def interrupting(signum: int) -> Iterator[int]:
 
 _INTERRUPTING_LOCK = threading.Lock()
 _now = time.monotonic
+_cpu = time.thread_time
 
 _STOP_MESSAGES = {
     "interrupt": "mighty: call interrupted by a signal",
@@ -179,11 +198,12 @@ def _stop(message: str) -> int:
     return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
 
 
-def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
+def _on_epoch(context: Any, key: int | None, delta: Any, kind: Any) -> int:
     state = None
     try:
         state = _ACTIVE.get(key or 0)
         if state is not None:
+            _mark_fuel(context, state)
             account = state.account
             if account is not None and account.denied is not None:
                 # The guest saw its grow fail (-1) and carried on; the ceiling is a hard limit.
@@ -202,6 +222,99 @@ def _on_epoch(_context: Any, key: int | None, delta: Any, kind: Any) -> int:
             state.stopped = "failure"
             state.failure = exc
         return _stop(f"mighty: epoch check failed: {exc!r}")
+
+
+def _mark_fuel(context: Any, state: CallScope) -> None:
+    """Note when the fuel count last moved (once a tick, in the epoch callback).
+
+    ``state.fuel_marks``: [fuel left at the latest move, its CPU time, the latest tick's CPU
+    time, the first tick's wall time].
+    """
+    fuel = ctypes.c_uint64()
+    error = _get_fuel(context, ctypes.byref(fuel))
+    if error:
+        ffi.wasmtime_error_delete(error)
+        return
+    left, cpu = float(fuel.value), _cpu()
+    marks = state.fuel_marks
+    if marks is None:
+        state.fuel_marks = [left, cpu, cpu, _now()]
+        return
+    if left != marks[0]:
+        marks[0] = left
+        marks[1] = cpu
+    marks[2] = cpu
+
+
+def _uncounted(state: CallScope, budget: Budget, counted: int, started: float) -> int:
+    """Fuel a call the epoch callback stopped spent past what wasmtime counted (see the module
+    docstring): the CPU time since the count last moved, at the reference rate."""
+    marks = state.fuel_marks
+    if marks is None:
+        return 0
+    left, moved, last, first_tick = marks
+    stale = last - moved
+    if left >= budget.fuel:
+        # Nothing counted since the call began: the loop ran from its start (before the first
+        # tick no CPU time was noted: the wall clock stands in for it).
+        stale += max(0.0, first_tick - started)
+    return max(0, min(budget.fuel - counted, int(_reference_rate() * max(0.0, stale))))
+
+
+_REFERENCE_LOOP = """
+(module
+  (memory 1)
+  (data (i32.const 0) "\\00\\01\\02\\03\\01\\00\\02\\03\\03\\02\\01\\00\\00\\02\\01\\03")
+  (func (export "run") (local $pc i32) (local $acc i32) (local $sp i32)
+    (loop $next
+      (block $op3 (block $op2 (block $op1 (block $op0
+        (br_table $op0 $op1 $op2 $op3
+          (i32.load8_u (i32.and (local.get $pc) (i32.const 15)))))
+        (i32.store (i32.and (local.get $sp) (i32.const 0xffc)) (local.get $acc))
+        (local.set $sp (i32.add (local.get $sp) (i32.const 4)))
+        (local.set $pc (i32.add (local.get $pc) (i32.const 1)))
+        (br $next))
+        (local.set $acc
+          (i32.add (local.get $acc) (i32.load (i32.and (local.get $sp) (i32.const 0xffc)))))
+        (local.set $pc (i32.add (local.get $pc) (i32.const 1)))
+        (br $next))
+        (local.set $sp (i32.sub (local.get $sp) (i32.const 4)))
+        (local.set $pc (i32.add (local.get $pc) (i32.const 1)))
+        (br $next))
+      (local.set $pc (i32.add (local.get $pc)
+        (select (i32.const 2) (i32.const 1) (i32.and (local.get $acc) (i32.const 1)))))
+      (br $next))))
+"""
+_REFERENCE_FUEL = 50_000_000
+
+
+class _Reference:
+    rate: float | None = None
+    lock = threading.Lock()
+
+
+def _reference_rate() -> float:
+    """Fuel a CPU second of the reference loop burns: measured once per process (the fastest
+    of three runs out of fuel, where wasmtime's count is exact)."""
+    with _Reference.lock:
+        if _Reference.rate is None:
+            engine = get_engine()
+            store = wasmtime.Store(engine)
+            store.set_epoch_deadline(1 << 62)
+            store.set_fuel(_REFERENCE_FUEL)  # instantiating copies the data segment
+            run = wasmtime.Instance(store, wasmtime.Module(engine, _REFERENCE_LOOP), [])
+            func = run.exports(store)["run"]
+            assert isinstance(func, wasmtime.Func)
+            best = 0.0
+            for _ in range(3):
+                store.set_fuel(_REFERENCE_FUEL)
+                began = _cpu()
+                with contextlib.suppress(wasmtime.Trap, wasmtime.WasmtimeError):
+                    func(store)
+                spent = _REFERENCE_FUEL - store.get_fuel()
+                best = max(best, spent / max(_cpu() - began, 1e-6))
+            _Reference.rate = best
+        return _Reference.rate
 
 
 # Fuel and the epoch deadline are set and read around every call: without the GIL released.
@@ -330,7 +443,7 @@ class Meter:
         try:
             result = work()
         except wasmtime.WasmtimeError as exc:
-            usage = self._usage(budget, started)
+            usage = self._usage_after(state, budget, started)
             failure = self._failure(exc, state, budget, usage, describe, ctx)
             if isinstance(failure, GuestError):
                 failure.usage = usage
@@ -351,6 +464,16 @@ class Meter:
             error.usage = usage
             raise error
         return result, usage
+
+    def _usage_after(self, state: CallScope, budget: Budget, started: float) -> Usage:
+        """What a call that stopped with a wasmtime error used."""
+        usage = self._usage(budget, started)
+        if state.stopped is not None and state.raised is None:
+            # Stopped by the epoch callback, maybe inside a loop whose fuel wasmtime never
+            # wrote back: charge what it spent (see the module docstring).
+            extra = _uncounted(state, budget, usage.fuel, started)
+            return replace(usage, fuel=usage.fuel + extra)
+        return usage
 
     def _failure(
         self,

@@ -157,6 +157,7 @@ class CallScope(Scope):
         "cancel",
         "deadline",
         "failure",
+        "fuel_marks",
         "interrupted",
         "raised",
         "stopped",
@@ -181,6 +182,9 @@ class CallScope(Scope):
         """A bug in the epoch callback itself."""
         self.raised: BudgetExceeded | None = None
         """The stop :meth:`checkpoint` raised inside a host function, if it did."""
+        self.fuel_marks: list[float] | None = None
+        """Set by the epoch callback: the fuel left and the thread's CPU time at its first
+        tick, and when the fuel left last moved (see ``mighty.budget._budget``)."""
         self._pause_depth = 0
         self._paused_at = 0.0
 
