@@ -582,9 +582,12 @@ def call(
 @click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--agent",
-    "agent",
+    "agents",
+    multiple=True,
     help="Replay only this agent: an address (kv:3), a registered name, or an instance number;"
-    " with several traces (or a directory), a migrated agent's first address (a:kv:3).",
+    " again for a sub-graph (--agent a --agent b replays both, their messages to each other"
+    " as recorded); with several traces (or a directory), a migrated agent's first address"
+    " (a:kv:3).",
 )
 @click.option(
     "--component",
@@ -620,7 +623,7 @@ def call(
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def replay(
     traces: tuple[Path, ...],
-    agent: str | None,
+    agents: tuple[str, ...],
     changed: Path | None,
     component_dirs: tuple[Path, ...],
     max_fuel: int | None,
@@ -651,9 +654,12 @@ def replay(
         if timeout is not None:
             changes["timeout"] = timeout
         limits = _replace(DEFAULT_REPLAY_LIMITS, **changes)
+        agent = agents[0] if len(agents) == 1 else None
         if len(traces) > 1 or traces[0].is_dir():
             from mighty.cli._across import replay_across_command
 
+            if len(agents) > 1:
+                raise BadInput("across several traces, --agent names one agent")
             replay_across_command(traces, agent, limits, component_dirs, changed, as_json)
             return
         trace = traces[0]
@@ -662,7 +668,7 @@ def replay(
             report = replay_trace(
                 trace,
                 instance=instance,
-                agent=agent if instance is None else None,
+                agent=(agents or None) if instance is None else None,
                 substitute=changed,
                 limits=limits,
                 component_dirs=component_dirs,
@@ -704,17 +710,20 @@ def replay(
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
     "--agent",
-    "agent",
-    help="Debug only this agent: an address (kv:3), a registered name, or an instance number.",
+    "agents",
+    multiple=True,
+    help="Debug only this agent: an address (kv:3), a registered name, or an instance number;"
+    " again for a sub-graph.",
 )
-def debug(trace: Path, agent: str | None) -> None:
+def debug(trace: Path, agents: tuple[str, ...]) -> None:
     """Step through a replay of TRACE. Commands come from the prompt or from stdin."""
     from mighty.trace import Debugger
 
     with _errors(as_json=False):
         interactive = sys.stdin.isatty()
+        agent = agents[0] if len(agents) == 1 else None
         instance = int(agent) if agent is not None and agent.isdigit() else None
-        named = agent if agent is not None and instance is None else None
+        named = (agents or None) if instance is None else None
         debugger = Debugger(trace, instance=instance, agent=named)
         lines = debugger.start()
         finished = debugger.finished
