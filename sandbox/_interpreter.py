@@ -50,6 +50,18 @@ def _default_progress(message: str) -> None:
         print(f"mighty.sandbox: {message}", file=sys.stderr, flush=True)
 
 
+def _publish(tmp: Path, final: Path, sha256: str) -> None:
+    """Put the interpreter at ``final``: a hard link to the component store's copy of the same
+    bytes (named by their sha256; the build links it there), else the build's output file."""
+    from mighty.engine import ComponentStore
+
+    stored = ComponentStore().path_for(sha256)
+    try:
+        os.link(stored, final)
+    except OSError:
+        os.replace(tmp, final)
+
+
 def interpreter_component(progress: Progress | None = None) -> Component:
     """The compiled interpreter, building and compiling it the first time (tens of seconds,
     reported through ``progress``; default: to stderr, terminal or not)."""
@@ -79,7 +91,7 @@ def interpreter_component(progress: Progress | None = None) -> Component:
             )
             final = directory / f"interpreter-{built.component_sha256}.wasm"
             if not final.exists():
-                os.replace(tmp, final)
+                _publish(tmp, final, built.component_sha256)
         finally:
             tmp.unlink(missing_ok=True)
         _loaded = Component.load(final, progress=report)
