@@ -37,6 +37,7 @@ PACKAGES = [
     "mighty.reload",
     "mighty.sandbox",
     "mighty.sandbox.mcp",
+    "mighty.serve",
     "mighty.telemetry",
     "mighty.trace",
     "mighty.wasi",

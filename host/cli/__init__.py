@@ -11,6 +11,7 @@ from mighty.cli._observe import inspect_agents_command, top_command
 from mighty.cli._run import reload_command, run_command
 from mighty.cli._sandbox import exec_command
 from mighty.cli._send import ask_command, send_command
+from mighty.cli._serve import serve_command
 
 # Commands living in their own modules join the group here, once `main` exists.
 main.add_command(exec_command, "exec")
@@ -29,5 +30,6 @@ main.add_command(send_command, "send")
 main.add_command(ask_command, "ask")
 main.add_command(cache_command, "cache")
 main.add_command(capabilities_command, "capabilities")
+main.add_command(serve_command, "serve")
 
 __all__ = ["main", "parse_size"]

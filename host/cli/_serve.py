@@ -1,0 +1,214 @@
+"""``mty serve COMPONENT``: a ``wasi:http/proxy`` component behind an HTTP server.
+
+Thin: it parses the options into a :class:`~mighty.serve.Server` (policy, per-request budget,
+limits) and runs it until SIGINT/SIGTERM, which shut it down gracefully (requests in flight
+finish, up to ``--shutdown-timeout``). Rejected: a default of ``0.0.0.0`` (a handler is
+reachable from the network only when asked, and then only with a bearer token).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from mighty._errors import BadInput
+from mighty.cli._main import _errors, _http, _policy, _Size
+from mighty.cli._progress import Waits
+
+__all__ = ["parse_listen", "serve_command"]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) as (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise BadInput(f"--listen takes HOST:PORT (port 0: any free one), got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"--token-file {path}: {exc}") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise BadInput(f"--token-file {path}: the token must be 16+ characters without spaces")
+    return token
+
+
+@click.command()
+@click.argument("component", type=click.Path(path_type=Path))
+@click.option(
+    "--listen",
+    default="127.0.0.1:8080",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Where to listen (port 0: any free one; off loopback needs --token-file).",
+)
+@click.option("--fuel", type=click.IntRange(min=1), help="Fuel per request (default 10^10).")
+@click.option("--memory", type=_Size(), help="Linear memory per request (default 256MiB).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds per request, instantiation included (504 past it).",
+)
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Guest environment; repeatable.")
+@click.option(
+    "--dir",
+    "dirs",
+    multiple=True,
+    metavar="HOST:GUEST[:rw]",
+    help="Preopen a host directory, read-only unless :rw; repeatable.",
+)
+@click.option(
+    "--allow-http",
+    "allow_http",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let the handler's outgoing wasi:http reach ORIGIN; repeatable.",
+)
+@click.option(
+    "--http-secret",
+    "http_secrets",
+    multiple=True,
+    nargs=2,
+    metavar="ORIGIN HEADER=VALUE",
+    help="A secret header for ORIGIN's outgoing requests (docs/http.md).",
+)
+@click.option(
+    "--record",
+    "record_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Record each request to its own trace in DIR (mty replay replays one).",
+)
+@click.option(
+    "--max-concurrent",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Requests handled at once; more are answered 503 at once.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Open connections; more are closed at once.",
+)
+@click.option("--max-request-bytes", type=_Size(), help="Request body limit (default 16MiB).")
+@click.option("--max-response-bytes", type=_Size(), help="Response body limit (default 64MiB).")
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds from a request's first byte to its last header (408 past it).",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds between two reads of a request body.",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, seconds to let requests in flight finish.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    help="A file holding the bearer token every request must carry (required off loopback).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages and no request log.")
+def serve_command(
+    component: Path,
+    listen: str,
+    fuel: int | None,
+    memory: int | None,
+    timeout: float,
+    env: Sequence[str],
+    dirs: Sequence[str],
+    allow_http: Sequence[str],
+    http_secrets: Sequence[tuple[str, str]],
+    record_dir: Path | None,
+    max_concurrent: int,
+    max_connections: int,
+    max_request_bytes: int | None,
+    max_response_bytes: int | None,
+    header_timeout: float,
+    body_timeout: float,
+    shutdown_timeout: float,
+    token_file: str | None,
+    quiet: bool,
+) -> None:
+    """Serve COMPONENT (the wasi:http/proxy world) over HTTP/1.1.
+
+    Each request runs in a fresh instance under the per-request budget (--fuel, --memory,
+    --timeout) with the grants the options give; failures answer 500 (504 past the deadline)
+    with the kind of failure and nothing of the host. SIGTERM or Ctrl-C stop gracefully.
+    """
+    from mighty.budget import Budget
+    from mighty.engine import Component
+    from mighty.serve import ServeLimits, Server
+
+    with _errors(False):
+        host, port = parse_listen(listen)
+        token = _read_token(token_file) if token_file is not None else None
+        if token is None and not _loopback(host):
+            raise BadInput(f"--listen {listen} is off loopback: give --token-file")
+        changes = {"fuel": fuel, "memory": memory, "timeout": timeout}
+        budget = Budget(**{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+        sizes = {"max_request_bytes": max_request_bytes, "max_response_bytes": max_response_bytes}
+        limits = ServeLimits(
+            max_concurrent=max_concurrent,
+            max_connections=max_connections,
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            shutdown_timeout=shutdown_timeout,
+            **{k: v for k, v in sizes.items() if v is not None},
+        )
+        policy = _http(_policy(env, (), None, dirs, "real", None), allow_http, http_secrets)
+        with Waits(not quiet) as show:
+            loaded = Component.load(component, progress=show)
+
+        def log(line: str) -> None:
+            click.echo(line, err=True)
+
+        server = Server(
+            loaded,
+            policy=policy,
+            budget=budget,
+            limits=limits,
+            record_dir=record_dir,
+            token=token,
+            log=None if quiet else log,
+        )
+
+        def ready(bound_host: str, bound_port: int) -> None:
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            # Always said, quiet or not: with port 0 it is the only way to learn the port.
+            click.echo(f"mty: serving {component} on http://{shown}:{bound_port}", err=True)
+
+        server.run(host, port, on_ready=ready)
+    if quiet:
+        return
+    stats = server.stats
+    click.echo(f"mty: served {stats.requests} requests; stopped", err=True)

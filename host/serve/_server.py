@@ -1,0 +1,689 @@
+"""``mty serve``: a component that exports ``wasi:http/incoming-handler`` behind an HTTP server.
+
+One asyncio loop owns every connection (HTTP/1.1 through ``h11``, keep-alive); each request
+runs in a fresh instance on a worker thread, under the server's per-request :class:`Budget`
+(fuel, memory, deadline) and the policy's grants. The request body streams from the socket
+into the guest (a :class:`~mighty.wasi.RequestBody`; the server stops reading while the guest
+is a window behind), the response streams from the guest to the socket as it writes (the
+head when it calls ``response-outparam.set``; chunked unless it set a ``content-length``).
+
+The client is hostile. Every quantity is bounded (:class:`ServeLimits`): open connections,
+requests in flight (the excess answered 503 at once, never queued), header bytes (431), body
+bytes (413), the time to send headers (slow headers, from the first byte), the idle time of a
+kept-alive connection, the time between body reads, the time a write waits for a client that
+does not read. A failed request is a 4xx/5xx whose body is a short JSON object naming the
+kind (``trap``, ``out_of_fuel``, ``deadline_exceeded`` as 504, ``no_response``...) and nothing
+of the host: no message, path or traceback; those go to the server's log. After a failure the
+instance is discarded (every request has its own anyway) and the server stays up. A failure
+after the head was sent can only cut the connection (the client sees an incomplete body).
+
+With ``record_dir``, every request is recorded to its own trace (``request-000001.bin``...):
+the request the guest read and everything it did, which ``mty replay`` replays with no server.
+
+Rejected: uvicorn (already the MCP server's, but an optional extra, and it has no timeout
+for a request's headers or body: a client sending a byte a minute holds its slot forever);
+a thread per connection (10,000 idle connections would be 10,000 threads); keeping one
+instance for many requests (one request could leave state or a secret for the next; a fresh
+instance costs ~1 ms with the engine's copy-on-write memory images).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import itertools
+import json
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import h11
+
+from mighty._errors import ExportNotFound, GuestError
+from mighty.budget import Budget, CancelScope
+from mighty.engine import Component
+from mighty.instance import Instance
+from mighty.serve._limits import ServeLimits
+from mighty.trace import Recorder
+from mighty.wasi import (
+    Policy,
+    RequestBody,
+    ServedRequest,
+    ServedResponse,
+    error_code,
+    incoming_handler_args,
+)
+
+__all__ = ["Running", "ServeStats", "Server", "handler_export"]
+
+_CHUNK = 64 << 10
+_WINDOW = 1 << 20
+"""Request body bytes read ahead of the guest before the server stops reading the socket."""
+_INTERFACE = "wasi:http/incoming-handler@0.2."
+
+
+def handler_export(component: Component) -> str:
+    """The name of ``component``'s ``wasi:http/incoming-handler@0.2.x#handle`` export;
+    :class:`ExportNotFound` if it has none (it does not target the ``wasi:http/proxy`` world)."""
+    names = sorted(component.export_functions())
+    for name in names:
+        if name.startswith(_INTERFACE) and name.endswith("#handle"):
+            return name
+    raise ExportNotFound(
+        f"{component.origin} does not export wasi:http/incoming-handler@0.2.x (build it for "
+        f"the wasi:http/proxy world: docs/serve.md); it exports: {', '.join(names) or 'nothing'}",
+        name=f"{_INTERFACE}x#handle",
+        available=names,
+    )
+
+
+@dataclass
+class ServeStats:
+    """What a server has done (read it from any thread; counts only grow)."""
+
+    connections: int = 0
+    """Connections accepted (refused ones included)."""
+    refused_connections: int = 0
+    """Connections closed at once because ``max_connections`` were open."""
+    requests: int = 0
+    """Requests whose head was read."""
+    in_flight: int = 0
+    """Requests whose instance is running now."""
+    statuses: Counter[int] = field(default_factory=Counter)
+    """Responses by status code."""
+    failures: Counter[str] = field(default_factory=Counter)
+    """Failed requests by kind (``trap``, ``out_of_fuel``, ``too_large``, ``busy``...)."""
+
+
+class _Closed(Exception):
+    """The connection is over (the client went away, or a timeout or a bound ended it)."""
+
+
+class _Timeout(Exception):
+    """A read did not complete in time."""
+
+
+@dataclass(slots=True)
+class _Outcome:
+    kind: str | None = None
+    """None: the call returned; else the kind of its failure."""
+
+
+class Server:
+    """Serves one component's ``wasi:http/incoming-handler`` over HTTP/1.1.
+
+    ``policy`` grants what every request's instance may reach (default: nothing);
+    ``budget`` bounds each request (its ``timeout`` is the request's deadline: 504 past it);
+    ``record_dir`` keeps one trace per request; ``token``, when set, is the bearer token every
+    request must carry (401 otherwise); ``log`` receives one line per request and the
+    details of failures the client is not told.
+    """
+
+    def __init__(
+        self,
+        component: Component,
+        *,
+        policy: Policy | None = None,
+        budget: Budget | None = None,
+        limits: ServeLimits | None = None,
+        record_dir: str | Path | None = None,
+        token: str | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.component = component
+        self.export = handler_export(component)
+        self.policy = policy or Policy()
+        self.budget = budget or Budget()
+        self.limits = limits or ServeLimits()
+        self.record_dir = Path(record_dir) if record_dir is not None else None
+        if self.record_dir is not None:
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+        self.token = token.encode() if token is not None else None
+        self.log = log or (lambda _line: None)
+        self.stats = ServeStats()
+        self._ids = itertools.count(1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.limits.max_concurrent, thread_name_prefix="mty-serve"
+        )
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._active = 0
+        self._closing = False
+        self._idle: set[asyncio.StreamWriter] = set()
+        self._running: set[CancelScope] = set()
+        self._lock = threading.Lock()
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 8080) -> tuple[str, int]:
+        """Listen on ``host:port`` (port 0: any free one); the address bound."""
+        self._server = await asyncio.start_server(
+            self._connection, host, port, limit=_CHUNK, backlog=1024
+        )
+        sock = self._server.sockets[0]
+        bound = sock.getsockname()
+        return str(bound[0]), int(bound[1])
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting, close idle connections, let requests in flight finish (up to
+        ``timeout``, default ``limits.shutdown_timeout``), then stop the rest."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._idle):
+            writer.close()
+        wait = self.limits.shutdown_timeout if timeout is None else timeout
+        if self._connections:
+            _, pending = await asyncio.wait(list(self._connections), timeout=wait)
+            for scope in list(self._running):
+                scope.cancel("the server is shutting down")
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def run(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        *,
+        on_ready: Callable[[str, int], None] | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Serve until SIGINT or SIGTERM (then shut down gracefully), in this thread."""
+        import signal
+
+        async def main() -> None:
+            done = stop or asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                with suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(signum, done.set)
+            bound = await self.start(host, port)
+            if on_ready is not None:
+                on_ready(*bound)
+            await done.wait()
+            await self.shutdown()
+
+        asyncio.run(main())
+
+    @contextmanager
+    def background(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[Running]:
+        """Serve on a thread of its own for the ``with`` block (tests, notebooks); shut down
+        gracefully when it ends."""
+        ready = threading.Event()
+        found: dict[str, Any] = {}
+
+        def serve() -> None:
+            async def main() -> None:
+                found["loop"] = asyncio.get_running_loop()
+                found["stop"] = stop = asyncio.Event()
+                try:
+                    found["address"] = await self.start(host, port)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                    found["error"] = exc
+                    ready.set()
+                    return
+                ready.set()
+                await stop.wait()
+                await self.shutdown()
+
+            asyncio.run(main())
+
+        thread = threading.Thread(target=serve, name="mty-serve-loop", daemon=True)
+        thread.start()
+        ready.wait()
+        if "error" in found:
+            thread.join()
+            raise found["error"]
+        bound = found["address"]
+        try:
+            yield Running(self, bound[0], bound[1])
+        finally:
+            found["loop"].call_soon_threadsafe(found["stop"].set)
+            thread.join()
+
+    # -- connections ------------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.stats.connections += 1
+        if len(self._connections) >= self.limits.max_connections or self._closing:
+            self.stats.refused_connections += 1
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        try:
+            while not self._closing:
+                self._idle.add(writer)
+                try:
+                    event = await self._request_head(conn, reader, writer)
+                finally:
+                    self._idle.discard(writer)
+                if event is None:
+                    break
+                await self._request(conn, reader, writer, event)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    break
+                conn.start_next_cycle()
+        except (_Closed, ConnectionError, h11.LocalProtocolError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with suppress(Exception):
+                await writer.wait_closed()
+
+    async def _request_head(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> h11.Request | None:
+        """The next request's head; None when the connection should end quietly (the client
+        closed it, or it stayed idle past ``idle_timeout``). A malformed or oversized head,
+        or one that takes more than ``header_timeout`` from its first byte, is answered
+        (400/431/408) and ends the connection."""
+        limits = self.limits
+        deadline = time.monotonic() + limits.idle_timeout
+        started = False
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                status = exc.error_status_hint
+                kind = "header_too_large" if status == 431 else "malformed"
+                await self._refuse(conn, writer, status, kind, close=True)
+                return None
+            if event is h11.NEED_DATA:
+                if self._closing and not started:
+                    return None
+                remaining = deadline - time.monotonic()
+                try:
+                    data = await self._read(reader, remaining)
+                except _Timeout:
+                    if started:
+                        await self._refuse(conn, writer, 408, "header_timeout", close=True)
+                    return None
+                if not started and data:
+                    started = True
+                    deadline = time.monotonic() + limits.header_timeout
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                # h11 bounds what it buffers; a head that arrived whole in one read is
+                # measured here.
+                size = len(event.method) + len(event.target) + 12
+                size += sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > limits.max_header_bytes:
+                    await self._refuse(conn, writer, 431, "header_too_large", close=True)
+                    return None
+                return event
+            return None  # ConnectionClosed
+
+    async def _read(self, reader: asyncio.StreamReader, timeout: float) -> bytes:
+        if timeout <= 0:
+            raise _Timeout
+        try:
+            return await asyncio.wait_for(reader.read(_CHUNK), timeout)
+        except TimeoutError:
+            raise _Timeout from None
+        except ConnectionError:
+            return b""
+
+    # -- one request ------------------------------------------------------------------------
+
+    async def _request(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head: h11.Request,
+    ) -> None:
+        self.stats.requests += 1
+        started = time.monotonic()
+        method = head.method.decode("ascii", "replace")
+        target = head.target.decode("ascii", "replace")
+        status = await self._answer(conn, reader, writer, head)
+        self.log(f"{method} {target} {status} {1000 * (time.monotonic() - started):.1f}ms")
+
+    async def _answer(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head: h11.Request,
+    ) -> int:
+        limits = self.limits
+        headers = [(k.decode("latin-1"), bytes(v)) for k, v in head.headers]
+        if self.token is not None and not self._authorized(head.headers):
+            return await self._refuse(conn, writer, 401, "unauthorized", close=True)
+        length = _content_length(head.headers)
+        if length is not None and length > limits.max_request_bytes:
+            return await self._refuse(conn, writer, 413, "too_large", close=True)
+        with self._lock:
+            if self._active >= limits.max_concurrent or self._closing:
+                busy = True
+            else:
+                busy = False
+                self._active += 1
+        if busy:
+            return await self._refuse(conn, writer, 503, "busy", close=True)
+
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        room = asyncio.Event()
+
+        def wake(event: asyncio.Event) -> Callable[[], None]:
+            def fire() -> None:
+                with suppress(RuntimeError):  # the loop is gone: nothing waits any more
+                    loop.call_soon_threadsafe(event.set)
+
+            return fire
+
+        body = RequestBody(on_read=wake(room))
+        authority = next((v.decode("latin-1") for k, v in head.headers if k == b"host"), None)
+        request = ServedRequest(
+            method=head.method.decode("ascii"),
+            path_with_query=head.target.decode("ascii", "replace"),
+            scheme="http",
+            authority=authority,
+            headers=headers,
+            body=body,
+        )
+        served = ServedResponse(wake(changed), limit=limits.max_response_bytes)
+        cancel = CancelScope()
+        self._running.add(cancel)
+        self.stats.in_flight += 1
+        guest = loop.run_in_executor(self._pool, self._run, request, served, cancel)
+
+        def finished(_future: Any) -> None:
+            with self._lock:
+                self._active -= 1
+            self.stats.in_flight -= 1
+            self._running.discard(cancel)
+
+        guest.add_done_callback(finished)
+        pump = asyncio.create_task(self._pump(conn, reader, body, room, guest))
+        try:
+            status = await self._respond(conn, writer, served, guest, pump, changed, cancel)
+        except BaseException:
+            cancel.cancel("the client went away")
+            pump.cancel()
+            with suppress(BaseException):
+                await pump
+            raise
+        if not pump.done():
+            # Answered before the body was whole: read the rest (bounded as ever, the guest
+            # no longer takes it) so that the connection can be kept, not reset under the
+            # client while it still sends.
+            body.cancel()
+            with suppress(BaseException):
+                await asyncio.wait_for(pump, self.limits.body_timeout)
+        return status
+
+    async def _pump(
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        body: RequestBody,
+        room: asyncio.Event,
+        guest: asyncio.Future[_Outcome],
+    ) -> str | None:
+        """Feed the request body to the guest; None once it is whole, else why it failed
+        (``too_large``, ``body_timeout``, ``gone``: the body is failed with its code)."""
+        limits = self.limits
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError:  # a bad chunk, or the client closed mid-body
+                body.fail(error_code("connection-terminated"))
+                return "gone"
+            if event is h11.NEED_DATA:
+                try:
+                    data = await self._read(reader, limits.body_timeout)
+                except _Timeout:
+                    body.fail(error_code("connection-read-timeout"))
+                    return "body_timeout"
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                if body.received + len(event.data) > limits.max_request_bytes:
+                    body.fail(error_code("HTTP-request-body-size", body.received + len(event.data)))
+                    return "too_large"
+                body.feed(event.data)
+                while body.buffered > _WINDOW and not body.cancelled and not guest.done():
+                    room.clear()
+                    if body.buffered <= _WINDOW:
+                        break
+                    await _first(room, guest)
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                body.end()
+                return None
+            body.fail(error_code("connection-terminated"))
+            return "gone"
+
+    async def _respond(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        served: ServedResponse,
+        guest: asyncio.Future[_Outcome],
+        pump: asyncio.Task[str | None],
+        changed: asyncio.Event,
+        cancel: CancelScope,
+    ) -> int:
+        # Until the guest answers, returns, or the body fails.
+        while True:
+            changed.clear()
+            if served.answered or guest.done() or (pump.done() and pump.result() is not None):
+                break
+            await _first(changed, guest, *([] if pump.done() else [pump]))
+        failure = pump.result() if pump.done() else None
+        if failure is not None and not served.answered:
+            cancel.cancel(f"the request body failed: {failure}")
+            if failure == "gone":
+                self.stats.failures[failure] += 1
+                raise _Closed
+            status = 413 if failure == "too_large" else 408
+            return await self._refuse(conn, writer, status, failure, close=True)
+        if served.status is not None and 200 <= served.status <= 599 and served.body is not None:
+            return await self._stream(conn, writer, served, guest, changed, cancel)
+        if served.answered:
+            # An error-code, or a status h11 cannot send (1xx, 6xx+): the guest's fault.
+            code = served.error.case if served.error is not None else "bad_status"
+            self.log(f"  the handler answered {code}")
+            cancel.cancel("answered")
+            return await self._refuse(
+                conn, writer, 500, "handler_error", code=code, close=not pump.done()
+            )
+        outcome = await guest
+        kind = outcome.kind or "no_response"
+        status = 504 if kind == "deadline_exceeded" else 500
+        return await self._refuse(conn, writer, status, kind, close=not pump.done())
+
+    async def _stream(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        served: ServedResponse,
+        guest: asyncio.Future[_Outcome],
+        changed: asyncio.Event,
+        cancel: CancelScope,
+    ) -> int:
+        assert served.status is not None
+        assert served.body is not None
+        body = served.body
+        headers = [(k, v) for k, v in served.headers if k not in (b"content-length", b"date")]
+        length = next((v for k, v in served.headers if k == b"content-length"), None)
+        if length is not None:
+            headers.append((b"content-length", length))
+        status = served.status
+        try:
+            head = h11.Response(status_code=status, headers=headers, reason=_reason(status))
+            await self._send(writer, conn.send(head))
+            while True:
+                changed.clear()
+                data, done, aborted = body.take(_CHUNK)
+                if data:
+                    await self._send(writer, conn.send(h11.Data(data=data)))
+                    continue
+                if done:
+                    await self._send(writer, conn.send(h11.EndOfMessage()))
+                    break
+                if aborted or guest.done():
+                    # The guest failed or abandoned the body after the head: cut the
+                    # connection, so the client cannot take a part for the whole.
+                    outcome = await guest
+                    kind = outcome.kind or "body_unfinished"
+                    self.stats.failures[kind] += 1
+                    self.log(f"  the response body was cut: {kind}")
+                    raise _Closed
+                await _first(changed, guest)
+        except (_Closed, ConnectionError, h11.LocalProtocolError) as exc:
+            body.close()
+            cancel.cancel("the response could not be completed")
+            if isinstance(exc, h11.LocalProtocolError):
+                self.log(f"  the response broke HTTP framing: {exc}")
+                self.stats.failures["bad_response"] += 1
+            raise _Closed from None
+        self.stats.statuses[status] += 1
+        return status
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes | None) -> None:
+        if not data:
+            return
+        writer.write(data)
+        try:
+            await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+        except TimeoutError:
+            self.stats.failures["write_timeout"] += 1
+            raise _Closed from None
+
+    async def _refuse(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter | None,
+        status: int,
+        kind: str,
+        *,
+        code: str | None = None,
+        close: bool = False,
+    ) -> int:
+        """Answer ``status`` with ``{"error": kind}`` (and the guest's error ``code``): never
+        a host message. ``close`` ends the connection after it (a body left unread)."""
+        self.stats.statuses[status] += 1
+        self.stats.failures[kind] += 1
+        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            raise _Closed
+        payload: dict[str, str] = {"error": kind}
+        if code is not None:
+            payload["code"] = code
+        data = json.dumps(payload).encode() + b"\n"
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode()),
+        ]
+        if close or conn.their_state not in (h11.DONE, h11.IDLE):
+            headers.append((b"connection", b"close"))
+        if writer is None:
+            return status
+        try:
+            head = h11.Response(status_code=status, headers=headers, reason=_reason(status))
+            await self._send(writer, conn.send(head))
+            await self._send(writer, conn.send(h11.Data(data=data)))
+            await self._send(writer, conn.send(h11.EndOfMessage()))
+        except h11.LocalProtocolError:
+            raise _Closed from None
+        return status
+
+    def _authorized(self, headers: Any) -> bool:
+        assert self.token is not None
+        for name, value in headers:
+            if name == b"authorization":
+                scheme, _, given = bytes(value).partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given, self.token)
+        return False
+
+    # -- the guest, on a worker thread ------------------------------------------------------
+
+    def _run(self, request: ServedRequest, served: ServedResponse, cancel: CancelScope) -> _Outcome:
+        number = next(self._ids)
+        recorder = None
+        if self.record_dir is not None:
+            recorder = Recorder(self.record_dir / f"request-{number:06d}.bin")
+        try:
+            with Instance(
+                self.component,
+                budget=self.budget,
+                policy=self.policy,
+                cancel=cancel,
+                record=recorder,
+            ) as instance:
+                args = incoming_handler_args(instance.context, request, served)
+                instance.call(self.export, *args, cancel=cancel)
+            return _Outcome()
+        except GuestError as exc:
+            self.log(f"  request {number}: {exc.kind}: {str(exc).splitlines()[0][:300]}")
+            return _Outcome(exc.kind)
+        except Exception as exc:  # noqa: BLE001 - a host failure is answered 500, never raised
+            self.log(f"  request {number}: host error: {type(exc).__name__}: {exc}")
+            self.log(traceback.format_exc())
+            return _Outcome("host_error")
+        finally:
+            if recorder is not None:
+                recorder.close()
+            request.body.cancel()
+
+
+@dataclass(frozen=True)
+class Running:
+    """A server serving in the background (:meth:`Server.background`)."""
+
+    server: Server
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+
+async def _first(event: asyncio.Event, *futures: asyncio.Future[Any]) -> None:
+    """Wait until ``event`` is set or one of ``futures`` is done."""
+    if event.is_set() or any(f.done() for f in futures):
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait([waiter, *futures], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+def _content_length(headers: Any) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            with suppress(ValueError):
+                return int(value)
+    return None

@@ -1,0 +1,355 @@
+"""mighty.serve's Server on loopback, with real HTTP clients (httpx, and raw sockets for what a
+well-behaved client never sends): streaming both ways, keep-alive, per-request budgets, and
+the hostile client's repertoire (slow headers, oversized heads and bodies, malformed HTTP,
+idle connections, a stalled body), each answered or cut while the server stays up."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mighty import Component
+from mighty._errors import BadInput, ExportNotFound
+from mighty.budget import Budget
+from mighty.serve import Running, ServeLimits, Server
+from mighty.trace import replay_trace
+
+# Enough for a request of the test guest, small enough that /spin stops in a fraction of a second.
+FUEL = 2_000_000_000
+
+
+def _server(component: Component, **kw: Any) -> Server:
+    kw.setdefault("budget", Budget(fuel=FUEL, timeout=30.0))
+    return Server(component, **kw)
+
+
+@pytest.fixture(scope="module")
+def running(serve_guest: Component) -> Iterator[Running]:
+    """One server for the tests that do not need limits of their own."""
+    server = _server(serve_guest, limits=ServeLimits(max_request_bytes=8 << 20))
+    with server.background() as live:
+        yield live
+
+
+@pytest.fixture
+def client(running: Running) -> Iterator[httpx.Client]:
+    """An httpx client on the shared server (keep-alive on)."""
+    with httpx.Client(base_url=running.url, timeout=60.0) as session:
+        yield session
+
+
+def _raw(running: Running, data: bytes, *, shut: bool = False) -> bytes:
+    """Send ``data`` on a new connection and read until the server closes it."""
+    with socket.create_connection((running.host, running.port), timeout=60.0) as sock:
+        sock.sendall(data)
+        if shut:
+            sock.shutdown(socket.SHUT_WR)
+        return _read_to_end(sock)
+
+
+def _read_to_end(sock: socket.socket) -> bytes:
+    out = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def _status(raw: bytes) -> int:
+    return int(raw.split(b" ", 2)[1])
+
+
+def test_a_request_gets_the_guest_response(client: httpx.Client) -> None:
+    """Status, headers and body come from the guest; what it saw came from the request."""
+    response = client.get("/info?x=1", headers={"X-Who": "test"})
+    assert response.status_code == 200
+    assert response.reason_phrase == "OK"
+    assert response.text == f"Method_Get /info?x=1 {client.base_url.netloc.decode()} ['x-who=test']"
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(serve_guest: Component) -> None:
+    """Twenty requests from one client take one connection, each in a fresh instance."""
+    server = _server(serve_guest)
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        for _ in range(20):
+            assert session.get("/hello").text == "hello"
+    assert server.stats.connections == 1
+    assert server.stats.requests == 20
+    assert server.stats.statuses[200] == 20
+
+
+def test_bodies_stream_both_ways(client: httpx.Client) -> None:
+    """A 4 MiB chunked upload is echoed back chunked, byte for byte (more than the window
+    the server reads ahead and the window the guest writes ahead)."""
+    piece = bytes(range(256)) * 256
+
+    def upload() -> Iterator[bytes]:
+        for _ in range(64):
+            yield piece
+
+    response = client.post("/stream", content=upload())
+    assert response.status_code == 200
+    assert response.headers["transfer-encoding"] == "chunked"
+    assert response.content == piece * 64
+
+
+def test_a_content_length_response_keeps_it(client: httpx.Client) -> None:
+    """A guest that sets content-length sends a sized body, not a chunked one."""
+    response = client.post("/echo", content=b"abc")
+    assert response.headers["content-length"] == str(len(response.content))
+    assert response.content == b"got 3 bytes: abc"
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "kind"),
+    [
+        ("/trap", 500, "trap"),
+        ("/spin", 500, "out_of_fuel"),
+        ("/noreply", 500, "no_response"),
+        ("/error", 500, "handler_error"),
+    ],
+)
+def test_a_failing_handler_is_a_5xx_naming_the_kind(
+    client: httpx.Client, path: str, status: int, kind: str
+) -> None:
+    """A trap, fuel run out, no answer or an error-code: 500 with the kind and nothing of the
+    host (no message, no guest detail); the next request is served as ever."""
+    response = client.get(path)
+    assert response.status_code == status
+    body = response.json()
+    assert body["error"] == kind
+    assert set(body) <= {"error", "code"}
+    assert "secret" not in response.text and "wasm" not in response.text
+    assert client.get("/hello").text == "hello"
+
+
+def test_a_handler_past_its_deadline_is_504(serve_guest: Component) -> None:
+    """A handler still waiting at the request's deadline is stopped: 504."""
+    server = _server(serve_guest, budget=Budget(fuel=FUEL, timeout=1.0))
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        response = session.get("/sleep?30")
+        assert response.status_code == 504
+        assert response.json() == {"error": "deadline_exceeded"}
+        assert session.get("/hello").status_code == 200
+
+
+def test_an_error_code_answer_names_only_the_case(client: httpx.Client) -> None:
+    """The guest's error-code reaches the client as its case, never its payload."""
+    assert client.get("/error").json() == {"error": "handler_error", "code": "internal-error"}
+
+
+def test_a_response_over_the_limit_is_cut(serve_guest: Component) -> None:
+    """A body past max_response_bytes fails the guest's write; the head was sent, so the
+    connection is cut: the client never takes the part for the whole."""
+    server = _server(serve_guest, limits=ServeLimits(max_response_bytes=1 << 20))
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        with pytest.raises(httpx.RemoteProtocolError):
+            session.get("/big?3000000")
+        assert session.get("/big?1000").content == b"x" * 1000
+
+
+def test_a_body_larger_than_the_limit_is_413(serve_guest: Component) -> None:
+    """A declared length over the limit is refused before the guest runs; a chunked body that
+    grows past it is refused when it does."""
+    server = _server(serve_guest, limits=ServeLimits(max_request_bytes=100_000))
+    with server.background() as live:
+        head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100001\r\n\r\n"
+        raw = _raw(live, head)
+        assert _status(raw) == 413
+        assert raw.endswith(b'{"error": "too_large"}\n')
+        chunk = b"%x\r\n%s\r\n" % (50_000, b"a" * 50_000)
+        chunked = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        assert _status(_raw(live, chunked + chunk * 3)) == 413
+        with httpx.Client(base_url=live.url, timeout=60.0) as session:
+            assert session.post("/echo", content=b"a" * 1000).status_code == 200
+    assert server.stats.failures["too_large"] == 2
+
+
+def test_headers_larger_than_the_limit_are_431(serve_guest: Component) -> None:
+    """A header section over max_header_bytes is answered 431 and the connection closed."""
+    server = _server(serve_guest, limits=ServeLimits(max_header_bytes=4096))
+    with server.background() as live:
+        head = b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n"
+        assert _status(_raw(live, head)) == 431
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /hello HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+        b"GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n",
+        b"GET /hello HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    ],
+)
+def test_malformed_http_is_400(running: Running, data: bytes) -> None:
+    """What h11 cannot parse is a 400, then the connection ends; the server stays up."""
+    assert _status(_raw(running, data)) == 400
+    with httpx.Client(base_url=running.url, timeout=60.0) as session:
+        assert session.get("/hello").status_code == 200
+
+
+def test_slow_headers_are_408(serve_guest: Component) -> None:
+    """A client that starts a request and never finishes its head is answered 408 once the
+    header timeout passes, and its connection is closed."""
+    server = _server(serve_guest, limits=ServeLimits(header_timeout=0.5))
+    with server.background() as live:
+        raw = _raw(live, b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        assert _status(raw) == 408
+        assert b'"header_timeout"' in raw
+
+
+def test_a_stalled_body_is_408(serve_guest: Component) -> None:
+    """A body that stops arriving fails the guest's read and the request is answered 408."""
+    server = _server(serve_guest, limits=ServeLimits(body_timeout=0.5))
+    with server.background() as live:
+        head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly part"
+        assert _status(_raw(live, head)) == 408
+
+
+def test_idle_connections_are_bounded(serve_guest: Component) -> None:
+    """Past max_connections a connection is closed at once, unread; the ones held open and
+    idle are closed after the idle timeout; afterwards the server answers again."""
+    limits = ServeLimits(max_connections=5, idle_timeout=1.0)
+    server = _server(serve_guest, limits=limits)
+    with server.background() as live:
+        socks = [socket.create_connection((live.host, live.port), timeout=60.0) for _ in range(25)]
+        try:
+            ends = [_read_to_end(sock) for sock in socks]
+        finally:
+            for sock in socks:
+                sock.close()
+        assert all(end == b"" for end in ends)
+        assert server.stats.refused_connections >= 20
+        with httpx.Client(base_url=live.url, timeout=60.0) as session:
+            assert session.get("/hello").status_code == 200
+
+
+def test_excess_concurrent_requests_get_503_at_once(serve_guest: Component) -> None:
+    """With every slot taken, another request is answered 503 at once, not queued."""
+    server = _server(serve_guest, limits=ServeLimits(max_concurrent=1))
+    with server.background() as live:
+        started = threading.Event()
+        results: list[int] = []
+
+        def slow() -> None:
+            with httpx.Client(base_url=live.url, timeout=60.0) as session:
+                started.set()
+                results.append(session.get("/sleep?2").status_code)
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        started.wait()
+        _wait_for(lambda: server.stats.in_flight == 1)
+        with httpx.Client(base_url=live.url, timeout=60.0) as session:
+            response = session.get("/hello")
+        worker.join()
+    assert response.status_code == 503
+    assert response.json() == {"error": "busy"}
+    assert results == [200]
+
+
+def test_a_bearer_token_is_required_when_set(serve_guest: Component) -> None:
+    """With a token, a request without it (or with another) is 401; with it, served."""
+    server = _server(serve_guest, token="t" * 32)
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        assert session.get("/hello").status_code == 401
+        wrong = session.get("/hello", headers={"Authorization": "Bearer " + "u" * 32})
+        assert wrong.status_code == 401
+        right = session.get("/hello", headers={"Authorization": "Bearer " + "t" * 32})
+        assert right.text == "hello"
+
+
+def test_each_request_records_a_trace_that_replays(serve_guest: Component, tmp_path: Path) -> None:
+    """With record_dir, each request is one trace; each replays with no server."""
+    server = _server(serve_guest, record_dir=tmp_path / "traces")
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        assert session.post("/echo", content=b"recorded body").status_code == 200
+        assert session.get("/info", headers={"X-A": "1"}).status_code == 200
+        assert session.get("/trap").status_code == 500
+    traces = sorted((tmp_path / "traces").iterdir())
+    assert [t.name for t in traces] == [
+        "request-000001.bin",
+        "request-000002.bin",
+        "request-000003.bin",
+    ]
+    for trace in traces:
+        report = replay_trace(trace, progress=None)
+        assert report.instances[0].exports == 1
+
+
+def test_shutdown_lets_a_request_in_flight_finish(serve_guest: Component) -> None:
+    """A graceful shutdown waits for the request in flight, then stops."""
+    server = _server(serve_guest)
+    results: list[httpx.Response] = []
+    with server.background() as live:
+
+        def slow() -> None:
+            with httpx.Client(base_url=live.url, timeout=60.0) as session:
+                results.append(session.get("/sleep?1"))
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        _wait_for(lambda: server.stats.in_flight == 1)
+    worker.join()
+    assert results[0].status_code == 200 and results[0].text == "woke"
+
+
+def test_a_component_without_the_handler_is_refused(tmp_path: Path, wat: Any) -> None:
+    """A component that does not export wasi:http/incoming-handler is refused by name."""
+    path = tmp_path / "plain.wasm"
+    path.write_bytes(
+        wat('(component (core module $m (func (export "f"))) (core instance (instantiate $m)))')
+    )
+    with pytest.raises(ExportNotFound, match="wasi:http/incoming-handler"):
+        Server(Component.load(path))
+
+
+@given(
+    name=st.sampled_from(
+        [
+            "max_connections",
+            "max_concurrent",
+            "max_header_bytes",
+            "max_request_bytes",
+            "header_timeout",
+            "body_timeout",
+        ]
+    ),
+    value=st.one_of(st.integers(max_value=0), st.just(True), st.text(max_size=3)),
+)
+def test_limits_refuse_non_positive_or_non_numbers(name: str, value: Any) -> None:
+    """Every limit refuses zero, negatives, booleans and non-numbers with BadInput."""
+    with pytest.raises(BadInput):
+        ServeLimits(**{name: value})
+
+
+def _wait_for(condition: Any) -> None:
+    """Poll ``condition`` (an event the test controls, not a time it asserts)."""
+    done = threading.Event()
+    for _ in range(6000):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError("the condition never held")
+
+
+def test_error_bodies_are_json(client: httpx.Client) -> None:
+    """A failure's body is one JSON object with a content-type saying so."""
+    response = client.get("/trap")
+    assert response.headers["content-type"] == "application/json"
+    assert json.loads(response.content) == {"error": "trap"}
