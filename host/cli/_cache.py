@@ -321,7 +321,10 @@ def prune_command(
             )
             return
         verb = "would remove" if dry_run else "removed"
+        hint = ""
+        if limit is not None and before - freed > limit and not components:
+            hint = "; the rest is stored components (traces need them): --components prunes them"
         click.echo(
             f"{verb} {len(removed)} entries, {_mb(freed)} of {_mb(before)} "
-            f"({_mb(before - freed)} left)"
+            f"({_mb(before - freed)} left{hint})"
         )
