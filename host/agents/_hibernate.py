@@ -58,6 +58,7 @@ from mighty.agents._store import (
     StoredSnapshot,
     StoreError,
 )
+from mighty.engine import check_lowering
 from mighty.reload import SchemaError, check_compatible, parse_schema
 
 if TYPE_CHECKING:
@@ -281,6 +282,8 @@ class Hibernator:
         try:
             self._check_schema(process, row, instance)
             try:
+                memory = instance.budget.memory  # the state's lowering is charged to it
+                check_lowering(len(row.state), memory, f"{process.address}: restore")
                 outcome = instance.call("restore", row.state)
             except MightyError as exc:
                 raise SnapshotRefused(

@@ -42,6 +42,7 @@ from mighty._errors import MightyError
 from mighty.abi import Err
 from mighty.agents import AgentCrashed, AgentError, AgentProcess, NoProc
 from mighty.cluster._frames import Frame, FrameError, decode, encode
+from mighty.engine import check_lowering
 
 if TYPE_CHECKING:
     from mighty.cluster._node import Node
@@ -239,6 +240,7 @@ class _Consumer(threading.Thread):
             instance = process.instance
             if instance is None:
                 raise NoProc(f"{self.address} stopped")
+            check_lowering(len(snapshot), instance.budget.memory, f"{self.address}: restore")
             outcome = instance.call("restore", snapshot)
         if isinstance(outcome, Err):
             raise NoProc(f"{self.address} refused its stored state: {outcome.value}")

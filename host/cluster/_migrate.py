@@ -42,7 +42,7 @@ from mighty.abi import Err
 from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, Envelope, NoProc
 from mighty.cluster._frames import Frame, encode, node_subject
 from mighty.cluster._moved import Reporter, moved_op, relocate, supervised_extra
-from mighty.engine import Component, ComponentStore
+from mighty.engine import Component, ComponentStore, check_lowering
 from mighty.trace import migration_link
 
 if TYPE_CHECKING:
@@ -302,6 +302,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
             if instance is None:
                 raise BadSpawn(f"{process.address} stopped as it started")
             try:
+                check_lowering(len(frame.body), instance.budget.memory, "restore")
                 outcome = instance.call("restore", frame.body)
             except MightyError as exc:
                 raise BadSpawn(f"restore failed: {exc.message}") from None

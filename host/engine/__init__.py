@@ -1,8 +1,9 @@
 """The engine layer: the process's wasmtime Engine, component loading, the compiled cache."""
 
 from mighty.engine._cache import CompiledCache
-from mighty.engine._component import Component, check_component_bytes
+from mighty.engine._component import MAX_COMPONENT_BYTES, Component, check_component_bytes
 from mighty.engine._engine import EPOCH_TICK, SETTINGS, EngineSettings, get_engine, wasmtime_version
+from mighty.engine._lowering import LOWERED_BYTES_PER_BYTE, check_lowering
 from mighty.engine._memory import (
     MemoryAccount,
     capture_memory,
@@ -18,6 +19,8 @@ from mighty.engine._store import ComponentStore
 
 __all__ = [
     "EPOCH_TICK",
+    "LOWERED_BYTES_PER_BYTE",
+    "MAX_COMPONENT_BYTES",
     "MAX_GAP",
     "SETTINGS",
     "CompiledCache",
@@ -29,6 +32,7 @@ __all__ = [
     "SignalShield",
     "capture_memory",
     "check_component_bytes",
+    "check_lowering",
     "get_engine",
     "immortal",
     "instantiating_into",
