@@ -321,27 +321,31 @@ class Hibernator:
 
     # -- durable ---------------------------------------------------------------------------
 
-    def persist(self, process: AgentProcess, instance: Instance) -> None:
-        """Write-ahead: ``process``'s snapshot, fsynced, before its reply is released."""
-        self._write(process, instance, durable=True)
+    def persist(self, process: AgentProcess, instance: Instance, done: int | None = None) -> None:
+        """Write-ahead: ``process``'s snapshot, fsynced, before its reply is released.
+        ``done``: the journaled message it includes, deleted from the inbox with the write."""
+        self._write(process, instance, durable=True, done=done)
         process._in_store = True
         self.stats.durable_writes += 1
 
-    def _write(self, process: AgentProcess, instance: Instance, *, durable: bool) -> None:
+    def _write(
+        self, process: AgentProcess, instance: Instance, *, durable: bool, done: int | None = None
+    ) -> None:
         schema_hash, _ = self._schema(process.type, instance)
         state = bytes(instance.call("snapshot"))
-        self.store.put(
-            StoredSnapshot(
-                process.address,
-                process.type.name,
-                process.name,
-                process.type.component.sha256,
-                schema_hash,
-                durable,
-                state,
-            ),
-            sync=durable,
+        snapshot = StoredSnapshot(
+            process.address,
+            process.type.name,
+            process.name,
+            process.type.component.sha256,
+            schema_hash,
+            durable,
+            state,
         )
+        if done is None:
+            self.store.put(snapshot, sync=durable)
+        else:
+            self.store.put(snapshot, sync=durable, done=done)
 
     def _schema(self, agent_type: AgentType, instance: Any) -> tuple[str, str]:
         """The component's (schema hash, schema JSON), asked once per component."""

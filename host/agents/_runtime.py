@@ -81,6 +81,7 @@ from mighty.agents._introspect import (
     top_snapshot,
     tree_snapshot,
 )
+from mighty.agents._journal import Journal, Recovery, hooks_of
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
@@ -240,6 +241,10 @@ class AgentProcess:
     _in_store: bool = False
     _idle_since: float = 0.0
     _timer_armed: bool = False
+    # Durable agents (see _journal): the record sink of the current instance (its import
+    # log), and the answers of a message being recovered after a crash.
+    _log: Any = None
+    _recovery: Recovery | None = None
 
     @property
     def hibernated(self) -> bool:
@@ -304,13 +309,22 @@ class AgentProcess:
         """A new instance of the agent's component, its output streamed (not yet init)."""
         # Instantiation and init run under the default budget; the type's budget is for each
         # message (a tight per-message fuel must not make the agent unable to start).
+        record = self.runtime.recorder
+        journal = self.runtime.journal
+        slots = self._slots()
+        recovery = self._recovery
+        if journal is not None and self.type.durable:
+            record = self._log = journal.sink(self.address, record)
+            if recovery is not None:
+                slots = (*slots, *recovery.seeds)
         instance = Instance(
             self.type.component,
             budget=Budget(memory=self.type.budget.memory),
             policy=self.type.policy,
             gate=self.runtime.gate,
-            record=self.runtime.recorder,
-            slots=self._slots(),
+            hooks=hooks_of(recovery),
+            record=record,
+            slots=slots,
             agent=self.address,
             agent_name=self.name,
         )
@@ -458,19 +472,47 @@ class AgentProcess:
         if envelope.name == INSPECT:
             _settle(envelope, value=cbor2.dumps(self.runtime.inspect(self.address)))
             return
+        journal = self.runtime.journal
+        if journal is not None and self.type.durable and envelope.journal is None:
+            # Journaled (fsynced) before the send returns: accepted means it survives a crash.
+            envelope.journal = journal.accept(
+                self.address, envelope.sender, envelope.name, envelope.body
+            )
         try:
             accepted = self.mailbox.put(envelope, timeout=timeout)
         except MailboxFull as exc:
+            self._unjournal(envelope)
             raise MailboxFullError(f"{self.address}: {exc}") from None
         except MailboxClosed:
+            self._unjournal(envelope)
             raise NoProc(f"{self.address} is not running") from None
         if not accepted:
+            self._unjournal(envelope)
             self.stats.dropped += 1
             self.runtime.emit("message.dropped", self.address, {"message": envelope.name})
             if envelope.reply is not None:
                 envelope.reply.set_exception(MailboxFullError(f"{self.address}: dropped"))
             return
         self._wake()
+
+    def _unjournal(self, envelope: Envelope) -> None:
+        """The journaled message will not be handled (not accepted, refused, or it crashed
+        the agent): its inbox row goes, so a recovery does not run it."""
+        seq, envelope.journal = envelope.journal, None
+        journal = self.runtime.journal
+        if seq is not None and journal is not None:
+            with contextlib.suppress(MightyError):
+                journal.forget(self.address, seq)
+
+    def _checkpointed(self) -> None:
+        """The message's state is stored: its import log and any recovery answers are done."""
+        log = self._log
+        if log is not None and log.recording is not None:
+            log.recording.discard()
+        recovery = self._recovery
+        if recovery is not None:
+            recovery.finished = True
+            self._recovery = None
 
     @property
     def busy(self) -> bool:
@@ -730,6 +772,8 @@ class AgentProcess:
                 instance = self.instance
                 assert instance is not None
                 self.current = envelope
+                if self._recovery is not None:
+                    self._recovery.active = True
                 try:
                     result = instance.call(
                         "handle",
@@ -777,6 +821,9 @@ class AgentProcess:
             error = HostError(f"internal error: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             exit_reason = self._crashed(envelope, error)
+        if envelope.journal is not None:  # not checkpointed with the state: not to be re-run
+            self._unjournal(envelope)
+            self._checkpointed()
         outcome = CRASHED if exit_reason is not None else self._outcome
         if span is not None:
             assert telemetry is not None
@@ -807,9 +854,11 @@ class AgentProcess:
         hibernation = self.runtime.hibernation
         assert hibernation is not None
         try:
-            hibernation.persist(self, instance)
+            hibernation.persist(self, instance, done=envelope.journal)
         except MightyError as exc:
             return self._crashed(envelope, exc)
+        envelope.journal = None  # its inbox row went with the state's write
+        self._checkpointed()
         return None
 
     def _failed(self, envelope: Envelope, outcome: Any) -> None:
@@ -1012,10 +1061,13 @@ class Runtime:
         self._reports = 0
         self.hibernation: Hibernator | None = None
         """Hibernation and durability (None without a ``state_dir``)."""
+        self.journal: Journal | None = None
+        """The inbox and import logs of durable agents (None without a ``state_dir``)."""
         if store is not None:
             store.discard_volatile()
             self._pids = itertools.count(store.max_pid() + 1)
             self.hibernation = Hibernator(self, store, clock=clock)
+            self.journal = Journal(store)
         self.introspect = introspect
         self._history = max(0, min(history, 4096))
         self.supervisors: dict[str, str | None] = {}
@@ -1048,6 +1100,26 @@ class Runtime:
             )
         with self._lock:
             self._types[agent_type.name] = agent_type
+        if agent_type.durable:
+            self._recover_journaled(agent_type)
+
+    def _recover_journaled(self, agent_type: AgentType) -> None:
+        """Bring back the agents of ``agent_type`` that a crash left with journaled messages:
+        each from its snapshot, its pending messages in its mailbox in order, the first run
+        with the answers of its import log (see mighty.agents._journal)."""
+        journal = self.journal
+        assert journal is not None
+        for address in journal.pending():
+            if address.rpartition(":")[0] != agent_type.name or address in self._agents:
+                continue
+            process = self._recover(address)
+            if process is None:
+                continue
+            process._recovery = journal.recovery(address, agent_type.component)
+            messages = journal.messages(address)
+            self.emit("agent.journal_recovered", address, {"messages": len(messages)})
+            for seq, sender, name, body in messages:
+                process.deliver(Envelope(sender, name, body, journal=seq))
 
     def agent_type(self, name: str) -> AgentType:
         try:

@@ -68,7 +68,19 @@ CREATE TABLE IF NOT EXISTS snapshots (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS snapshots_name ON snapshots (name) WHERE name IS NOT NULL;
 CREATE TABLE IF NOT EXISTS schemas (hash TEXT PRIMARY KEY, json TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox (
+    address TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    sender  TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    body    BLOB NOT NULL,
+    PRIMARY KEY (address, seq)
+) WITHOUT ROWID;
 """
+MAX_INBOX_BODY = 64 << 20
+"""Most bytes of one journaled message body; a longer row read back is corrupt."""
+MAX_INBOX_ROWS = 1 << 20
+"""Most journaled messages read back for one agent at recovery."""
 
 
 class StoreError(HostError):
@@ -164,8 +176,10 @@ class SnapshotStore:
 
     # -- rows ------------------------------------------------------------------------------
 
-    def put(self, snapshot: StoredSnapshot, *, sync: bool = False) -> None:
-        """Write (or replace) one agent's row; ``sync``: fsync the WAL before returning."""
+    def put(self, snapshot: StoredSnapshot, *, sync: bool = False, done: int | None = None) -> None:
+        """Write (or replace) one agent's row; ``sync``: fsync the WAL before returning.
+        ``done``: the journaled message (its inbox ``seq``) this state includes, deleted from
+        the inbox in the same transaction, so a crash leaves either both or neither."""
         if len(snapshot.state) > MAX_SNAPSHOT_BYTES:
             raise StoreError(
                 f"{snapshot.address}: snapshot of {len(snapshot.state)} bytes is over the "
@@ -183,7 +197,82 @@ class SnapshotStore:
             digest,
         )
         with self._writing(sync):
-            self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?,?,?,?,?)", row)
+            if done is None:
+                self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?,?,?,?,?)", row)
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?,?,?,?,?)", row)
+                self._db.execute(
+                    "DELETE FROM inbox WHERE address = ? AND seq = ?", (snapshot.address, done)
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- the inbox of durable agents ------------------------------------------------------
+
+    def inbox_put(self, address: str, sender: str, name: str, body: bytes) -> int:
+        """Journal a message accepted for ``address`` (fsynced); its ``seq``."""
+        with self._writing(True):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?", (address,)
+                ).fetchone()
+                seq = int(row[0]) + 1 if row else 1
+                self._db.execute(
+                    "INSERT INTO inbox VALUES (?,?,?,?,?)", (address, seq, sender, name, body)
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return seq
+
+    def inbox_done(self, address: str, seq: int) -> None:
+        """The journaled message ``seq`` will not be handled again (it crashed its agent, was
+        refused, or never made it into the mailbox)."""
+        with self._writing(False):
+            self._db.execute("DELETE FROM inbox WHERE address = ? AND seq = ?", (address, seq))
+
+    def inbox_addresses(self) -> list[str]:
+        """The addresses with journaled messages not yet handled."""
+        with self._reading():
+            rows = self._db.execute("SELECT DISTINCT address FROM inbox").fetchall()
+        return [r[0] for r in rows if isinstance(r[0], str)]
+
+    def inbox(self, address: str) -> list[tuple[int, str, str, bytes]]:
+        """``address``'s journaled messages, oldest first: ``(seq, sender, name, body)``; a row
+        that is damaged or over the bounds raises SnapshotCorrupt (checked in SQL first)."""
+        with self._reading():
+            over = self._db.execute(
+                "SELECT count(*), ifnull(max(length(body)), 0), "
+                "ifnull(max(length(sender) + length(name)), 0) FROM inbox WHERE address = ?",
+                (address,),
+            ).fetchone()
+            count, body, texts = over if over is not None else (0, 0, 0)
+            if count > MAX_INBOX_ROWS or body > MAX_INBOX_BODY or texts > 2 * _MAX_TEXT:
+                raise SnapshotCorrupt(
+                    f"{address}: the journaled inbox is over its bounds ({count} rows, a body "
+                    f"of {body} bytes)"
+                )
+            rows = self._db.execute(
+                "SELECT seq, sender, name, body FROM inbox WHERE address = ? ORDER BY seq",
+                (address,),
+            ).fetchall()
+        checked: list[tuple[int, str, str, bytes]] = []
+        for seq, sender, name, body_bytes in rows:
+            if not (
+                isinstance(seq, int)
+                and isinstance(sender, str)
+                and isinstance(name, str)
+                and isinstance(body_bytes, bytes)
+            ):
+                raise SnapshotCorrupt(f"{address}: a journaled message row is damaged")
+            checked.append((seq, sender, name, body_bytes))
+        return checked
 
     def get(self, address: str) -> StoredSnapshot | None:
         """The checked row of ``address`` (None: no row); :class:`SnapshotCorrupt` if damaged."""

@@ -206,6 +206,8 @@ class Envelope:
     """The addresses waiting on this reply, innermost last (for cycle detection)."""
     trace: Any = None
     """Trace context from the sender (mighty.telemetry), None when telemetry is off."""
+    journal: int | None = None
+    """Its row in a durable agent's journaled inbox (see mighty.agents._journal)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,186 @@
+"""The journal of durable agents: an accepted message survives a kill -9 of the process, and
+recovery answers the imports that completed before the crash from the log, so a tool call the
+outside world saw is not made again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mighty.agents._store import MAX_INBOX_BODY, SnapshotCorrupt, SnapshotStore, StoredSnapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def journaled_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The durable worker of tests/agents/guests/journaled.py, built once."""
+    from mighty.build import build_component
+
+    out = tmp_path_factory.mktemp("journaled") / "journaled.wasm"
+    build_component(
+        ROOT / "tests" / "agents" / "guests" / "journaled.py",
+        output=out,
+        wit=ROOT / "wit" / "agent",
+        python_path=[ROOT / "guests" / "sdk"],
+    )
+    return out
+
+
+def _script(mode: str, wasm: Path, tmp: Path) -> list[str]:
+    args = [str(wasm), str(tmp / "state"), str(tmp / "counter"), str(tmp / "marker")]
+    return [sys.executable, "-m", "tests.agents._journal_script", mode, *args]
+
+
+def _wait_for(condition: object, what: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 600  # a cold build and start on a loaded machine
+    while not condition():  # type: ignore[operator]
+        if process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"the process ended before {what}: {out}{err}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no {what} within 600 s")
+        time.sleep(0.05)
+
+
+def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
+    journaled_wasm: Path, tmp_path: Path
+) -> None:
+    """Killed after three tool calls: the restart finishes the message; each call seen once."""
+    counter, marker = tmp_path / "counter", tmp_path / "marker"
+    first = subprocess.Popen(
+        _script("first", journaled_wasm, tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(marker.exists, "the agent paused mid-message", first)
+        assert counter.read_text().split() == ["1", "2", "3"]
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        first.wait(timeout=60)
+        first.communicate()
+    log = tmp_path / "state" / "journal" / "worker_1.trace"
+    assert log.is_file()
+    second = subprocess.run(
+        _script("second", journaled_wasm, tmp_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert second.returncode == 0, second.stdout + second.stderr
+    report = json.loads(second.stdout.strip().splitlines()[-1])
+    assert report["status"] == 1
+    assert "agent.journal_recovered" in report["events"]
+    # Steps 1-3 were answered from the log; the pause and step 4 ran live, once.
+    assert counter.read_text().split() == ["1", "2", "3", "4"]
+    assert not log.exists()
+
+
+def test_a_message_handled_before_the_crash_is_not_run_again(
+    journaled_wasm: Path, tmp_path: Path
+) -> None:
+    """A runtime that ends cleanly leaves no journal: a new one recovers nothing."""
+    code = (
+        "import sys\n"
+        "from mighty import Component\n"
+        "from mighty.agents import AgentType, Grants, Runtime\n"
+        "from mighty.capabilities import Capabilities\n"
+        "out = open(sys.argv[2], 'a')\n"
+        "caps = Capabilities().with_tool('count', lambda step: out.write(f'{step}\\n') and step)"
+        ".with_tool('pause', lambda: 'go')\n"
+        "t = AgentType('worker', Component.load(sys.argv[1]), durable=True,"
+        " grants=Grants(tools=frozenset({'count', 'pause'})))\n"
+        "with Runtime(workers=1, state_dir=sys.argv[3], capabilities=caps) as rt:\n"
+        "    rt.register(t)\n"
+        "    if sys.argv[4] == 'first':\n"
+        "        a = rt.spawn('worker')\n"
+        "        print(rt.ask(a, 'work'))\n"
+        "    else:\n"
+        "        print(rt.ask('worker:1', 'status'))\n"
+        "    out.flush()\n"
+    )
+    counter = tmp_path / "counter"
+    argv = [str(journaled_wasm), str(counter), str(tmp_path / "state")]
+    for mode, expected in (("first", "1"), ("second", "1")):
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv, mode],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == expected
+    assert counter.read_text().split() == ["1", "2", "3", "4"]
+
+
+def _snapshot(address: str = "worker:1") -> StoredSnapshot:
+    return StoredSnapshot(address, "worker", None, "c" * 64, "s" * 64, True, b"state")
+
+
+def test_inbox_rows_go_with_the_state_that_includes_them(tmp_path: Path) -> None:
+    """put(done=seq) writes the state and deletes the row in one transaction."""
+    store = SnapshotStore(tmp_path)
+    try:
+        first = store.inbox_put("worker:1", "host", "work", b"\x01")
+        second = store.inbox_put("worker:1", "host", "work", b"\x02")
+        assert (first, second) == (1, 2)
+        assert store.inbox_addresses() == ["worker:1"]
+        store.put(_snapshot(), sync=True, done=first)
+        assert [row[0] for row in store.inbox("worker:1")] == [second]
+        store.inbox_done("worker:1", second)
+        assert store.inbox("worker:1") == []
+        assert store.inbox_addresses() == []
+    finally:
+        store.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a:1", "b:2"]), st.binary(max_size=64)), max_size=12))
+def test_inbox_keeps_each_agents_messages_in_order(
+    tmp_path_factory: pytest.TempPathFactory, messages: list[tuple[str, bytes]]
+) -> None:
+    """Each agent's journaled messages come back in the order they were accepted, intact."""
+    store = SnapshotStore(tmp_path_factory.mktemp("inbox"))
+    try:
+        for address, body in messages:
+            store.inbox_put(address, "host", "m", body)
+        for address in ("a:1", "b:2"):
+            expected = [body for a, body in messages if a == address]
+            rows = store.inbox(address)
+            assert [row[3] for row in rows] == expected
+            assert [row[0] for row in rows] == list(range(1, len(expected) + 1))
+    finally:
+        store.close()
+
+
+def test_a_damaged_inbox_row_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A body over the bound (an edited database) is SnapshotCorrupt, checked in SQL first."""
+    store = SnapshotStore(tmp_path)
+    try:
+        store.inbox_put("worker:1", "host", "work", b"x")
+        with store._writing(False):
+            store._db.execute(
+                "UPDATE inbox SET body = zeroblob(?) WHERE address = 'worker:1'",
+                (MAX_INBOX_BODY + 1,),
+            )
+        with pytest.raises(SnapshotCorrupt, match="over its bounds"):
+            store.inbox("worker:1")
+    finally:
+        store.close()
