@@ -101,7 +101,8 @@ class ClusterConfig(_Model):
     max_frame: int = Field(1 << 20, ge=1024, le=64 << 20)
     max_inflight: int = Field(1024, ge=1, le=1 << 20)
     """Incoming messages that may wait for a full mailbox at once; more answer mailbox-full."""
-    max_component: int = Field(64 << 20, ge=0, le=1 << 30)
+    # At most mighty.engine's MAX_COMPONENT_BYTES (not imported: it loads wasmtime).
+    max_component: int = Field(64 << 20, ge=0, le=256 << 20)
     """The largest component a migration may ship to this node (bytes; 0: none is taken)."""
     durable: list[str] = []
     """Agent types whose sends by name are at-least-once over JetStream (see _durable)."""

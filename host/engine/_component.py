@@ -21,7 +21,7 @@ from mighty.engine._signals import shielded
 from mighty.engine._state import MemoryState
 from mighty.engine._store import keep_component
 
-__all__ = ["Component", "check_component_bytes"]
+__all__ = ["MAX_COMPONENT_BYTES", "Component", "check_component_bytes"]
 
 _WASM_MAGIC = b"\x00asm"
 _CORE_VERSION = b"\x01\x00\x00\x00"
@@ -48,8 +48,11 @@ def check_component_bytes(data: bytes | bytearray | memoryview, origin: str) -> 
         )
 
 
-MAX_COMPONENT_BYTES = 1 << 30
-"""The largest component file :meth:`Component.load` reads (componentize-py's are ~20 MB)."""
+MAX_COMPONENT_BYTES = 256 << 20
+"""The largest component :meth:`Component.load` takes (componentize-py's are ~20 MB), checked
+before a byte is read. Loading holds about twice the size (the bytes, and wasmtime's copy while
+it compiles): 256 MiB took +518 MB of RSS and 5 s (``benchmarks/bench_restore.py``); the 1 GiB
+limit before it let a control-socket reload reach 2.16 GB and end in ``MemoryError``."""
 
 
 def _read_component_file(path: Path, origin: str) -> bytes:
@@ -115,6 +118,11 @@ class Component:
         (the baseline the benchmarks and the differential tests compare against).
         """
         if isinstance(source, bytes | bytearray):
+            if len(source) > MAX_COMPONENT_BYTES:
+                raise InvalidComponent(
+                    f"<bytes> is {len(source)} bytes, over the {MAX_COMPONENT_BYTES}-byte "
+                    "limit for a component"
+                )
             data = bytes(source)
             origin = "<bytes>"
         else:
@@ -143,6 +151,10 @@ class Component:
             progress(f"compiling {origin} ({size / 1e6:.1f} MB); cached after this run")
         try:
             compiled = wc.Component(get_engine(), data)
+        except MemoryError:
+            raise CompileError(
+                f"cannot compile {origin}: not enough memory for a {size}-byte component"
+            ) from None
         except WasmtimeError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
             if "failed to parse" in str(exc) or "invalid" in first.lower():

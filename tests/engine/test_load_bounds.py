@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mighty import Component, InvalidComponent
+from mighty import BadInput, Component, InvalidComponent
 from mighty.engine._component import MAX_COMPONENT_BYTES
 
 
@@ -66,3 +66,23 @@ def test_a_missing_file_says_so(tmp_path: Path) -> None:
     """No such file is one clear line."""
     with pytest.raises(InvalidComponent, match="no such file"):
         Component.load(tmp_path / "absent.wasm")
+
+
+def test_the_limit_is_what_a_load_can_afford(tmp_path: Path) -> None:
+    """A 1 GiB component (the finding's: 2.16 GB of RSS, then MemoryError) is refused by its
+    size, from a path and as bytes; the cluster's max_component cannot go past the limit."""
+    from mighty.cluster import parse_cluster
+    from mighty.cluster._config import ClusterConfig
+
+    assert MAX_COMPONENT_BYTES == 256 << 20
+    huge = tmp_path / "huge.wasm"
+    with huge.open("wb") as file:
+        file.write(b"\x00asm\x0d\x00\x01\x00")
+        file.truncate(1 << 30)
+    with pytest.raises(InvalidComponent, match="over the 268435456-byte limit"):
+        Component.load(huge)
+    with pytest.raises(InvalidComponent, match="over the 268435456-byte limit"):
+        Component.load(b"\x00asm\x0d\x00\x01\x00" + bytes(MAX_COMPONENT_BYTES))
+    assert ClusterConfig.model_fields["max_component"].metadata[-1].le == MAX_COMPONENT_BYTES
+    with pytest.raises(BadInput, match="max_component"):
+        parse_cluster({"servers": ["nats://x"], "peers": {"a": {}}, "max_component": 1 << 30})

@@ -58,6 +58,16 @@ def test_mty_reload_swaps_a_running_system(counters: dict[str, Path], tmp_path: 
         error = json.loads(refused.stdout)["error"]
         assert error["kind"] == "reload_refused"
         assert "count" in error["message"]
+        # A 1 GiB component is refused from its size, one typed line (it was read and
+        # compiled: 2.16 GB of RSS, then "internal: MemoryError").
+        huge = tmp_path / "huge.wasm"
+        with huge.open("wb") as file:
+            file.write(b"\x00asm\x0d\x00\x01\x00")
+            file.truncate(1 << 30)
+        too_big = runner.invoke(main, ["reload", "counter", "--from", str(huge), "--json"])
+        assert too_big.exit_code == 1
+        error = json.loads(too_big.stdout)["error"]
+        assert error["kind"] != "internal" and "over the 268435456-byte limit" in error["message"]
         status = request(sock, "status")
         assert status["agents"][0]["handled"] >= 1
         assert oct(sock.stat().st_mode & 0o777) == "0o600"
