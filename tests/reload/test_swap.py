@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from mighty import Budget, Component
 from mighty.agents import (
     AgentChild,
+    AgentEvent,
     AgentType,
     MailboxFullError,
     Runtime,
@@ -86,26 +86,54 @@ def test_restore_that_traps_rolls_back(counters: dict[str, Path]) -> None:
         assert any(e.kind == "reload.rolled_back" for e in rt.events)
 
 
+@pytest.fixture(scope="module")
+def held_counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """v1 whose ``work`` handler logs ``working`` (guests/testing/counter/held.py)."""
+    from mighty.build import build_component
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path_factory.mktemp("held") / "held.wasm"
+    build_component(
+        root / "guests" / "testing" / "counter" / "held.py",
+        output=out,
+        wit=root / "wit" / "agent",
+        python_path=[root / "guests" / "sdk"],
+    )
+    return out
+
+
 @pytest.mark.slow
-def test_swap_waiting_past_the_drain_deadline_rolls_back(counters: dict[str, Path]) -> None:
+def test_swap_waiting_past_the_drain_deadline_rolls_back(
+    counters: dict[str, Path], held_counter: Path
+) -> None:
     """A handler still running at the drain deadline makes the swap roll back, nothing lost."""
-    with runtime_with(counters, budget=Budget(fuel=10**11)) as rt:
-        # ~1 s of guest work on a quiet machine: it must outlast the swap's checks of the new
-        # component (loaded, schema compared) and the 0.1 s drain deadline after them. 2,000,000
-        # iterations (~0.23 s) did not once the guest and the host got faster.
-        slow = rt.ask_future("c0", "work", {"n": 10_000_000})
-        queued = [rt.ask_future("c0", "incr", {"by": 1}) for _ in range(5)]
-        # The swap must meet the handler running, not still queued (a loaded machine may not
-        # have started it yet, and a paused queue drains at once).
-        deadline = time.monotonic() + 60
-        while rt.inspect("c0")["state"] != "running":
-            assert time.monotonic() < deadline, "the slow handler never started"
-            time.sleep(0.001)
-        with pytest.raises(ReloadFailed, match="drain deadline"):
-            rt.reload("counter", counters["v2"], drain_timeout=0.1)
+    # The handler is held inside its turn (in its `log` host call) until the swap has given
+    # up: it is running at the drain deadline however long the swap's own checks take. Rejected:
+    # ~1 s of guest arithmetic, which a loaded machine (or a cold compile of v2) outlasted.
+    working, release = threading.Event(), threading.Event()
+
+    def hold(event: AgentEvent) -> None:
+        if event.kind == "log" and event.data.get("text") == "working":
+            working.set()
+            release.wait(120)
+
+    # Time is not the subject of the turn: the message's own deadline outlasts any hold.
+    budget = Budget(timeout=600.0)
+    with Runtime(workers=2, on_event=hold) as rt:
+        rt.register(AgentType("counter", Component.load(held_counter), budget=budget))
+        start_tree(rt, SupervisorSpec("root", [AgentChild("c0", "counter")]))
+        try:
+            slow = rt.ask_future("c0", "work", {})
+            queued = [rt.ask_future("c0", "incr", {"by": 1}) for _ in range(5)]
+            assert working.wait(120), "the slow handler never started"
+            with pytest.raises(ReloadFailed, match="drain deadline"):
+                rt.reload("counter", counters["v2"], drain_timeout=0.1)
+        finally:
+            release.set()
         assert decode(slow.result(120)) == {"done": True}
         assert [decode(f.result(30))["count"] for f in queued] == [1, 2, 3, 4, 5]
         assert rt.ask("c0", "get") == {"count": 5, "version": 1}
+        assert any(e.kind == "reload.rolled_back" for e in rt.events)
 
 
 @pytest.mark.slow

@@ -379,16 +379,33 @@ def test_what_waiting_calls_hold_is_bounded(
 ) -> None:
     """Calls queued behind the concurrency limit hold at most MAX_HELD_DATA of arguments."""
     monkeypatch.setattr(_tools, "MAX_HELD_DATA", 2 << 20)  # the default is 32 MiB
+    # The first call holds the only slot until the code has started all 15 calls (counted as
+    # the host starts them), not for a guessed second: on a loaded machine the code took longer
+    # than that to start them, the slot came free early and no call was refused.
+    all_started = threading.Event()
+    started = 0
+    start = ToolHost.start
 
+    def counting_start(self: ToolHost, name: str, payload: bytes) -> int:
+        nonlocal started
+        handle = start(self, name, payload)
+        started += 1
+        if started == 15:
+            all_started.set()
+        return handle
+
+    monkeypatch.setattr(ToolHost, "start", counting_start)
     first: list[int] = []
 
     async def measure(text: str) -> int:
         if not first:  # the first call holds the only slot while the others queue behind it
             first.append(1)
-            await asyncio.sleep(1.0)
+            while not all_started.is_set():  # bounded by the call's tool_timeout
+                await asyncio.sleep(0.001)
         return len(text)
 
-    limits = Limits(tool_concurrency=1)
+    # Time is not the subject: the run's own deadline outlasts any slow start of the calls.
+    limits = Limits(tool_concurrency=1, timeout=60.0)
     with Sandbox(tools=[measure], limits=limits, pool=0) as sandbox:
         code = (
             "import asyncio\n"
@@ -397,6 +414,7 @@ def test_what_waiting_calls_hold_is_bounded(
             "[x if isinstance(x, int) else x.kind for x in r]"
         )
         result = sandbox.run(code)
+    assert all_started.is_set()
     assert result.ok, result.error
     kinds = result.value
     held = (2 << 20) // 200_000
