@@ -1,0 +1,52 @@
+"""examples/serve: the example handler, built with mty build for the wasi:http/proxy world and
+served as docs/serve.md and its README show (the `mty serve` + curl steps they cannot run)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mighty import Component
+from mighty.serve import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Component:
+    """examples/serve/handler.py built (WIT from examples/serve/wit) and loaded."""
+    from mighty.build import build_component
+
+    out = tmp_path_factory.mktemp("serve_example") / "hello.wasm"
+    build_component(ROOT / "examples" / "serve" / "handler.py", output=out)
+    return Component.load(out)
+
+
+@pytest.fixture
+def client(example: Component) -> Iterator[httpx.Client]:
+    """A client of the example, served on a free loopback port."""
+    with Server(example).background() as live, httpx.Client(base_url=live.url) as session:
+        yield session
+
+
+def test_get_says_hello(client: httpx.Client) -> None:
+    """`curl http://127.0.0.1:8080/` of the README."""
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain"
+    assert response.text == "hello from a component\n"
+
+
+def test_echo_streams_the_body_back(client: httpx.Client) -> None:
+    """`curl --data-binary @README.md .../echo`: the body comes back as sent."""
+    readme = (ROOT / "examples" / "serve" / "README.md").read_bytes()
+    assert client.post("/echo", content=readme).content == readme
+
+
+def test_anything_else_is_404(client: httpx.Client) -> None:
+    """Another path or method is the handler's own 404."""
+    assert client.get("/nothing").status_code == 404
+    assert client.put("/echo", content=b"x").status_code == 404
