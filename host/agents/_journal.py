@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mighty.trace import Recorder, TraceAnswers, read_instances
-from mighty.wasi import HTTP_RESPONDER
+from mighty.wasi import HTTP_RESPONDER, IdempotencyKeys
 
 if TYPE_CHECKING:
     from mighty.agents._store import SnapshotStore
@@ -101,7 +101,9 @@ class _LogRecording:
         agent: str | None,
         name: str | None,
         also: Recording | None,
+        keys: IdempotencyKeys,
     ) -> None:
+        self._keys = keys
         self._path = path
         self._attach = (component, budget, policy, agent, name)
         self._also = also
@@ -111,6 +113,9 @@ class _LogRecording:
     def __call__(
         self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
     ) -> Any:
+        # Every import of the message, answered from a log or live: its idempotency key's
+        # position, the same in a re-run as in the first run.
+        self._keys.position += 1
         inner, also = self._inner, self._also
         if also is not None:
             if inner is None:
@@ -183,6 +188,8 @@ class _LogSink:
         self.journal = journal
         self.address = address
         self.also = also
+        self.keys = IdempotencyKeys(address)
+        """The idempotency keys of the agent's side effects (see mighty.wasi)."""
         self.recording: _LogRecording | None = None
 
     def attach(
@@ -200,7 +207,7 @@ class _LogSink:
             else self.also.attach(component, budget, policy, agent=agent, name=name)
         )
         path = self.journal.log_path(self.address)
-        recording = _LogRecording(path, component, budget, policy, agent, name, also)
+        recording = _LogRecording(path, component, budget, policy, agent, name, also, self.keys)
         self.recording = recording
         return recording
 

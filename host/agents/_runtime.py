@@ -108,6 +108,7 @@ from mighty.agents._types import (
     Envelope,
     HandlerFailed,
     MailboxFullError,
+    MessageDropped,
     NoProc,
     Refused,
 )
@@ -122,7 +123,7 @@ from mighty.capabilities import (
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Scope, Seed, Slot
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
-from mighty.wasi import LOG_SINK, CaptureOutput, WasiProvider
+from mighty.wasi import IDEMPOTENCY_KEYS, LOG_SINK, CaptureOutput, WasiProvider
 
 if TYPE_CHECKING:
     from mighty.telemetry import Telemetry
@@ -314,7 +315,9 @@ class AgentProcess:
         slots = self._slots()
         recovery = self._recovery
         if journal is not None and self.type.durable:
-            record = self._log = journal.sink(self.address, record)
+            sink = self._log = journal.sink(self.address, record)
+            record = sink
+            slots = (*slots, IDEMPOTENCY_KEYS.of(sink.keys))
             if recovery is not None:
                 slots = (*slots, *recovery.seeds)
         instance = Instance(
@@ -491,7 +494,7 @@ class AgentProcess:
             self.stats.dropped += 1
             self.runtime.emit("message.dropped", self.address, {"message": envelope.name})
             if envelope.reply is not None:
-                envelope.reply.set_exception(MailboxFullError(f"{self.address}: dropped"))
+                envelope.reply.set_exception(MessageDropped(f"{self.address}: dropped"))
             return
         self._wake()
 
@@ -774,6 +777,8 @@ class AgentProcess:
                 self.current = envelope
                 if self._recovery is not None:
                     self._recovery.active = True
+                if envelope.journal is not None and self._log is not None:
+                    self._log.keys.begin(envelope.journal)
                 try:
                     result = instance.call(
                         "handle",

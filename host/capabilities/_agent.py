@@ -23,10 +23,12 @@ from mighty.capabilities._mcp_client import McpUnavailable, _Loop
 from mighty.capabilities._registry import CapabilityBroker
 from mighty.gate import Binding, GuestContext, ResourceKind, Scope, Slot
 from mighty.sandbox import Tool, ToolHost
+from mighty.wasi import IDEMPOTENCY_KEYS
 
 __all__ = ["AGENT_TOOLS", "MAX_TOOL_CALLS", "AgentTools", "AgentToolsProvider"]
 
 INTERFACE = "mighty:agent/tools"
+_MAX_KEYED = 1 << 20  # the tool host's own bound on a call's arguments
 MAX_TOOL_CALLS = 1000
 """Most tool calls one message of an agent may make (past it the message fails)."""
 
@@ -92,7 +94,27 @@ def _call(ctx: GuestContext, name: str, payload: bytes) -> Ok | Err:
         except McpUnavailable as exc:
             return _err("unavailable", str(exc))
         tools.resolved[name] = tool
-    return tools.tool_host(ctx.scope).call(ctx, name, bytes(payload))
+    payload = bytes(payload)
+    keys = ctx.find(IDEMPOTENCY_KEYS)
+    if keys is not None and "idempotency_key" in tool.signature.parameters:
+        payload = _with_key(payload, keys.key())
+    return tools.tool_host(ctx.scope).call(ctx, name, payload)
+
+
+def _with_key(payload: bytes, key: str) -> bytes:
+    """The call's arguments with ``idempotency_key`` set by the host (a durable agent's call
+    to a tool that declares the parameter); arguments that do not decode go as they came (the
+    tool host refuses them)."""
+    if len(payload) > _MAX_KEYED:
+        return payload
+    try:
+        decoded = json.loads(payload)
+    except (ValueError, RecursionError):
+        return payload
+    if not isinstance(decoded, dict) or not isinstance(decoded.get("kwargs", {}), dict):
+        return payload
+    decoded.setdefault("kwargs", {})["idempotency_key"] = key
+    return json.dumps(decoded).encode()
 
 
 class AgentToolsProvider:

@@ -10,6 +10,7 @@ from mighty.wasi._http import (
 )
 from mighty.wasi._http_client import Exchange, PreparedRequest, Responder, error_code
 from mighty.wasi._http_policy import HttpGrant, HttpLimits, HttpPolicy, Origin, Secret
+from mighty.wasi._idempotency import IDEMPOTENCY_KEYS, IdempotencyKeys
 from mighty.wasi._logging import LOG_SINK, LogSink
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import DEFAULT_OUTPUT_CAP, DirGrant, MemoryDir, OutputPolicy, Policy
@@ -18,6 +19,7 @@ from mighty.wasi._provider import WASI_POLICY, WasiProvider
 __all__ = [
     "DEFAULT_OUTPUT_CAP",
     "HTTP_RESPONDER",
+    "IDEMPOTENCY_KEYS",
     "LOG_SINK",
     "WASI_POLICY",
     "CaptureOutput",
@@ -26,6 +28,7 @@ __all__ = [
     "HttpGrant",
     "HttpLimits",
     "HttpPolicy",
+    "IdempotencyKeys",
     "LogSink",
     "MemoryDir",
     "Origin",

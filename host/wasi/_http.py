@@ -63,6 +63,7 @@ from mighty.wasi._http_client import (
     start,
 )
 from mighty.wasi._http_policy import HttpPolicy
+from mighty.wasi._idempotency import IDEMPOTENCY_KEYS
 from mighty.wasi._io import ReadyPollable
 from mighty.wasi._policy import Policy
 from mighty.wasi._streams import (
@@ -517,6 +518,9 @@ def _handle(ctx: GuestContext, request: _OutgoingRequest, options: _Options | No
     if not request.body_taken:
         request.body.finish()  # never asked for: an empty body, as wasmtime sends
     headers.insert(0, (b"Host", request.authority.encode()))
+    keys = ctx.find(IDEMPOTENCY_KEYS)
+    if keys is not None and not any(k.lower() == b"idempotency-key" for k, _ in headers):
+        headers.append((b"Idempotency-Key", keys.key().encode()))  # a durable agent's request
     if sum(len(k) + len(v) + 4 for k, v in headers) > limits.max_header_bytes:
         return Err(error_code("HTTP-request-header-section-size", None))
 

@@ -2,7 +2,8 @@
 
 ``python -m tests.agents._journal_script first|second WASM STATE_DIR COUNTER MARKER``. Its host
 tools: ``count(step)`` appends the step to COUNTER (each call the outside world saw);
-``pause()`` in ``first`` writes MARKER and then waits to be killed, in ``second`` returns.
+``pause()`` in ``first`` writes MARKER and then waits to be killed, in ``second`` returns;
+each call notes its idempotency key in MARKER.keys.
 ``first`` sends one "work" message; ``second`` only registers the type (recovery runs the
 journaled message) and prints the agent's status as JSON.
 """
@@ -29,8 +30,11 @@ def main() -> None:
             out.write(f"{step}\n")
         return step
 
-    def pause() -> str:
-        """Wait for the test to kill the process (first run), or go on (second)."""
+    def pause(idempotency_key: str = "") -> str:
+        """Wait for the test to kill the process (first run), or go on (second); the key the
+        host passed goes to MARKER.keys."""
+        with open(marker + ".keys", "a") as out:
+            out.write(f"{idempotency_key}\n")
         if mode == "first":
             Path(marker).write_text("paused")
             time.sleep(3600)

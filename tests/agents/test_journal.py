@@ -89,6 +89,11 @@ def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
     # Steps 1-3 were answered from the log; the pause and step 4 ran live, once.
     assert counter.read_text().split() == ["1", "2", "3", "4"]
     assert not log.exists()
+    # The pause was in flight at the crash: made again, with the same idempotency key.
+    keys = (tmp_path / "marker.keys").read_text().split()
+    assert len(keys) == 2
+    assert keys[0] == keys[1]
+    assert len(keys[0]) == 32
 
 
 def test_a_message_handled_before_the_crash_is_not_run_again(
