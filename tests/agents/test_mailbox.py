@@ -99,10 +99,9 @@ def test_injected_clock_decides_the_deadline() -> None:
     readings = iter([0.0, 200.0])  # the deadline is set at 0, then the clock reads 200
     box: Mailbox[int] = Mailbox(1, block_timeout=100.0, clock=lambda: next(readings))
     box.put(1)
-    started = time.monotonic()
     with pytest.raises(MailboxFull, match="stayed full"):
         box.put(2)
-    assert time.monotonic() - started < 1
+    assert next(readings, None) is None  # both readings taken: the injected clock decided
 
 
 def test_get_times_out_with_mailbox_empty() -> None:
@@ -170,13 +169,12 @@ def test_close_wakes_blocked_producers_and_consumers() -> None:
     ]
     for t in threads:
         t.start()
-    time.sleep(0.05)
-    started = time.monotonic()
+    time.sleep(0.05)  # most likely blocked by now; a close before they block is fine too
     full.close()
     empty.close()
     for t in threads:
-        t.join(timeout=5)
-    assert time.monotonic() - started < 2
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)  # woken by close, not by their timeouts
     assert errors == [MailboxClosed] * 3
 
 

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -149,13 +148,14 @@ def _cancelled() -> CancelScope:
 
 @pytest.mark.slow
 def test_cancel_from_another_thread(sandbox: Sandbox) -> None:
-    """A run is cancelled from another thread within a moment."""
+    """A run is cancelled from another thread, well before its deadline or its fuel end it."""
     scope = CancelScope()
     timer = threading.Timer(0.2, scope.cancel, args=("stop",))
     timer.start()
-    started = time.monotonic()
+    # "cancelled", not deadline_exceeded (5 s) nor out_of_fuel: the cancel ended it. Rejected:
+    # a wall-clock bound on the whole run, which a loaded machine's late timer thread can break.
     result = failed(sandbox.run("while True: pass", cancel=scope), "cancelled")
-    assert time.monotonic() - started < 1.5
+    timer.join()
     assert result.error is not None and "stop" in result.error.message
     assert_clean(sandbox)
 
