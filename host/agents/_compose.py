@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from contextlib import suppress
 from typing import Any
 
 from mighty._errors import BadInput
 from mighty.agents._runtime import Runtime, decode_body, encode_body
-from mighty.agents._types import AgentError
+from mighty.agents._types import AgentError, MessageDropped
 
 __all__ = ["broadcast", "pipe"]
 
@@ -26,7 +27,9 @@ def pipe(
     stage's body. Results come back in input order.
 
     At most ``window`` items are in flight at once (backpressure: the input is read only as
-    results come out), and every stage works on a different item at the same time.
+    results come out), and every stage works on a different item at the same time. An item a
+    stage's full ``"drop"`` mailbox dropped is left out of the results (the stage's policy
+    says to lose it); any other failure fails the pipe.
     """
     if not stages:
         raise BadInput("a pipe needs at least one stage")
@@ -40,12 +43,16 @@ def pipe(
         _advance(runtime, stages, 0, encode_body(item), done)
         return done
 
+    def collect() -> None:
+        with suppress(MessageDropped):
+            results.append(in_flight.popleft().result(timeout))
+
     for item in items:
         if len(in_flight) >= window:
-            results.append(in_flight.popleft().result(timeout))
+            collect()
         in_flight.append(start(item))
     while in_flight:
-        results.append(in_flight.popleft().result(timeout))
+        collect()
     return results
 
 

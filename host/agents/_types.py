@@ -30,6 +30,7 @@ __all__ = [
     "HandlerFailed",
     "MailboxFullError",
     "MailboxSettings",
+    "MessageDropped",
     "NoProc",
     "Refused",
 ]
@@ -58,6 +59,10 @@ class MailboxFullError(AgentError, HostError):
     """The target's mailbox is full and its policy is to fail (or blocking timed out)."""
 
     code = "mailbox-full"
+
+
+class MessageDropped(MailboxFullError):
+    """The target's mailbox is full and its policy is ``"drop"``: the message was dropped."""
 
 
 class Refused(AgentError, HostError):

@@ -79,6 +79,7 @@ from mighty.agents import (
     decode_body,
     start_tree,
 )
+from mighty.agents._types import MessageDropped
 from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
 from mighty.cluster._frames import (
@@ -106,6 +107,7 @@ _ERRORS: dict[str, type[AgentError]] = {
         AskTimeout,
         Refused,
         MailboxFullError,
+        MessageDropped,
         CircuitOpenError,
         HandlerFailed,
         AgentCrashed,
