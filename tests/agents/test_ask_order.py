@@ -180,5 +180,6 @@ def ask_order(echo_agent: Component) -> Callable[[], None]:
     return lambda: case().runTest()
 
 
+@pytest.mark.timing
 def test_in_place_asks_keep_the_order_of_queued_messages(ask_order: Callable[[], None]) -> None:
     ask_order()

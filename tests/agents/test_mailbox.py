@@ -94,6 +94,7 @@ def test_block_policy_succeeds_when_a_consumer_frees_space() -> None:
     assert box.get(timeout=1) == 2
 
 
+@pytest.mark.timing
 def test_injected_clock_decides_the_deadline() -> None:
     """A clock that jumps past the deadline ends a 100 s block at once."""
     readings = iter([0.0, 200.0])  # the deadline is set at 0, then the clock reads 200
@@ -149,6 +150,7 @@ def test_close_refuses_puts_then_drains_then_raises() -> None:
         box.get()
 
 
+@pytest.mark.timing
 def test_close_wakes_blocked_producers_and_consumers() -> None:
     """Threads waiting in put or get are released by close with MailboxClosed."""
     full: Mailbox[int] = Mailbox(1, block_timeout=10)

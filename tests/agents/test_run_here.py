@@ -227,6 +227,7 @@ class _StillClock:
         return getattr(time, name)
 
 
+@pytest.mark.timing
 @given(
     budget=st.floats(0.01, 100),
     spent=st.floats(0, 1.2),
@@ -269,6 +270,7 @@ def ping_spinner(wat: Callable[[str], bytes]) -> Component:
     return Component.load(wat(text.replace(_HANDLE, _HANDLE + _SPIN_ON_PING)))
 
 
+@pytest.mark.timing
 def test_a_guest_ask_waits_until_its_own_deadline_or_its_own_timeout(
     pingpong: Component, ping_spinner: Component
 ) -> None:

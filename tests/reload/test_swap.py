@@ -102,6 +102,7 @@ def held_counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_swap_waiting_past_the_drain_deadline_rolls_back(
     counters: dict[str, Path], held_counter: Path

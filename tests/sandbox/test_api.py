@@ -146,6 +146,7 @@ def _cancelled() -> CancelScope:
     return scope
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_cancel_from_another_thread(sandbox: Sandbox) -> None:
     """A run is cancelled from another thread, well before its deadline or its fuel end it."""

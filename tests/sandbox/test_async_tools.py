@@ -374,6 +374,7 @@ def test_one_run_cannot_take_the_whole_sync_pool(interpreter: object) -> None:
         release.set()
 
 
+@pytest.mark.timing
 def test_what_waiting_calls_hold_is_bounded(
     interpreter: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

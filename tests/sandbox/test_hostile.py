@@ -34,6 +34,7 @@ def box(interpreter: object) -> Iterator[Sandbox]:
         yield sandbox
 
 
+@pytest.mark.timing
 def test_endless_loop(box: Sandbox) -> None:
     """`while True: pass` ends with out_of_fuel or its deadline, whichever comes first."""
     result = box.run("while True: pass")
@@ -43,6 +44,7 @@ def test_endless_loop(box: Sandbox) -> None:
     assert_clean(box)
 
 
+@pytest.mark.timing
 def test_endless_loop_hits_the_deadline(interpreter: object) -> None:
     """With plenty of fuel, an endless loop ends at its deadline."""
     with Sandbox(limits=Limits(timeout=0.3, fuel=UNBOUNDED_FUEL)) as sandbox:
@@ -58,6 +60,7 @@ def test_endless_loop_runs_out_of_fuel(interpreter: object) -> None:
         assert_clean(sandbox)
 
 
+@pytest.mark.timing
 def test_catching_everything_does_not_survive_the_timeout(interpreter: object) -> None:
     """Code that catches every exception still stops at its deadline."""
     code = (
@@ -106,6 +109,7 @@ def test_memory_error_caught_by_the_code_still_ends_the_run(box: Sandbox) -> Non
     assert_clean(box)
 
 
+@pytest.mark.timing
 def test_deep_recursion(box: Sandbox) -> None:
     """Unbounded recursion is a RecursionError, reported as an exception with user frames."""
     result = failed(box.run("def f(n):\n    return f(n + 1)\nf(0)"), "exception")
@@ -115,6 +119,7 @@ def test_deep_recursion(box: Sandbox) -> None:
     assert_clean(box)
 
 
+@pytest.mark.timing
 def test_deep_recursion_with_the_limit_raised(box: Sandbox) -> None:
     """Raising the recursion limit turns the recursion into a memory bomb: out_of_memory."""
     code = "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)"
@@ -124,6 +129,7 @@ def test_deep_recursion_with_the_limit_raised(box: Sandbox) -> None:
     assert_clean(box)
 
 
+@pytest.mark.timing
 def test_output_flood_stops_at_the_limit(interpreter: object) -> None:
     """`while True: print('x' * 10000)` ends at once with output_limit, output kept to the cap."""
     with Sandbox(limits=Limits(output=100_000, timeout=BOX_TIMEOUT)) as sandbox:

@@ -47,6 +47,7 @@ def test_a_run_can_be_held_tighter_and_the_next_is_not(interpreter: object) -> N
         assert again.usage.tool_calls == 50
 
 
+@pytest.mark.timing
 def test_a_run_cannot_loosen_its_sandboxs_limits(interpreter: object) -> None:
     """A field above the sandbox's is BadInput naming it, before any instance is used."""
     with Sandbox(limits=Limits(timeout=60.0), pool=0) as box:

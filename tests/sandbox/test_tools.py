@@ -130,6 +130,7 @@ def test_per_call_timeout(box: Sandbox) -> None:
     assert box.run(code).value == "timeout"
 
 
+@pytest.mark.timing
 def test_tool_time_is_not_charged_to_the_deadline(interpreter: object) -> None:
     """A tool sleeping 2.5 s in a run with a 2 s timeout still succeeds."""
     # The code's own time must fit the deadline: 2 s, not 0.3 s, leaves a loaded machine room.
