@@ -6,10 +6,11 @@ names) and imports, with WIT signatures rendered by mighty.abi. Toolchain intern
 ``--json`` names them under ``internal``. The text shows each export in full and each imported
 interface on one line with what it holds (a componentize-py handler imports about 30 WASI
 interfaces: listing their 200 functions made 45 KB for a 5-function handler); ``--imports``
-lists them in full, ``--exports`` prints the exports alone. Types are structural
-(``record { words: u32, ... }``): wasmtime's component types carry no WIT names for a world's
-own records and variants, and reading them from the component's custom section would need a
-WIT decoder we do not ship.
+lists them in full, ``--exports`` prints the exports alone. wasmtime's component types are
+structural (``record { words: u32, ... }``); the WIT names of the types (``stats``) are read from
+the component binary (:mod:`mighty.cli._wit_names`), and the named records, variants, enums and
+flags the exports use are listed under ``types``. A component whose encoding that reader does
+not know keeps the structural rendering.
 
 compile loads the component into the compiled cache ahead of time, so the first `mty call` or
 `mty run` does not pay for it.
@@ -48,8 +49,9 @@ def _function(name: str, fty: wc.FuncType) -> dict[str, Any]:
     return {"name": name, "params": params, "result": result, "wit": wit}
 
 
-def describe_component(component: Component) -> dict[str, Any]:
-    """Exports and imports of ``component`` with their WIT signatures, as JSON-ready data."""
+def describe_component(component: Component, data: bytes | None = None) -> dict[str, Any]:
+    """Exports and imports of ``component`` with their WIT signatures, as JSON-ready data;
+    with its bytes (``data``), the exports' types by their WIT names and those types' WIT."""
     from wasmtime import component as wc
 
     from mighty.engine import get_engine
@@ -71,11 +73,22 @@ def describe_component(component: Component) -> dict[str, Any]:
                 elif isinstance(inner_extern.ty, wc.ResourceType):
                     resources.append(inner)
         imports.append({"name": name, "resources": resources, "functions": functions})
+    exports = [_function(name, fty) for name, fty in shown.items()]
+    types: list[str] = []
+    if data is not None:
+        from mighty.cli._wit_names import named_signatures
+
+        named = named_signatures(data)
+        if named is not None:
+            for export in exports:
+                export["wit"] = named.functions.get(export["name"], export["wit"])
+            types = named.types
     return {
         "component": component.origin,
         "sha256": component.sha256,
         "bytes": component.size,
-        "exports": [_function(name, fty) for name, fty in shown.items()],
+        "exports": exports,
+        "types": types,
         "internal": internal,
         "imports": imports,
     }
@@ -96,7 +109,7 @@ def inspect_command(
     with _errors(as_json):
         with Waits(not quiet) as show:
             loaded = Component.load(component, progress=show)
-        described = describe_component(loaded)
+        described = describe_component(loaded, _bytes(component))
         if only_exports:
             described = {k: v for k, v in described.items() if k not in ("imports", "internal")}
         if as_json:
@@ -108,7 +121,14 @@ def inspect_command(
             click.echo(f"  {item['wit']}")
         if not described["exports"]:
             click.echo("  (no functions)")
+        if described["types"]:
+            click.echo("types:")
+            for text in described["types"]:
+                click.echo(f"  {text}")
         if only_exports:
+            return
+        if not described["imports"]:
+            click.echo("imports: (none)")
             return
         click.echo("imports:" if all_imports else "imports (--imports lists their functions):")
         for entry in described["imports"]:
@@ -126,6 +146,13 @@ def inspect_command(
                 click.echo(f"    resource {resource}")
             for item in entry["functions"]:
                 click.echo(f"    {item['wit']}")
+
+
+def _bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _count(n: int, what: str) -> str:
