@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from mighty._errors import MightyError
 from mighty.abi import Err
 from mighty.budget import Budget
-from mighty.engine import Component
+from mighty.engine import Component, check_lowering
 from mighty.instance import Instance
 from mighty.reload import (
     Compatibility,
@@ -195,6 +195,7 @@ def _stage(
         slots=[process.seed()],
     )
     try:
+        check_lowering(len(snapshot), fresh.budget.memory, f"{process.address}: restore")
         outcome = fresh.call("restore", snapshot)
     except MightyError as exc:
         fresh.close()
