@@ -2,6 +2,7 @@
 
 from mighty.cli._cache import cache_command
 from mighty.cli._capabilities import capabilities_command
+from mighty.cli._debug import trace_export_command
 from mighty.cli._eval import eval_command
 from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
@@ -30,6 +31,7 @@ main.add_command(send_command, "send")
 main.add_command(ask_command, "ask")
 main.add_command(cache_command, "cache")
 main.add_command(capabilities_command, "capabilities")
+main.commands["trace"].add_command(trace_export_command, "export")  # type: ignore[attr-defined]
 main.add_command(serve_command, "serve")
 
 __all__ = ["main", "parse_size"]

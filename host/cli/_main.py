@@ -756,11 +756,23 @@ def trace() -> None:
 @trace.command("show")
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
-def trace_show(path: Path, as_json: bool) -> None:
+@click.option(
+    "--html",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write a self-contained page: a timeline per agent, click a message for its"
+    " body, reply and imports.",
+)
+def trace_show(path: Path, as_json: bool, html: Path | None) -> None:
     """Summarise a trace: instances, steps, imports by interface, size."""
     from mighty.trace import summarize
 
     with _errors(as_json):
+        if html is not None:
+            from mighty.trace import write_html
+
+            write_html(path, html)
+            click.echo(f"wrote {html}", err=as_json)
         summary = summarize(path)
         if as_json:
             click.echo(json.dumps(summary))

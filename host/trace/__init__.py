@@ -45,6 +45,7 @@ from mighty.trace._replay import (
     replay_trace,
 )
 from mighty.trace._summary import summarize
+from mighty.trace._timeline import write_chrome_trace, write_html
 from mighty.trace._values import HandleRef, decode_value, encode_value
 
 __all__ = [
@@ -88,4 +89,6 @@ __all__ = [
     "replay_across",
     "replay_trace",
     "summarize",
+    "write_chrome_trace",
+    "write_html",
 ]

@@ -97,6 +97,7 @@ def test_public_names_are_pinned() -> None:
         "ReplayAborted", "ReplayEvent", "FLUSH_MODES", "FlushMode",
         "AnswerPolicy", "AnsweredImport", "LiveFrom", "TraceAnswers", "answer_gate",
         "read_instances", "AcrossReport", "Segment", "migration_link", "replay_across",
+        "write_chrome_trace", "write_html",
     }  # fmt: skip
     for name in mighty.trace.__all__:
         assert getattr(mighty.trace, name) is not None
