@@ -112,7 +112,7 @@ def node_command(
             while not signals.requested:
                 time.sleep(_SLICE)
         finally:
-            _leave(supervisor, control, runtime, node, recorder)
+            _leave(supervisor, control, runtime, node, recorder, signals.first)
         summary = _summary(runtime, threshold)
         summary["node"] = {
             "name": node.name,
@@ -144,13 +144,16 @@ def _node_line(name: str, agents: int, stats: dict[str, Any]) -> str:
     )
 
 
-def _leave(supervisor: Any, control: Any, runtime: Any, node: Any, recorder: Any) -> None:
-    """Stop supervising, close the control socket, shut down, leave, close the trace."""
+def _leave(
+    supervisor: Any, control: Any, runtime: Any, node: Any, recorder: Any, signum: int | None
+) -> None:
+    """Stop supervising, close the control socket, shut down, leave, close the trace. After a
+    signal, guest calls still running are interrupted, not waited for (as in `mty run`)."""
     if supervisor is not None:
         supervisor.stop()
     if control is not None:
         control.stop()
-    runtime.shutdown(drain=False, timeout=10.0)
+    runtime.shutdown(drain=False, timeout=10.0, interrupt=signum)
     node.close()
     if recorder is not None:
         recorder.close()
