@@ -5,7 +5,10 @@ wasmtime's C API takes a component call's arguments as ``wasmtime_component_val_
 each) before it copies them into the guest's memory one by one: a ``list<u8>`` of N bytes holds
 about 80 N bytes of host memory while it is handed over, and takes ~0.5 us a byte (measured by
 ``benchmarks/bench_restore.py``: 8 MiB, +648 MiB peak RSS and 4 s; 32 MiB, +2.6 GB and 28 s).
-A stored snapshot under the store's 64 MiB limit took a waking runtime to 5 GB.
+A stored snapshot under the store's 64 MiB limit took a waking runtime to 5 GB. The other way
+is cheap (a 2 MiB ``snapshot`` result: +2 MiB, 0.4 s) but bounded by wasmtime itself: a result
+list of ~3 MiB or more traps ("fuel allocated for hostcalls has been exhausted"), so states that
+large reach ``restore`` only from a forged or older store row, a migration or a durable stream.
 
 Until the agent world has a way to hand over bytes that is not a list of values, the host
 charges that cost to the call's memory budget: :func:`check_lowering` refuses, as
