@@ -100,6 +100,7 @@ class _Finished:
 class _InstanceView:
     calls: deque[ReplayEvent] = field(default_factory=lambda: deque(maxlen=_RECENT))
     imports: deque[ReplayEvent] = field(default_factory=lambda: deque(maxlen=_RECENT))
+    agent_imports: deque[ReplayEvent] = field(default_factory=lambda: deque(maxlen=_RECENT))
     open_call: ReplayEvent | None = None
 
 
@@ -143,6 +144,8 @@ def describe(event: ReplayEvent) -> str:
     if event.kind == "call":
         if handle and _is_message(event.args[1]):
             return f"{where}: {_call_text(event)}"
+        if event.agent is not None and event.function == "init" and len(event.args) == 1:
+            return f"{where}: init {body_text(event.args[0])}"
         return f"{where}: call {event.function}{_short(tuple(event.args))}"
     if event.kind == "export":
         if handle:
@@ -370,6 +373,8 @@ class Debugger:
             view.calls.append(event)
         else:
             view.imports.append(event)
+            if event.interface.startswith("mighty:"):
+                view.agent_imports.append(event)
 
     def _back(self, rest: list[str]) -> list[str]:
         if len(rest) > 1 or (rest and not rest[0].isdigit()):
@@ -491,11 +496,15 @@ class Debugger:
                 )
             else:
                 lines.append(f"  running: {call['fn']}")
-        lines.append("  state: " + self._state_line(info.instance, at))
+        lines.append("  state: " + self._state_line(info.instance, at, call is not None))
         view = self._views.get(info.instance)
-        if view is not None:
+        if view is not None and info.agent is None:
             lines += ["  recent calls:"] + [f"    {describe(e)}" for e in view.calls]
             lines += ["  recent imports:"] + [f"    {describe(e)}" for e in view.imports]
+        elif view is not None and view.agent_imports:
+            # An agent's messages are below; of its imports, those of the agent interfaces.
+            lines.append("  recent agent imports:")
+            lines += [f"    {describe(e)}" for e in view.agent_imports]
         done = [m for m in info.messages if m.offset <= at]
         later = [m for m in info.messages if m.offset > at]
         lines.append(f"  last messages ({len(done)} handled by this instance):")
@@ -504,7 +513,7 @@ class Debugger:
         lines += [f"    {m.head} from {m.sender}" for m in later[:_RECENT]] or ["    (none)"]
         return lines
 
-    def _state_line(self, instance: int, at: int) -> str:
+    def _state_line(self, instance: int, at: int, running: bool) -> str:
         info = self.model.instances[instance]
         finished = sum(1 for r in info.records[: info.at(at)] if r["k"] == "export")
         key = (instance, finished)
@@ -520,6 +529,8 @@ class Debugger:
         if found.state is None:
             return f"unknown ({found.why})"
         when = f"after {found.exports} export call(s)"
+        if running:
+            when += ", not counting the call in flight"
         return f"{_state_text(found.state)} ({when})"
 
     def close(self) -> None:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from mighty._cbor import loads_untrusted
 from mighty.cli import main
-from mighty.trace import Debugger, ReplayEvent, replay_trace
+from mighty.trace import Debugger, ReplayEvent, ReplayLimits, replay_trace
+from mighty.trace._debug import DEBUG_TIMEOUT
 from mighty.trace._model import RunModel
 from mighty.trace._replay import _Sequencer, state_at
 
@@ -209,3 +210,18 @@ def test_the_sequencer_lets_events_through_in_offset_order(owners: list[int]) ->
     assert len(seen) == sum(
         1 for records in groups.values() for n in range(len(records)) if n % 3 != 2
     )
+
+
+def test_the_debugger_is_not_held_to_the_recorded_deadline(kv_trace: Path) -> None:
+    """A call stopped at the prompt must not time out: under the debugger every call gets
+    DEBUG_TIMEOUT, not the recorded timeout (replay otherwise keeps the recorded one)."""
+    recorded = {"fuel": 10, "memory": 1 << 20, "timeout": 1.0}
+    assert ReplayLimits(timeout=5.0).cap(recorded, 0)[0].timeout == 1.0
+    relaxed = ReplayLimits(timeout=5.0, timeout_from_trace=False)
+    assert relaxed.cap(recorded, 0)[0].timeout == 5.0
+    debugger = Debugger(kv_trace, progress=_quiet)
+    try:
+        assert debugger.limits.timeout == DEBUG_TIMEOUT
+        assert not debugger.limits.timeout_from_trace
+    finally:
+        debugger.close()
