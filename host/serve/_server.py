@@ -20,11 +20,18 @@ after the head was sent can only cut the connection (the client sees an incomple
 With ``record_dir``, every request is recorded to its own trace (``request-000001.bin``...):
 the request the guest read and everything it did, which ``mty replay`` replays with no server.
 
+Instances are made ahead on a background thread (:class:`InstancePool`, ``pool`` of them
+ready; none when recording, whose instance records from its instantiation), and closed on
+it after their one request. :meth:`Server.swap` replaces the component under load: requests
+that start after it run the new one, those in flight finish on theirs, none is refused
+(``mty serve --control SOCKET`` takes ``mty reload`` for it).
+
 Rejected: uvicorn (already the MCP server's, but an optional extra, and it has no timeout
 for a request's headers or body: a client sending a byte a minute holds its slot forever);
 a thread per connection (10,000 idle connections would be 10,000 threads); keeping one
 instance for many requests (one request could leave state or a secret for the next; a fresh
-instance costs ~1 ms with the engine's copy-on-write memory images).
+instance costs ~1 ms with the engine's copy-on-write memory images, off the request's path
+with the pool).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from mighty.budget import Budget, CancelScope
 from mighty.engine import Component
 from mighty.instance import Instance
 from mighty.serve._limits import ServeLimits
+from mighty.serve._pool import InstancePool
 from mighty.trace import Recorder
 from mighty.wasi import (
     Policy,
@@ -137,9 +145,9 @@ class Server:
         record_dir: str | Path | None = None,
         token: str | None = None,
         log: Callable[[str], None] | None = None,
+        pool: int = 4,
     ) -> None:
-        self.component = component
-        self.export = handler_export(component)
+        self._current = (component, handler_export(component))
         self.policy = policy or Policy()
         self.budget = budget or Budget()
         self.limits = limits or ServeLimits()
@@ -150,7 +158,7 @@ class Server:
         self.log = log or (lambda _line: None)
         self.stats = ServeStats()
         self._ids = itertools.count(1)
-        self._pool = concurrent.futures.ThreadPoolExecutor(
+        self._workers = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.limits.max_concurrent, thread_name_prefix="mty-serve"
         )
         self._server: asyncio.Server | None = None
@@ -160,6 +168,45 @@ class Server:
         self._idle: set[asyncio.StreamWriter] = set()
         self._running: set[CancelScope] = set()
         self._lock = threading.Lock()
+        self._hot = False
+        # A recorded request's instance records from its instantiation: no pool then.
+        self._pool = InstancePool(
+            component, self._make, pool if self.record_dir is None else 0, self.log
+        )
+
+    @property
+    def component(self) -> Component:
+        """The component new requests run (the latest :meth:`swap`'s)."""
+        return self._current[0]
+
+    @property
+    def export(self) -> str:
+        """Its ``wasi:http/incoming-handler@0.2.x#handle`` export."""
+        return self._current[1]
+
+    def swap(self, component: Component) -> dict[str, Any]:
+        """Serve ``component`` from now on, with no request refused or dropped: every request
+        that starts after this returns runs it; the ones in flight finish on the old one
+        (each request has its own instance). :class:`ExportNotFound` (and nothing changes)
+        if it does not export the handler. Returns the two components' sha256 and the pause,
+        in ms, during which no request could take an instance."""
+        export = handler_export(component)
+        started = time.perf_counter()
+        with self._lock:
+            old = self._current[0]
+            self._current = (component, export)
+            self._hot = False
+        pause = time.perf_counter() - started
+        self._pool.swap(component)
+        self.log(f"swapped {old.sha256[:12]} -> {component.sha256[:12]}")
+        return {
+            "old_component": old.sha256,
+            "new_component": component.sha256,
+            "max_pause_ms": round(pause * 1000, 3),
+        }
+
+    def _make(self, component: Component) -> Instance:
+        return Instance(component, budget=self.budget, policy=self.policy, prefault=self._hot)
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -191,7 +238,8 @@ class Server:
                 await asyncio.wait(pending, timeout=5.0)
         if self._server is not None:
             await self._server.wait_closed()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        self._pool.close()
 
     def run(
         self,
@@ -407,7 +455,7 @@ class Server:
         cancel = CancelScope()
         self._running.add(cancel)
         self.stats.in_flight += 1
-        guest = loop.run_in_executor(self._pool, self._run, request, served, cancel)
+        guest = loop.run_in_executor(self._workers, self._run, request, served, cancel)
 
         def finished(_future: Any) -> None:
             with self._lock:
@@ -625,16 +673,27 @@ class Server:
         recorder = None
         if self.record_dir is not None:
             recorder = Recorder(self.record_dir / f"request-{number:06d}.bin")
+        instance: Instance | None = None
         try:
-            with Instance(
-                self.component,
-                budget=self.budget,
-                policy=self.policy,
-                cancel=cancel,
-                record=recorder,
-            ) as instance:
-                args = incoming_handler_args(instance.context, request, served)
-                instance.call(self.export, *args, cancel=cancel)
+            with self._lock:
+                component, export = self._current
+            if recorder is None:
+                instance = self._pool.take(component)
+            if instance is None:
+                instance = Instance(
+                    component,
+                    budget=self.budget,
+                    policy=self.policy,
+                    cancel=cancel,
+                    record=recorder,
+                )
+            args = incoming_handler_args(instance.context, request, served)
+            instance.call(export, *args, cancel=cancel)
+            if not self._hot and self._current[0] is component:
+                # Which pages a request writes, learned once: pooled instances copy them
+                # when made, so the requests take no copy-on-write fault for each.
+                instance.learn_hot_pages()
+                self._hot = True
             return _Outcome()
         except GuestError as exc:
             self.log(f"  request {number}: {exc.kind}: {str(exc).splitlines()[0][:300]}")
@@ -644,6 +703,11 @@ class Server:
             self.log(traceback.format_exc())
             return _Outcome("host_error")
         finally:
+            if instance is not None:
+                if recorder is None:
+                    self._pool.release(instance)
+                else:
+                    instance.close()
             if recorder is not None:
                 recorder.close()
             request.body.cancel()

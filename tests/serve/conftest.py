@@ -26,3 +26,21 @@ def serve_guest_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def serve_guest(serve_guest_wasm: Path) -> Component:
     """The test guest, loaded (and compiled) once."""
     return Component.load(serve_guest_wasm)
+
+
+@pytest.fixture(scope="session")
+def serve_guest_v2(tmp_path_factory: pytest.TempPathFactory) -> Component:
+    """The test guest with /hello answering ``hello v2``: the new version of a hot swap."""
+    import shutil
+
+    from mighty.build import build_component
+
+    source = tmp_path_factory.mktemp("serve_guest_v2") / "guest"
+    shutil.copytree(ROOT / "tests" / "serve" / "guest", source)
+    handler = source / "handler.py"
+    text = handler.read_text()
+    assert 'send(response_out, 200, b"hello")' in text
+    handler.write_text(text.replace('200, b"hello")', '200, b"hello v2")'))
+    out = source.parent / "serve_guest_v2.wasm"
+    build_component(handler, output=out)
+    return Component.load(out)
