@@ -9,14 +9,19 @@ reachable from the network only when asked, and then only with a bearer token).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from mighty._errors import BadInput
 from mighty.cli._main import _errors, _http, _policy, _Size
 from mighty.cli._progress import Waits
+
+if TYPE_CHECKING:
+    from mighty.serve import Server
 
 __all__ = ["parse_listen", "serve_command"]
 
@@ -36,6 +41,31 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _control_ops(server: Server) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """``reload`` (a swap, as `mty reload http --from NEW.wasm` asks) and ``status``."""
+    from mighty.engine import Component
+
+    def reload(args: dict[str, Any]) -> Any:
+        agent_type, path = args.get("agent_type"), args.get("component")
+        if agent_type != "http" or not isinstance(path, str):
+            raise BadInput("mty serve swaps its one component: mty reload http --from NEW.wasm")
+        report = server.swap(Component.load(path))
+        return {"agents": ["http"], **report}
+
+    def status(_args: dict[str, Any]) -> Any:
+        stats = server.stats
+        return {
+            "component": server.component.sha256,
+            "connections": stats.connections,
+            "requests": stats.requests,
+            "in_flight": stats.in_flight,
+            "statuses": {str(k): v for k, v in stats.statuses.items()},
+            "failures": dict(stats.failures),
+        }
+
+    return {"reload": reload, "status": status}
 
 
 def _read_token(path: str) -> str:
@@ -137,6 +167,13 @@ def _read_token(path: str) -> str:
     type=click.Path(dir_okay=False),
     help="A file holding the bearer token every request must carry (required off loopback).",
 )
+@click.option(
+    "--control",
+    "control_path",
+    type=click.Path(path_type=Path),
+    help="Serve a control socket here (default: $RUNTIME_CONTROL_SOCK if set): "
+    "`mty reload http --from NEW.wasm` swaps the component under load.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress messages and no request log.")
 def serve_command(
     component: Path,
@@ -157,6 +194,7 @@ def serve_command(
     body_timeout: float,
     shutdown_timeout: float,
     token_file: str | None,
+    control_path: Path | None,
     quiet: bool,
 ) -> None:
     """Serve COMPONENT (the wasi:http/proxy world) over HTTP/1.1.
@@ -164,6 +202,8 @@ def serve_command(
     Each request runs in a fresh instance under the per-request budget (--fuel, --memory,
     --timeout) with the grants the options give; failures answer 500 (504 past the deadline)
     with the kind of failure and nothing of the host. SIGTERM or Ctrl-C stop gracefully.
+    With --control, `mty reload http --from NEW.wasm` swaps the component with no request
+    refused (in-flight ones finish on the old one), and `status` reports the counts.
     """
     from mighty.budget import Budget
     from mighty.engine import Component
@@ -207,7 +247,17 @@ def serve_command(
             # Always said, quiet or not: with port 0 it is the only way to learn the port.
             click.echo(f"mty: serving {component} on http://{shown}:{bound_port}", err=True)
 
-        server.run(host, port, on_ready=ready)
+        from mighty.control import ENV_VAR, ControlServer
+
+        where = control_path or (Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None)
+        control = None
+        if where is not None:
+            control = ControlServer(where, _control_ops(server)).start()
+        try:
+            server.run(host, port, on_ready=ready)
+        finally:
+            if control is not None:
+                control.stop()
     if quiet:
         return
     stats = server.stats

@@ -167,6 +167,7 @@ class Server:
         self._closing = False
         self._idle: set[asyncio.StreamWriter] = set()
         self._running: set[CancelScope] = set()
+        self._guests: set[asyncio.Future[_Outcome]] = set()
         self._lock = threading.Lock()
         self._hot = False
         # A recorded request's instance records from its instantiation: no pool then.
@@ -228,8 +229,11 @@ class Server:
         for writer in list(self._idle):
             writer.close()
         wait = self.limits.shutdown_timeout if timeout is None else timeout
-        if self._connections:
-            _, pending = await asyncio.wait(list(self._connections), timeout=wait)
+        # A guest may still be returning after its response went out: wait for it too, or
+        # its trace would end in a cancel that happened after its last import.
+        waited: list[asyncio.Future[Any]] = [*self._connections, *self._guests]
+        if waited:
+            _, pending = await asyncio.wait(waited, timeout=wait)
             for scope in list(self._running):
                 scope.cancel("the server is shutting down")
             for task in pending:
@@ -457,11 +461,14 @@ class Server:
         self.stats.in_flight += 1
         guest = loop.run_in_executor(self._workers, self._run, request, served, cancel)
 
+        self._guests.add(guest)
+
         def finished(_future: Any) -> None:
             with self._lock:
                 self._active -= 1
             self.stats.in_flight -= 1
             self._running.discard(cancel)
+            self._guests.discard(guest)
 
         guest.add_done_callback(finished)
         pump = asyncio.create_task(self._pump(conn, reader, body, room, guest))

@@ -29,7 +29,7 @@ def serve_guest(serve_guest_wasm: Path) -> Component:
 
 
 @pytest.fixture(scope="session")
-def serve_guest_v2(tmp_path_factory: pytest.TempPathFactory) -> Component:
+def serve_guest_v2_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test guest with /hello answering ``hello v2``: the new version of a hot swap."""
     import shutil
 
@@ -43,4 +43,10 @@ def serve_guest_v2(tmp_path_factory: pytest.TempPathFactory) -> Component:
     handler.write_text(text.replace('200, b"hello")', '200, b"hello v2")'))
     out = source.parent / "serve_guest_v2.wasm"
     build_component(handler, output=out)
-    return Component.load(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def serve_guest_v2(serve_guest_v2_wasm: Path) -> Component:
+    """The v2 test guest, loaded once."""
+    return Component.load(serve_guest_v2_wasm)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 from click.testing import CliRunner
@@ -63,6 +64,73 @@ def test_mty_serve_answers_records_and_stops_on_sigterm(
     )
     assert replayed.returncode == 0, replayed.stderr
     assert replayed.stdout.startswith("instance 1: 1 export call(s)")
+
+
+def test_mty_reload_swaps_the_served_component(
+    serve_guest_wasm: Path, serve_guest_v2_wasm: Path, tmp_path: Path
+) -> None:
+    """With --control, mty reload http --from V2 swaps the component of a running mty serve:
+    the next request runs v2."""
+    control = tmp_path / "control.sock"
+    process = subprocess.Popen(
+        [
+            *MTY,
+            "serve",
+            str(serve_guest_wasm),
+            "--listen",
+            "127.0.0.1:0",
+            "--control",
+            str(control),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stderr is not None
+    try:
+        address = _address(process.stderr)
+        with httpx.Client(base_url=address, timeout=60.0) as client:
+            assert client.get("/hello").text == "hello"
+            swapped = subprocess.run(
+                [
+                    *MTY,
+                    "reload",
+                    "http",
+                    "--from",
+                    str(serve_guest_v2_wasm),
+                    "--socket",
+                    str(control),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert swapped.returncode == 0, swapped.stderr
+            assert swapped.stdout.startswith("http: swapped 1 agent(s) to ")
+            assert client.get("/hello").text == "hello v2"
+        refused = subprocess.run(
+            [*MTY, "reload", "kv", "--from", str(serve_guest_v2_wasm), "--socket", str(control)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert refused.returncode == 1
+        assert "mty reload http --from NEW.wasm" in refused.stderr
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def _address(stderr: Any) -> str:
+    for line in stderr:
+        found = re.search(r"serving .* on (http://\S+)", line)
+        if found:
+            return found.group(1)
+    raise AssertionError("mty serve never said where it serves")
 
 
 def test_off_loopback_needs_a_token(tmp_path: Path) -> None:
