@@ -101,6 +101,8 @@ class ServeStats:
     """Connections accepted (refused ones included)."""
     refused_connections: int = 0
     """Connections closed at once because ``max_connections`` were open."""
+    peak_connections: int = 0
+    """The most connections open at once."""
     requests: int = 0
     """Requests whose head was read."""
     in_flight: int = 0
@@ -317,6 +319,7 @@ class Server:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self.stats.peak_connections = max(self.stats.peak_connections, len(self._connections))
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         try:
             while not self._closing:

@@ -148,3 +148,43 @@ def test_budget_failures_keep_their_kind(serve_guest: Component) -> None:
     with pytest.raises(GuestError) as failure:
         _serve(serve_guest, "/spin", budget=Budget(fuel=200_000_000))
     assert getattr(failure.value, "kind", None) == "out_of_fuel"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    writes=st.lists(st.binary(max_size=700), max_size=20),
+    takes=st.lists(st.integers(min_value=1, max_value=900), min_size=1, max_size=20),
+    window=st.integers(min_value=1, max_value=2000),
+)
+def test_response_body_window_and_order(writes: list[bytes], takes: list[int], window: int) -> None:
+    """The guest writes within the room the window leaves; the server takes the bytes in
+    order, never more than asked; the body is done only once finished and all taken."""
+    import threading
+
+    from mighty.wasi._http import _ResponseBody
+
+    body = _ResponseBody(limit=1 << 30, wake=threading.Event(), window=window)
+    taken = bytearray()
+    sent = bytearray()
+    pending = [bytes(w) for w in writes]
+    steps = itertools.cycle(takes)
+    while pending:
+        room = body.room()
+        assert 0 <= room <= window
+        if room:
+            piece, pending[0] = pending[0][:room], pending[0][room:]
+            body.write(piece)
+            sent += piece
+            if not pending[0]:
+                pending.pop(0)
+        size = next(steps)
+        data, done, aborted = body.take(size)
+        assert len(data) <= size and not done and not aborted
+        taken += data
+    body.finish()
+    while True:
+        data, done, _ = body.take(next(steps))
+        taken += data
+        if done:
+            break
+    assert bytes(taken) == bytes(sent) == b"".join(writes)

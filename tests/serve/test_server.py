@@ -353,3 +353,29 @@ def test_error_bodies_are_json(client: httpx.Client) -> None:
     response = client.get("/trap")
     assert response.headers["content-type"] == "application/json"
     assert json.loads(response.content) == {"error": "trap"}
+
+
+def test_ten_thousand_idle_connections_stay_bounded(serve_guest: Component) -> None:
+    """10,000 connections opened and left idle (fewer if the process may not open as many
+    files): past max_connections each is closed at once; the held ones end at the idle
+    timeout; then the server answers as ever."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    count = min(10_000, soft - 1_000)
+    limits = ServeLimits(max_connections=256, idle_timeout=1.0)
+    server = _server(serve_guest, limits=limits)
+    with server.background() as live:
+        socks: list[socket.socket] = []
+        try:
+            for _ in range(count):
+                socks.append(socket.create_connection((live.host, live.port), timeout=60.0))
+            ended = sum(1 for sock in socks if _read_to_end(sock) == b"")
+        finally:
+            for sock in socks:
+                sock.close()
+        assert ended == count
+        assert server.stats.peak_connections <= 256
+        assert server.stats.refused_connections >= count // 2
+        with httpx.Client(base_url=live.url, timeout=60.0) as session:
+            assert session.get("/hello").status_code == 200
