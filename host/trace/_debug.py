@@ -27,8 +27,11 @@ keeping snapshots of every instance at every event to go back (memory in proport
 run, and a snapshot is not a whole instance: a replay cannot resume from it); reversing wasm
 execution (nothing in wasmtime to do it).
 
-Not done (issue 35): ``fork N`` (continue from event N with live imports, recording a new
-branch) and Python source positions per import.
+``fork [N] -o FILE`` runs the instance of event N again on a fresh instance, its imports
+recorded before that event answered from the trace and the rest live, recorded to a new trace
+(:func:`fork_trace`, ``_fork.py``).
+
+Not done (issue 35): Python source positions per import.
 
 The component is compiled before the first event when the cache does not hold it (a minute for
 a large one): ``progress`` hears about it, default to stderr (:func:`replay_trace`).
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mighty._errors import HostError, MightyError
+from mighty.trace._fork import fork_trace
 from mighty.trace._model import RunModel, body_text, decoded, message_text, result_text
 from mighty.trace._replay import (
     DEFAULT_REPLAY_LIMITS,
@@ -75,6 +79,8 @@ HELP = (
     "continue (c)      run to a breakpoint or the end",
     "back [K] (b-)     go back K events (default 1): replays again to that event",
     "goto N (g)        go to event N (forwards or back)",
+    "fork [N] -o FILE  run this event's instance again: imports before event N (default: this",
+    "                  one) from the trace, the rest live; record it to FILE (a new trace)",
     "break X (b)       stop at agent X (address or name), instance X, interface X, function X",
     "                  or interface#function",
     "break             list the breakpoints",
@@ -244,6 +250,7 @@ class Debugger:
         ``progress`` hears about a compile before the first event (default: to stderr). The
         recorded per-call deadline does not apply under the debugger (``DEBUG_TIMEOUT``)."""
         self._progress = progress
+        self._given_limits = limits
         self.trace = Path(trace)
         self.limits = ReplayLimits(
             fuel=limits.fuel,
@@ -319,6 +326,8 @@ class Debugger:
             return self._back(rest), False
         if verb in ("g", "goto"):
             return self._goto_command(rest), False
+        if verb == "fork":
+            return self._guarded(lambda: self._fork(rest)), False
         if self.finished is not None and verb in ("s", "step", "n", "next", "c", "continue"):
             return ["the replay has finished", *self._summary()], False
         if verb in ("s", "step"):
@@ -406,6 +415,29 @@ class Debugger:
         self.finished = None
         self._session = self._new_session()
         return self._advance(lambda e: e.index >= target)
+
+    def _fork(self, rest: list[str]) -> list[str]:
+        words = [w for w in rest if w != "--live"]  # past the fork point is always live
+        out: str | None = None
+        if "-o" in words and words.index("-o") + 1 < len(words):
+            at = words.index("-o")
+            out = words[at + 1]
+            words = words[:at] + words[at + 2 :]
+        if out is None or len(words) > 1 or (words and not words[0].isdigit()):
+            return ["usage: fork [N] -o NEW.trace"]
+        lines = self._goto(int(words[0])) if words else []
+        event = self.current
+        if event is None or event.offset < 0:
+            return [*lines, "nothing in flight to fork at (goto N first)"]
+        report = fork_trace(
+            self.trace,
+            event.instance,
+            event.offset,
+            out,
+            limits=self._given_limits,
+            progress=self._progress,
+        )
+        return [*lines, *report.lines()]
 
     def _summary(self) -> list[str]:
         assert self.finished is not None
