@@ -26,6 +26,7 @@ def _fuel_rate(run: object) -> float:
     return FUEL_RUN / max(time.thread_time() - began, 1e-6)
 
 
+@pytest.mark.timing
 def test_a_tight_loop_stopped_by_its_deadline_reports_the_fuel_it_spent(
     budget_wasm: bytes,
 ) -> None:
@@ -50,6 +51,7 @@ def test_a_tight_loop_stopped_by_its_deadline_reports_the_fuel_it_spent(
     assert usage.fuel <= 10**15
 
 
+@pytest.mark.timing
 def test_while_true_pass_in_the_sandbox_reports_the_fuel_it_spent(interpreter: Component) -> None:
     """The sandbox's ``while True: pass`` stopped by ``Limits(timeout=1.0)`` reports within 5x
     of the fuel its CPU time burns in a fuel-limited run of the same code (it reported ~500k,

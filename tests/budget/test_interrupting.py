@@ -30,6 +30,7 @@ def _until_running(count: int) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.timing
 def test_running_calls_on_other_threads_stop_cancelled_by_the_signal(budget_wasm: bytes) -> None:
     """Two spinning calls on two threads both end Cancelled(reason="interrupted", by="signal")."""
     component = Component.load(budget_wasm)

@@ -95,6 +95,7 @@ def _ended(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_interrupts_a_spinning_agent_and_mty_run_exits(
     tmp_path: Path, signum: signal.Signals
@@ -115,6 +116,7 @@ def test_a_signal_interrupts_a_spinning_agent_and_mty_run_exits(
     assert doc["unhandled"] == 1
 
 
+@pytest.mark.timing
 def test_ctrl_c_interrupts_a_start_ask_that_spins(tmp_path: Path) -> None:
     """A start message that is an ask (its turn may run in place, on the main thread) is
     interrupted by Ctrl-C as well."""

@@ -13,6 +13,7 @@ import time
 
 import cbor2
 import nats
+import pytest
 
 from mighty.cluster import heartbeat_subject, node_subject, sender_of
 from tests.cluster.conftest import Nodes
@@ -66,6 +67,7 @@ def test_frames_from_a_non_peer_are_dropped_before_decoding(nodes: Nodes) -> Non
     assert node_b.stats.received == 0
 
 
+@pytest.mark.timing
 def test_a_flood_of_large_frames_does_not_stop_the_heartbeats(nodes: Nodes) -> None:
     """Large frames under a peer's name are decoded off the NATS loop: no node is declared dead
     while they are (dead_after is 1 s here, the flood takes several seconds to decode)."""

@@ -8,11 +8,14 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from mighty.cluster import NatsServer
 from tests.cli.test_interrupt_run import SPINNER
 from tests.cluster.conftest import Mty
 
 
+@pytest.mark.timing
 def test_ctrl_c_interrupts_a_spinning_agent_of_a_node(
     tmp_path: Path, nats_server: NatsServer
 ) -> None:

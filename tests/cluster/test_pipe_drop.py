@@ -48,6 +48,7 @@ def _piped_while_paused(asker: Runtime, target: Runtime, address: str, to: str) 
     return out
 
 
+@pytest.mark.timing
 def test_a_local_drop_stage_drops_items_and_the_pipe_goes_on(echo: Component) -> None:
     """The accepted item comes out; the two dropped ones are left out."""
     with Runtime(workers=1) as rt:
@@ -56,6 +57,7 @@ def test_a_local_drop_stage_drops_items_and_the_pipe_goes_on(echo: Component) ->
         assert _piped_while_paused(rt, rt, address, address) == [1]
 
 
+@pytest.mark.timing
 def test_a_remote_drop_stage_drops_items_and_the_pipe_goes_on(nodes: Nodes) -> None:
     """Across nodes the drop is a MessageDropped too, so the pipe leaves the items out."""
     a, _ = nodes("a")
