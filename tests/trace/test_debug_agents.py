@@ -225,3 +225,14 @@ def test_the_debugger_is_not_held_to_the_recorded_deadline(kv_trace: Path) -> No
         assert not debugger.limits.timeout_from_trace
     finally:
         debugger.close()
+
+
+def test_quit_mid_run_stops_every_instance(relay_trace: Path) -> None:
+    """Quitting while one agent is stopped and the others wait for their turn ends them all."""
+    debugger = Debugger(relay_trace, progress=_quiet)
+    debugger.start()
+    debugger.command("break relay:3")
+    _until(debugger, "continue", "handle relay")
+    debugger.command("quit")
+    assert not debugger._thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name.startswith("mighty-replay-")]

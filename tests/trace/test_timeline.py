@@ -9,6 +9,7 @@ import itertools
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from mighty.abi import Ok
 from mighty.cli import main
 from mighty.trace import TraceWriter
 from mighty.trace._timeline import chrome_trace, html_page
+from tests.trace.test_replay import random_sum, record
 
 _PHASES = {"X", "i", "M", "s", "f"}
 _SHA = "ab" * 32
@@ -241,3 +243,16 @@ def test_html_page_escapes_what_it_embeds(kv_trace: Path) -> None:
     data = text.split('<script type="application/json" id="data">')[1].split("</script>")[0]
     assert "</" not in data
     assert json.loads(data)["tracks"][0]["name"] == "kv:1 (kv)"
+
+
+def test_a_run_without_agents_draws_a_track_per_instance(
+    wat: Callable[[str], bytes], tmp_path: Path
+) -> None:
+    """A plain `mty call` trace: one track per instance, a span per export call."""
+    trace = tmp_path / "t.bin"
+    record(trace, random_sum(wat, tmp_path, "v1"), [("run", (2,)), ("run", (1,))])
+    document = chrome_trace(trace)
+    assert list(check_trace_events(document).values()) == ["instance 1"]
+    spans = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["args"]["ok"]) for e in spans] == [("run", True), ("run", True)]
+    assert "instance 1" in html_page(trace)
