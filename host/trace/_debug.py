@@ -353,7 +353,7 @@ class Debugger:
             names.add(f"{event.interface}#{event.function}")
         if event.agent is not None:
             names.add(event.agent)
-            if self.breakpoints & {b for b in self.breakpoints if not b.isdigit()}:
+            if any(not b.isdigit() for b in self.breakpoints):  # a name may be meant
                 info = self.model.instances.get(event.instance)
                 if info is not None and info.name:
                     names.add(info.name)

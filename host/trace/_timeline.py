@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 _PID = 1
+_PAGE_IMPORTS = 200
+"""Imports listed per span on the HTML page (the rest are counted)."""
 _ARG_CHARS = 2000
 
 
@@ -300,6 +302,9 @@ def timeline_data(path: str | Path) -> dict[str, Any]:
                 }
                 row["spans"].append(span)
             elif kind == "import" and span is not None:
+                if len(span["imports"]) >= _PAGE_IMPORTS:
+                    span["more_imports"] = span.get("more_imports", 0) + 1
+                    continue
                 span["imports"].append(
                     {
                         "at": model.rank(record["@"]),
@@ -372,6 +377,7 @@ function show(span, box) {
     lines.push("  #" + item.at + " " + item.name + " " + JSON.stringify(item.args) +
       " -> " + JSON.stringify(item.result));
   }
+  if (span.more_imports) lines.push("  ... and " + span.more_imports + " more");
   details.textContent = lines.join("\\n");
   details.dataset.span = box.id;
 }

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from mighty.abi import Ok
 from mighty.cli import main
 from mighty.trace import TraceWriter
-from mighty.trace._timeline import chrome_trace, html_page
+from mighty.trace._timeline import chrome_trace, html_page, timeline_data
 from tests.trace.test_replay import random_sum, record
 
 _PHASES = {"X", "i", "M", "s", "f"}
@@ -256,3 +256,29 @@ def test_a_run_without_agents_draws_a_track_per_instance(
     spans = [e for e in document["traceEvents"] if e["ph"] == "X"]
     assert [(e["name"], e["args"]["ok"]) for e in spans] == [("run", True), ("run", True)]
     assert "instance 1" in html_page(trace)
+
+
+def test_the_page_lists_a_bounded_number_of_imports(tmp_path: Path) -> None:
+    """A call with 250 imports: the page lists 200 of them and counts the rest."""
+    path = tmp_path / "many.trace"
+    with TraceWriter(path, {}) as writer:
+        writer.append({"k": "instance", "i": 1, "component": _SHA, "budget": _BUDGET})
+        writer.append({"k": "call", "i": 1, "s": 1, "fn": "run", "args": [], "budget": _BUDGET})
+        for n in range(250):
+            writer.append(
+                {
+                    "k": "import",
+                    "i": 1,
+                    "s": n + 2,
+                    "if": "wasi:random/random",
+                    "fn": "get-random-u64",
+                    "args": [],
+                    "res": n,
+                    "out": "ok",
+                }
+            )
+        writer.append(
+            {"k": "export", "i": 1, "s": 252, "fn": "run", "res": 0, "ok": True, "error": None}
+        )
+    (span,) = timeline_data(path)["tracks"][0]["spans"]
+    assert len(span["imports"]) == 200 and span["more_imports"] == 50
