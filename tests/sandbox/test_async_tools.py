@@ -249,9 +249,10 @@ def test_a_hung_coroutine_is_cancelled_at_its_timeout(interpreter: object) -> No
     assert seen == ["cancelled"]
 
 
+@pytest.mark.timing
 def test_calls_left_in_flight_are_cancelled_when_the_run_ends(interpreter: object) -> None:
     """A call the code fired and never awaited is cancelled when the run returns or fails."""
-    seen: list[str] = []
+    cancelled = {"returned": threading.Event(), "spun": threading.Event()}
     started = threading.Event()
 
     async def forever(tag: str) -> None:
@@ -259,22 +260,31 @@ def test_calls_left_in_flight_are_cancelled_when_the_run_ends(interpreter: objec
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
-            seen.append(tag)
+            cancelled[tag].set()
             raise
 
-    with Sandbox(tools=[forever], pool=0) as sandbox:
+    async def until_started() -> None:
+        # The code waits on this rather than sleeping 0.05 s, which a loaded machine's tool
+        # loop may take before the fired call has even begun; bounded by the tool's timeout.
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+
+    tools = [forever, until_started]
+    with Sandbox(tools=tools, pool=0) as sandbox:
         for tag, code, kind in [
-            ("returned", "import asyncio\nforever(tag='returned')\nawait asyncio.sleep(0.05)", ""),
+            ("returned", "import asyncio\nforever(tag='returned')\nawait until_started()", ""),
             (
                 "spun",
-                "import asyncio\nforever(tag='spun')\nawait asyncio.sleep(0.05)\nwhile 1: pass",
+                "import asyncio\nforever(tag='spun')\nawait until_started()\nwhile 1: pass",
                 "x",
             ),
         ]:
             started.clear()
             if kind:
-                failing = sandbox.limits.replace(timeout=0.3)
-                with Sandbox(tools=[forever], limits=failing, pool=0) as short:
+                # Ended by its fuel (or, on a very slow machine, its 5 s deadline), not by a
+                # 0.3 s deadline that a loaded machine could reach before the call was fired.
+                failing = sandbox.limits.replace(fuel=2 * 10**9)
+                with Sandbox(tools=tools, limits=failing, pool=0) as short:
                     result = short.run(code)
                 assert result.error is not None
                 assert result.error.kind in {"deadline_exceeded", "out_of_fuel"}
@@ -282,12 +292,7 @@ def test_calls_left_in_flight_are_cancelled_when_the_run_ends(interpreter: objec
                 result = sandbox.run(code)
                 assert result.ok, result.error
             assert started.is_set()
-            deadline = threading.Event()
-            for _ in range(200):
-                if tag in seen:
-                    break
-                deadline.wait(0.01)
-            assert tag in seen
+            assert cancelled[tag].wait(60)
 
 
 def test_guest_side_cancel_reaches_the_host(interpreter: object) -> None:
