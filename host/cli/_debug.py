@@ -36,9 +36,11 @@ __all__ = ["trace_export_command"]
 )
 @click.option("--no-imports", is_flag=True, help="Leave out the instants for imports.")
 def trace_export_command(path: Path, form: str, output: Path | None, no_imports: bool) -> None:
-    """Write PATH as a timeline: one track per agent, a span per message (body and reply
-    decoded), an instant per import, a flow per ask. The time axis is the order of the run,
-    one microsecond a record: a trace holds no wall time."""
+    """Write trace PATH as a timeline that Perfetto and chrome://tracing open.
+
+    One track per agent, a span per message (body and reply decoded), an instant per import, a
+    flow per ask. The time axis is the order of the run, one microsecond a record: a trace
+    holds no wall time."""
     from mighty.trace import write_chrome_trace
 
     with _errors(as_json=False):
