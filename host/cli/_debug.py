@@ -36,7 +36,9 @@ __all__ = ["trace_export_command"]
 )
 @click.option("--no-imports", is_flag=True, help="Leave out the instants for imports.")
 def trace_export_command(path: Path, form: str, output: Path | None, no_imports: bool) -> None:
-    """Write trace PATH as a timeline that Perfetto and chrome://tracing open.
+    """Write PATH as a Chrome trace-event timeline.
+
+    Perfetto (ui.perfetto.dev) and chrome://tracing open it.
 
     One track per agent, a span per message (body and reply decoded), an instant per import, a
     flow per ask. The time axis is the order of the run, one microsecond a record: a trace
