@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -181,6 +182,7 @@ def test_mty_debug_on_stdin(kv_trace: Path) -> None:
     assert "kv:1 (kv) instance 2: 2 message(s) handled" in out
 
 
+@pytest.mark.timing
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=30))
 def test_the_sequencer_lets_events_through_in_offset_order(owners: list[int]) -> None:
@@ -227,6 +229,7 @@ def test_the_debugger_is_not_held_to_the_recorded_deadline(kv_trace: Path) -> No
         debugger.close()
 
 
+@pytest.mark.timing
 def test_quit_mid_run_stops_every_instance(relay_trace: Path) -> None:
     """Quitting while one agent is stopped and the others wait for their turn ends them all."""
     debugger = Debugger(relay_trace, progress=_quiet)
