@@ -17,6 +17,12 @@ its last byte read. Servers:
   floor of the server itself);
 - a bare uvicorn ASGI app answering the same bytes, when uvicorn is installed.
 
+Then the hot swap under load: `mty serve --control` with 50 busy connections and, halfway,
+`mty reload http --from` a second build whose hello differs: requests, errors (target 0),
+v1 answers to requests that started after the reload returned (target 0), the p99 before the
+swap and the longest request around it (the added latency), the reload call's time (it
+compiles the new component: cached here beforehand) and the swap's own pause.
+
 The machine has 2 cores shared by the load generator and the server: compare rows of one run,
 not across runs. The load average is printed with them.
 """
@@ -103,12 +109,21 @@ _BARE_UVICORN = textwrap.dedent(
 )
 
 
-def _build() -> Path:
+def _build(version: str = "") -> Path:
+    """examples/serve built; with ``version``, a copy whose hello says it (for the swap)."""
     from mighty.build import build_component
     from mighty.engine import Component
 
-    out = Path(tempfile.mkdtemp()) / "hello.wasm"
-    build_component(ROOT / "examples" / "serve" / "handler.py", output=out)
+    where = Path(tempfile.mkdtemp())
+    source = ROOT / "examples" / "serve"
+    if version:
+        shutil.copytree(source, where / "serve")
+        source = where / "serve"
+        handler = source / "handler.py"
+        text = handler.read_text()
+        handler.write_text(text.replace("hello from a component", f"hello from {version}!!!!!"))
+    out = where / "hello.wasm"
+    build_component(source / "handler.py", output=out)
     Component.load(out)  # compiled into the cache here, not inside a timed server start
     return out
 
@@ -156,8 +171,11 @@ def _stop(process: subprocess.Popen[str]) -> None:
             pipe.close()
 
 
-async def _load(port: int, connections: int) -> tuple[list[float], int, float]:
-    """Latencies of the requests completed in the timed window, errors, and its length."""
+async def _load(
+    port: int, connections: int, stamps: list[tuple[float, float, bytes]] | None = None
+) -> tuple[list[float], int, float]:
+    """Latencies of the requests completed in the timed window, errors, and its length;
+    with ``stamps``, every request's (start, end, body) too."""
     latencies: list[float] = []
     errors = 0
     timed_from = time.perf_counter() + WARMUP
@@ -173,8 +191,10 @@ async def _load(port: int, connections: int) -> tuple[list[float], int, float]:
                 head = await reader.readuntil(b"\r\n\r\n")
                 status = int(head.split(b" ", 2)[1])
                 length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
-                await reader.readexactly(length)
+                body = await reader.readexactly(length)
                 done = time.perf_counter()
+                if stamps is not None:
+                    stamps.append((started, done, body))
                 if status != 200:
                     errors += 1
                 elif started >= timed_from and done <= until:
@@ -196,6 +216,57 @@ def _row(name: str, port: int, connections: int) -> Row:
         "p50_ms": round(p(latencies, 0.5) * 1000, 2) if latencies else None,
         "p99_ms": round(p(latencies, 0.99) * 1000, 2) if latencies else None,
         "errors": errors,
+    }
+
+
+def _swap_row(v1: Path, v2: Path) -> Row:
+    """mty serve with a control socket under 50 busy connections; halfway through the timed
+    window, `mty reload http --from v2` (the control op, from this process's thread pool)."""
+    from mighty.control import request
+
+    control = Path(tempfile.mkdtemp()) / "control.sock"
+    command = [
+        *[sys.executable, "-m", "mighty.cli", "serve", str(v1), "--listen", "127.0.0.1:0"],
+        *["-q", "--max-concurrent", "64", "--control", str(control)],
+    ]
+    process, port = _start(command, r"on http://127\.0\.0\.1:(\d+)", "stderr")
+    stamps: list[tuple[float, float, bytes]] = []
+    swap: dict[str, float] = {}
+
+    async def run() -> tuple[list[float], int, float]:
+        loop = asyncio.get_running_loop()
+
+        async def swap_later() -> None:
+            await asyncio.sleep(WARMUP + DURATION / 2)
+            swap["start"] = time.perf_counter()
+            args = {"agent_type": "http", "component": str(v2), "drain_timeout": 5.0}
+            result = await loop.run_in_executor(
+                None, lambda: request(str(control), "reload", args, timeout=120)
+            )
+            swap["end"] = time.perf_counter()
+            swap["pause_ms"] = result["max_pause_ms"]
+
+        task = asyncio.create_task(swap_later())
+        out = await _load(port, 50, stamps)
+        await task
+        return out
+
+    try:
+        _, errors, _ = asyncio.run(run())
+    finally:
+        _stop(process)
+    before = [e - s for s, e, _ in stamps if e < swap["start"]]
+    around = [e - s for s, e, _ in stamps if e >= swap["start"] and s <= swap["end"] + 0.5]
+    late_v1 = sum(1 for s, _, body in stamps if s > swap["end"] and b"component" in body)
+    return {
+        "name": "mty reload under 50 busy connections",
+        "requests": len(stamps),
+        "errors": errors,
+        "v1_after_swap": late_v1,
+        "p99_before_ms": round(p(before, 0.99) * 1000, 1) if before else None,
+        "max_around_swap_ms": round(max(around) * 1000, 1) if around else None,
+        "swap_call_ms": round((swap["end"] - swap["start"]) * 1000, 1),
+        "pause_ms": swap["pause_ms"],
     }
 
 
@@ -290,6 +361,7 @@ def main() -> None:
                 rows.append(_row(name, port, connections))
         finally:
             _stop(process)
+    rows.append(_swap_row(component, _build("v2")))
     report(rows)
 
 

@@ -392,7 +392,8 @@ class Server:
         if timeout <= 0:
             raise _Timeout
         try:
-            return await asyncio.wait_for(reader.read(_CHUNK), timeout)
+            async with asyncio.timeout(timeout):  # no task per read, as wait_for makes
+                return await reader.read(_CHUNK)
         except TimeoutError:
             raise _Timeout from None
         except ConnectionError:
@@ -592,16 +593,24 @@ class Server:
         status = served.status
         try:
             head = h11.Response(status_code=status, headers=headers, reason=_reason(status))
-            await self._send(writer, conn.send(head))
+            # The head goes with what the body has so far (often all of it, and its end):
+            # one write, one segment, for a small response.
+            out = conn.send(head) or b""
             while True:
                 changed.clear()
                 data, done, aborted = body.take(_CHUNK)
                 if data:
-                    await self._send(writer, conn.send(h11.Data(data=data)))
-                    continue
-                if done:
-                    await self._send(writer, conn.send(h11.EndOfMessage()))
+                    out += conn.send(h11.Data(data=data)) or b""
+                    if len(out) < _CHUNK:
+                        continue
+                if done and not data:
+                    out += conn.send(h11.EndOfMessage()) or b""
+                    await self._send(writer, out)
                     break
+                await self._send(writer, out)
+                out = b""
+                if data:
+                    continue
                 if aborted or guest.done():
                     # The guest failed or abandoned the body after the head: cut the
                     # connection, so the client cannot take a part for the whole.
@@ -625,8 +634,11 @@ class Server:
         if not data:
             return
         writer.write(data)
+        if writer.transport.get_write_buffer_size() == 0:
+            return  # all of it went to the socket: nothing to wait for
         try:
-            await asyncio.wait_for(writer.drain(), self.limits.write_timeout)
+            async with asyncio.timeout(self.limits.write_timeout):
+                await writer.drain()
         except TimeoutError:
             self.stats.failures["write_timeout"] += 1
             raise _Closed from None
