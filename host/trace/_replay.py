@@ -697,13 +697,17 @@ def replay_trace(
         )
         reports[instance_id] = InstanceReport(instance_id, head["component"])
 
+    def load(head: dict[str, Any]) -> Component:
+        if substitute:
+            return _read_component(Path(substitute), None, limits, report_to)
+        return _load(head, components, limits, component_dirs, store, report_to)
+
+    shared = _Loaded("" if substitute else None, load)
+
     def one(instance_id: int) -> None:
         records = groups[instance_id]
         head = records[0]
-        if substitute:
-            component = _read_component(Path(substitute), None, limits, report_to)
-        else:
-            component = _load(head, components, limits, component_dirs, store, report_to)
+        component = shared.get(head)
         replayer = replayers[instance_id]
         steps = deque(records[1:])
         # Imports made while instantiating come before the first call record.
@@ -790,6 +794,30 @@ def state_at(
     finally:
         live.close()
     return StateAt(bytes(state), "", report.exports)
+
+
+class _Loaded:
+    """One load per component, shared by its instances (a restarted agent, several agents of
+    one type): side by side, each replay thread would otherwise read and map its own copy (the
+    three relays of tests/trace/agents took 345 MB and 0.6 s that way, 143 MB and 0.3 s
+    shared). ``key`` fixes the key (a substitute is one component for every instance)."""
+
+    def __init__(self, key: str | None, load: Callable[[dict[str, Any]], Component]) -> None:
+        self._key = key
+        self._load = load
+        self._loaded: dict[str, Component] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, head: dict[str, Any]) -> Component:
+        key = self._key if self._key is not None else str(head["component"])
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            component = self._loaded.get(key)
+            if component is None:
+                component = self._loaded[key] = self._load(head)
+            return component
 
 
 def _check_heads(groups: dict[int, list[dict[str, Any]]]) -> None:
