@@ -151,7 +151,8 @@ def describe(event: ReplayEvent) -> str:
         if handle and _is_message(event.args[1]):
             return f"{where}: {_call_text(event)}"
         if event.agent is not None and event.function == "init" and len(event.args) == 1:
-            return f"{where}: init {body_text(event.args[0])}"
+            shown = body_text(event.args[0]) if event.args[0] else "(no arguments)"
+            return f"{where}: init {shown}"
         return f"{where}: call {event.function}{_short(tuple(event.args))}"
     if event.kind == "export":
         if handle:
