@@ -39,6 +39,7 @@ def test_public_names() -> None:
             "SnapshotMismatch",
             "SnapshotTooLarge",
             "Tool",
+            "ToolHost",
             "interpreter_component",
         ]
     )
