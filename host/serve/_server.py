@@ -338,6 +338,11 @@ class Server:
             pass
         except asyncio.CancelledError:
             pass
+        except Exception as exc:  # noqa: BLE001 - a bug of the server's: 500, never a detail
+            self.log(f"  internal error: {type(exc).__name__}: {exc}")
+            self.log(traceback.format_exc())
+            with suppress(Exception):
+                await self._refuse(conn, writer, 500, "internal", close=True)
         finally:
             self._connections.discard(task)
             writer.close()
@@ -475,7 +480,7 @@ class Server:
             self._guests.discard(guest)
 
         guest.add_done_callback(finished)
-        pump = asyncio.create_task(self._pump(conn, reader, body, room, guest))
+        pump = asyncio.create_task(self._pump(conn, reader, writer, body, room, guest))
         try:
             status = await self._respond(conn, writer, served, guest, pump, changed, cancel)
         except BaseException:
@@ -497,6 +502,7 @@ class Server:
         self,
         conn: h11.Connection,
         reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
         body: RequestBody,
         room: asyncio.Event,
         guest: asyncio.Future[_Outcome],
@@ -511,6 +517,12 @@ class Server:
                 body.fail(error_code("connection-terminated"))
                 return "gone"
             if event is h11.NEED_DATA:
+                if conn.they_are_waiting_for_100_continue:
+                    # `Expect: 100-continue` (curl's, for a body over 1 KiB): the body
+                    # comes once we say so; the guest is waiting for it now.
+                    writer.write(
+                        conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+                    )
                 try:
                     data = await self._read(reader, limits.body_timeout)
                 except _Timeout:

@@ -379,3 +379,26 @@ def test_ten_thousand_idle_connections_stay_bounded(serve_guest: Component) -> N
         assert server.stats.refused_connections >= count // 2
         with httpx.Client(base_url=live.url, timeout=60.0) as session:
             assert session.get("/hello").status_code == 200
+
+
+def test_expect_100_continue_is_answered(running: Running) -> None:
+    """A client that waits for `100 Continue` before its body (curl, over 1 KiB) gets it,
+    then the response to the body it sent."""
+    with socket.create_connection((running.host, running.port), timeout=60.0) as sock:
+        head = (
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+        )
+        sock.sendall(head)
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):
+            byte = sock.recv(1)
+            assert byte, f"the server closed the connection after {interim!r}"
+            interim += byte
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sock.sendall(b"hello")
+        reply = b""
+        while not reply.endswith(b"got 5 bytes: hello"):
+            chunk = sock.recv(65536)
+            assert chunk
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK")
