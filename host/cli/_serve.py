@@ -126,6 +126,13 @@ def _read_token(path: str) -> str:
     help="Record each request to its own trace in DIR (mty replay replays one).",
 )
 @click.option(
+    "--record-share",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="With --record: the share of requests recorded, spread evenly (0.1: every tenth).",
+)
+@click.option(
     "--max-concurrent",
     type=click.IntRange(min=1),
     default=32,
@@ -186,6 +193,7 @@ def serve_command(
     allow_http: Sequence[str],
     http_secrets: Sequence[tuple[str, str]],
     record_dir: Path | None,
+    record_share: float,
     max_concurrent: int,
     max_connections: int,
     max_request_bytes: int | None,
@@ -238,6 +246,7 @@ def serve_command(
             budget=budget,
             limits=limits,
             record_dir=record_dir,
+            record_share=record_share,
             token=token,
             log=None if quiet else log,
         )

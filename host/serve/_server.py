@@ -17,7 +17,8 @@ of the host: no message, path or traceback; those go to the server's log. After 
 instance is discarded (every request has its own anyway) and the server stays up. A failure
 after the head was sent can only cut the connection (the client sees an incomplete body).
 
-With ``record_dir``, every request is recorded to its own trace (``request-000001.bin``...):
+With ``record_dir``, every request (or ``record_share`` of them, spread evenly) is recorded to
+its own trace (``request-000001.bin``..., numbered by request):
 the request the guest read and everything it did, which ``mty replay`` replays with no server.
 
 Instances are made ahead on a background thread (:class:`InstancePool`, ``pool`` of them
@@ -54,7 +55,7 @@ from typing import Any
 
 import h11
 
-from mighty._errors import ExportNotFound, GuestError
+from mighty._errors import BadInput, ExportNotFound, GuestError
 from mighty.budget import Budget, CancelScope
 from mighty.engine import Component
 from mighty.instance import Instance
@@ -148,12 +149,18 @@ class Server:
         token: str | None = None,
         log: Callable[[str], None] | None = None,
         pool: int = 4,
+        record_share: float = 1.0,
     ) -> None:
         self._current = (component, handler_export(component))
         self.policy = policy or Policy()
         self.budget = budget or Budget()
         self.limits = limits or ServeLimits()
         self.record_dir = Path(record_dir) if record_dir is not None else None
+        if isinstance(record_share, bool) or not isinstance(record_share, int | float):
+            raise BadInput(f"record_share must be a number in (0, 1], got {record_share!r}")
+        if not 0 < record_share <= 1:
+            raise BadInput(f"record_share must be in (0, 1], got {record_share!r}")
+        self.record_share = float(record_share)
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
         self.token = token.encode() if token is not None else None
@@ -172,10 +179,10 @@ class Server:
         self._guests: set[asyncio.Future[_Outcome]] = set()
         self._lock = threading.Lock()
         self._hot = False
-        # A recorded request's instance records from its instantiation: no pool then.
-        self._pool = InstancePool(
-            component, self._make, pool if self.record_dir is None else 0, self.log
-        )
+        # A recorded request's instance records from its instantiation: it is made inline;
+        # a server that records every request has no pool.
+        everything = self.record_dir is not None and self.record_share == 1.0
+        self._pool = InstancePool(component, self._make, 0 if everything else pool, self.log)
 
     @property
     def component(self) -> Component:
@@ -705,7 +712,10 @@ class Server:
     def _run(self, request: ServedRequest, served: ServedResponse, cancel: CancelScope) -> _Outcome:
         number = next(self._ids)
         recorder = None
-        if self.record_dir is not None:
+        share = self.record_share
+        if self.record_dir is not None and int(number * share) != int((number - 1) * share):
+            # A share of the requests, spread evenly: request n when n * share crosses an
+            # integer (share 0.25: requests 4, 8, 12...).
             recorder = Recorder(self.record_dir / f"request-{number:06d}.bin")
         instance: Instance | None = None
         try:

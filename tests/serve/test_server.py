@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mighty import Component
@@ -402,3 +402,26 @@ def test_expect_100_continue_is_answered(running: Running) -> None:
             assert chunk
             reply += chunk
         assert reply.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_a_share_of_the_requests_is_recorded(serve_guest: Component, tmp_path: Path) -> None:
+    """record_share 0.25 records every fourth request (by number); the others run on pooled
+    instances; each recorded one replays."""
+    server = _server(serve_guest, record_dir=tmp_path, record_share=0.25)
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        for _ in range(8):
+            assert session.get("/hello").text == "hello"
+    assert sorted(t.name for t in tmp_path.iterdir()) == [
+        "request-000004.bin",
+        "request-000008.bin",
+    ]
+    for trace in tmp_path.iterdir():
+        assert replay_trace(trace, progress=None).instances[0].exports == 1
+
+
+@given(share=st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0001), st.just(True)))
+@settings(max_examples=30, deadline=None)
+def test_record_share_outside_0_1_is_refused(serve_guest: Component, share: Any) -> None:
+    """A share that is not a number in (0, 1] is a BadInput (NaN included)."""
+    with pytest.raises(BadInput):
+        Server(serve_guest, record_share=share, pool=0)
