@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mighty._errors import MightyError
 from mighty.trace import Recorder, TraceAnswers, read_instances
 from mighty.wasi import HTTP_RESPONDER, IdempotencyKeys
 
@@ -175,8 +176,8 @@ class _LogRecording:
         """The message's state is checkpointed: its log is not needed any more."""
         recorder, self._recorder, self._inner = self._recorder, None, None
         if recorder is not None:
-            with contextlib.suppress(OSError):
-                recorder.close()
+            with contextlib.suppress(MightyError, OSError):
+                recorder.close(sync=False)  # deleted next: no fsync
         self._path.unlink(missing_ok=True)
         _previous(self._path).unlink(missing_ok=True)
 

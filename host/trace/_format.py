@@ -586,8 +586,9 @@ class TraceWriter:
             self._check_open()
             self._drain()
 
-    def close(self) -> None:
-        """Write out, sync to disk and close; closing twice is a no-op."""
+    def close(self, *, sync: bool = True) -> None:
+        """Write out, sync to disk (unless ``sync`` is false: a file about to be deleted) and
+        close; closing twice is a no-op."""
         self._stop.set()
         flusher = self._flusher
         if flusher is not None and flusher is not threading.current_thread():
@@ -599,7 +600,8 @@ class TraceWriter:
             try:
                 if self._failed is None:
                     self._drain()
-                os.fsync(f.fileno())
+                if sync:
+                    os.fsync(f.fileno())
             except OSError as exc:
                 raise TraceError(f"cannot sync trace {self._path}: {exc}") from exc
             finally:

@@ -223,9 +223,10 @@ class Recorder:
         self.append(record)
         return InstanceRecording(self, instance_id, agent)
 
-    def close(self) -> None:
-        """Write out what waits, sync the file to disk and close it."""
-        self._writer.close()
+    def close(self, *, sync: bool = True) -> None:
+        """Write out what waits, sync the file to disk (unless ``sync`` is false: a file about
+        to be deleted, such as a durable agent's import log at its checkpoint) and close it."""
+        self._writer.close(sync=sync)
 
     def __enter__(self) -> Recorder:
         return self
