@@ -496,14 +496,24 @@ class Server:
             with suppress(BaseException):
                 await pump
             raise
-        if not pump.done():
-            # Answered before the body was whole: read the rest (bounded as ever, the guest
-            # no longer takes it) so that the connection can be kept, not reset under the
-            # client while it still sends.
-            body.cancel()
-            with suppress(BaseException):
-                await asyncio.wait_for(pump, self.limits.body_timeout)
+        await self._settle(pump, body)
         return status
+
+    async def _settle(self, pump: asyncio.Task[str | None], body: RequestBody) -> None:
+        """The pump once the response is out: stopped if it only watches for a close (a
+        cancelled read loses no data), else left to read the rest of a body the guest
+        answered before it was whole (bounded as ever), so that the connection can be kept,
+        not reset under a client still sending."""
+        if pump.done():
+            return
+        if body.eof:
+            pump.cancel()
+            with suppress(BaseException):
+                await pump
+            return
+        body.cancel()
+        with suppress(BaseException):
+            await asyncio.wait_for(pump, self.limits.body_timeout)
 
     async def _pump(
         self,
@@ -550,9 +560,28 @@ class Server:
                 continue
             if isinstance(event, h11.EndOfMessage):
                 body.end()
-                return None
+                return await self._watch(conn, reader, body)
             body.fail(error_code("connection-terminated"))
             return "gone"
+
+    async def _watch(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, body: RequestBody
+    ) -> str | None:
+        """After the body, while the guest works: "gone" if the client closes the connection
+        (its request is then cancelled at once, not left to run to its deadline). A
+        pipelined next request is kept for the next cycle, up to a head's worth; the
+        caller cancels this once the response is out."""
+        while not body.cancelled:
+            try:
+                data = await reader.read(_CHUNK)
+            except ConnectionError:
+                data = b""
+            if not data:
+                return "gone"
+            conn.receive_data(data)
+            if len(conn.trailing_data[0]) > self.limits.max_header_bytes:
+                return None  # enough read ahead: the rest waits in the socket
+        return None
 
     async def _respond(
         self,

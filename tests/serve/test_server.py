@@ -425,3 +425,17 @@ def test_record_share_outside_0_1_is_refused(serve_guest: Component, share: Any)
     """A share that is not a number in (0, 1] is a BadInput (NaN included)."""
     with pytest.raises(BadInput):
         Server(serve_guest, record_share=share, pool=0)
+
+
+def test_a_client_that_goes_away_cancels_its_request(serve_guest: Component) -> None:
+    """A client that closes its connection while the handler works cancels the request at
+    once (the slot is not held until the deadline); the server stays up."""
+    server = _server(serve_guest, budget=Budget(fuel=FUEL, timeout=600.0))
+    with server.background() as live:
+        with socket.create_connection((live.host, live.port), timeout=60.0) as sock:
+            sock.sendall(b"GET /sleep?600 HTTP/1.1\r\nHost: x\r\n\r\n")
+            _wait_for(lambda: server.stats.in_flight == 1)
+        _wait_for(lambda: server.stats.in_flight == 0)
+        assert server.stats.failures["gone"] == 1
+        with httpx.Client(base_url=live.url, timeout=60.0) as session:
+            assert session.get("/hello").text == "hello"
