@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from mighty._errors import BadInput
 from mighty.cli import main
 from mighty.cli._serve import parse_listen
+from mighty.control import request
 
 MTY = [sys.executable, "-m", "mighty.cli"]
 
@@ -108,6 +109,9 @@ def test_mty_reload_swaps_the_served_component(
             assert swapped.returncode == 0, swapped.stderr
             assert swapped.stdout.startswith("http: swapped 1 agent(s) to ")
             assert client.get("/hello").text == "hello v2"
+        status = request(str(control), "status")
+        assert status["requests"] == 2 and status["statuses"] == {"200": 2}
+        assert status["in_flight"] == 0
         refused = subprocess.run(
             [*MTY, "reload", "kv", "--from", str(serve_guest_v2_wasm), "--socket", str(control)],
             capture_output=True,

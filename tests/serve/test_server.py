@@ -439,3 +439,16 @@ def test_a_client_that_goes_away_cancels_its_request(serve_guest: Component) -> 
         assert server.stats.failures["gone"] == 1
         with httpx.Client(base_url=live.url, timeout=60.0) as session:
             assert session.get("/hello").text == "hello"
+
+
+def test_pipelined_requests_are_answered_in_order(running: Running) -> None:
+    """Two requests in one write (HTTP/1.1 pipelining) get their two responses, in order."""
+    with socket.create_connection((running.host, running.port), timeout=60.0) as sock:
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+            b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        raw = _read_to_end(sock)
+    first, _, second = raw.partition(b"got 3 bytes: abc")
+    assert first.startswith(b"HTTP/1.1 200 OK")
+    assert second.startswith(b"HTTP/1.1 200 OK") and second.endswith(b"hello")
