@@ -70,6 +70,7 @@ from mighty.agents._types import (
     HandlerFailed,
     MailboxFullError,
     MailboxSettings,
+    MessageDropped,
     NoProc,
     Refused,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "MailboxFullError",
     "MailboxSettings",
     "Manifest",
+    "MessageDropped",
     "NoProc",
     "OutputTail",
     "Refused",

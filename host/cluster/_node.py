@@ -70,6 +70,7 @@ from mighty.agents import (
     CircuitOpenError,
     HandlerFailed,
     MailboxFullError,
+    MessageDropped,
     NoProc,
     Refused,
     Runtime,
@@ -79,7 +80,6 @@ from mighty.agents import (
     decode_body,
     start_tree,
 )
-from mighty.agents._types import MessageDropped
 from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
 from mighty.cluster._frames import (
