@@ -203,8 +203,7 @@ def _chromium() -> str | None:
 
 def _browse(page: Path, *flags: str) -> str:
     browser = _chromium()
-    if browser is None:
-        pytest.skip("no Chromium (apt-get install chromium-headless-shell)")
+    assert browser is not None, "no Chromium: apt-get install chromium-headless-shell"
     done = subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", *flags],
         capture_output=True,
@@ -215,6 +214,7 @@ def _browse(page: Path, *flags: str) -> str:
     return done.stdout
 
 
+@pytest.mark.browser
 def test_html_timeline_renders_in_chromium(relay_trace: Path, tmp_path: Path) -> None:
     """The page renders a track per agent in Chromium, a click shows the message's body and
     the imports made inside; a screenshot is kept in the test's directory."""
