@@ -489,7 +489,9 @@ class Server:
         guest.add_done_callback(finished)
         pump = asyncio.create_task(self._pump(conn, reader, writer, body, room, guest))
         try:
-            status = await self._respond(conn, writer, served, guest, pump, changed, cancel)
+            status = await self._respond(
+                conn, writer, served, guest, pump, changed, cancel, head.method == b"HEAD"
+            )
         except BaseException:
             cancel.cancel("the client went away")
             pump.cancel()
@@ -592,6 +594,7 @@ class Server:
         pump: asyncio.Task[str | None],
         changed: asyncio.Event,
         cancel: CancelScope,
+        head_only: bool,
     ) -> int:
         # Until the guest answers, returns, or the body fails.
         while True:
@@ -608,7 +611,7 @@ class Server:
             status = 413 if failure == "too_large" else 408
             return await self._refuse(conn, writer, status, failure, close=True)
         if served.status is not None and 200 <= served.status <= 599 and served.body is not None:
-            return await self._stream(conn, writer, served, guest, changed, cancel)
+            return await self._stream(conn, writer, served, guest, changed, cancel, head_only)
         if served.answered:
             # An error-code, or a status h11 cannot send (1xx, 6xx+): the guest's fault.
             code = served.error.case if served.error is not None else "bad_status"
@@ -630,14 +633,12 @@ class Server:
         guest: asyncio.Future[_Outcome],
         changed: asyncio.Event,
         cancel: CancelScope,
+        head_only: bool,
     ) -> int:
         assert served.status is not None
         assert served.body is not None
         body = served.body
-        headers = [(k, v) for k, v in served.headers if k not in (b"content-length", b"date")]
-        length = next((v for k, v in served.headers if k == b"content-length"), None)
-        if length is not None:
-            headers.append((b"content-length", length))
+        headers = served.headers
         status = served.status
         try:
             head = h11.Response(status_code=status, headers=headers, reason=_reason(status))
@@ -647,6 +648,8 @@ class Server:
             while True:
                 changed.clear()
                 data, done, aborted = body.take(_CHUNK)
+                if data and head_only:
+                    continue  # a HEAD response has no body: what the guest writes is dropped
                 if data:
                     out += conn.send(h11.Data(data=data)) or b""
                     if len(out) < _CHUNK:

@@ -452,3 +452,13 @@ def test_pipelined_requests_are_answered_in_order(running: Running) -> None:
     first, _, second = raw.partition(b"got 3 bytes: abc")
     assert first.startswith(b"HTTP/1.1 200 OK")
     assert second.startswith(b"HTTP/1.1 200 OK") and second.endswith(b"hello")
+
+
+def test_a_head_request_gets_the_head_only(client: httpx.Client) -> None:
+    """HEAD: the guest's status and headers, no body (what it writes is dropped), and the
+    connection goes on."""
+    response = client.head("/hello")
+    assert response.status_code == 200
+    assert response.headers["content-length"] == "5"
+    assert response.content == b""
+    assert client.get("/hello").text == "hello"
