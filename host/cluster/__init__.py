@@ -4,6 +4,7 @@ A layer above ``mighty.agents`` (which knows nothing of it: a Node installs itse
 runtime's ``router``) and below the CLI (``mty node``). See docs/cluster.md.
 """
 
+from mighty.cluster._auth import node_permissions, server_authorization
 from mighty.cluster._config import (
     ClusterChildModel,
     ClusterConfig,
@@ -55,7 +56,9 @@ __all__ = [
     "free_port",
     "heartbeat_subject",
     "nats_server_binary",
+    "node_permissions",
     "node_subject",
     "parse_cluster",
     "sender_of",
+    "server_authorization",
 ]
