@@ -155,6 +155,7 @@ class SnapshotStore:
             if mode is None or str(mode[0]).lower() != "wal":
                 raise BadStateDir(f"state_dir {directory}: SQLite refused WAL mode")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            _bound_heap(self._db)
             # A damaged file opens without complaint and answers lookups with nothing (a name
             # then looks free, and its agent would start afresh at its old address): check
             # the pages once at open, and never write into a damaged store.
@@ -397,12 +398,22 @@ class SnapshotStore:
                 raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
             except sqlite3.ProgrammingError as exc:  # closed
                 raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+            except MemoryError:
+                raise SnapshotCorrupt(
+                    f"snapshot store {self.path}: a row is larger than the store allows "
+                    f"({_HEAP_LIMIT >> 20} MiB of SQLite memory)"
+                ) from None
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
         with self._lock:
             try:
                 yield
+            except MemoryError:
+                raise SnapshotCorrupt(
+                    f"snapshot store {self.path}: a row is larger than the store allows "
+                    f"({_HEAP_LIMIT >> 20} MiB of SQLite memory)"
+                ) from None
             except sqlite3.DatabaseError as exc:
                 # A damaged database file reads as "malformed": the rows cannot be trusted.
                 if "malformed" in str(exc) or "not a database" in str(exc):
@@ -410,6 +421,27 @@ class SnapshotStore:
                 raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
             except sqlite3.ProgrammingError as exc:
                 raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+
+
+_HEAP_LIMIT = 2 * MAX_SNAPSHOT_BYTES + (64 << 20)
+"""SQLite's memory while the store works: a largest legal row twice over, and room besides."""
+
+
+def _bound_heap(db: sqlite3.Connection) -> None:
+    """SQLite may use at most :data:`_HEAP_LIMIT` of memory.
+
+    A row of a WITHOUT ROWID table is read whole even to read its key (SQLite loads the record
+    to compare keys), so a 600 MB blob edited into the file would cost 600 MB at the first
+    lookup, before any size check in SQL could refuse it. With the limit, SQLite fails the
+    allocation instead (a MemoryError, reported as SnapshotCorrupt): measured, +0 MB to refuse
+    that row instead of +600 MB. The limit is the SQLite library's, for the whole process, and
+    the pragma can only lower it: opening a store lowers it to 192 MiB (a lower one set before
+    stays), which bounds every other user of SQLite in the process too (their page caches are
+    2 MiB each by default). Rejected: a rowid table for states (incremental blob reads, but a
+    migration of every store written so far); setting and restoring the limit around each
+    operation (the pragma cannot raise it back).
+    """
+    db.execute(f"PRAGMA hard_heap_limit={_HEAP_LIMIT}")
 
 
 def _check_row(address: str, row: tuple[object, ...]) -> StoredSnapshot:

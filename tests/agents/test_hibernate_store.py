@@ -278,6 +278,48 @@ def test_a_huge_state_is_refused_before_it_is_read(tmp_path: Path) -> None:
         store.close()
 
 
+_BIG_ROW = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("UPDATE snapshots SET state = zeroblob(260 << 20) WHERE address = 'big:1'")
+db.commit()
+"""
+
+_OPEN_AND_GET = """
+import resource, sys
+from mighty.agents._store import SnapshotCorrupt, SnapshotStore
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+store = SnapshotStore(sys.argv[1])
+try:
+    store.get("big:1")
+    outcome = "read"
+except SnapshotCorrupt as exc:
+    outcome = str(exc)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10, outcome)
+"""
+
+
+def test_a_row_larger_than_sqlite_may_hold_costs_no_memory_to_refuse(tmp_path: Path) -> None:
+    """A 260 MiB state edited into the file: refused with well under its size of new memory
+    (SQLite reads a WITHOUT ROWID row whole even for its key; its heap is bounded)."""
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    store = SnapshotStore(state)
+    store.put(StoredSnapshot("big:1", "t", None, "c", "s", True, b"x"))
+    store.close()
+    run = [sys.executable, "-c"]
+    subprocess.run([*run, _BIG_ROW, str(state / "agents.sqlite3")], check=True, timeout=300)
+    done = subprocess.run(
+        [*run, _OPEN_AND_GET, str(state)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    grown_mb, outcome = done.stdout.split(" ", 1)
+    assert "larger than the store allows" in outcome
+    assert int(grown_mb) < 64  # the row is 260 MiB
+
+
 def test_symlinks_in_a_state_dir_are_not_followed(tmp_path: Path) -> None:
     """A database or lock file that is a symlink is refused, and its target is untouched."""
     elsewhere = tmp_path / "elsewhere.sqlite3"
