@@ -213,3 +213,18 @@ def test_mcp_children_get_no_host_secrets(monkeypatch: pytest.MonkeyPatch) -> No
     assert env["COPIED"] == "yes"
     assert env["PLAIN"] == "1"
     assert env.get("PATH") == os.environ.get("PATH")
+
+
+def test_an_agent_calls_a_server_over_streamable_http(
+    probe: Component, http_server: Any, http_token: str
+) -> None:
+    """The same grants over Streamable HTTP, the bearer token read from the environment."""
+    from tests.capabilities.conftest import TOKEN_ENV
+
+    remote = McpServer("remote", url=http_server.url, token=f"${{{TOKEN_ENV}}}")
+    with Runtime(workers=1, capabilities=Capabilities().with_mcp(remote)) as rt:
+        rt.register(_type(probe, tools={"remote.read", "remote.add"}))
+        address = rt.spawn("probe")
+        assert _call(rt, address, "remote.read", path="hello.txt") == {"ok": "hello, world"}
+        assert _call(rt, address, "remote.add", a=40, b=2) == {"ok": 42}
+        assert _call(rt, address, "remote.write", path="x", text="y")["error"] == "not_granted"
