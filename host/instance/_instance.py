@@ -371,13 +371,15 @@ class Instance:
             raise Closed("instance is closed")
         return learn_hot_pages(self._meter.account)
 
-    def capture_memory(self, *, exact: bool = False) -> MemoryState:
+    def capture_memory(self, *, exact: bool = False, gap: int | None = None) -> MemoryState:
         """Freeze this instance's linear memory (between calls): its component's image plus a
         sealed copy of the pages that differ (``exact``: only those, else close ranges merged
-        so that the state maps in fewer calls). Instances made with ``memory=`` start from it."""
+        so that the state maps in fewer calls; ``gap``: merged when at most that many bytes
+        apart). Instances made with ``memory=`` start from it."""
         if self._closed:
             raise Closed("instance is closed")
-        return capture_memory(self._meter.account, gap=0 if exact else MAX_GAP)
+        merge = 0 if exact else MAX_GAP if gap is None else gap
+        return capture_memory(self._meter.account, gap=merge)
 
     def restore_memory(self, state: MemoryState) -> None:
         """Make this instance's linear memory hold ``state`` (between calls; same component,
