@@ -5,6 +5,7 @@ servers = ["nats://127.0.0.1:4222"]   # one or more NATS servers (the client fai
 node = "a"                            # this node's name (also: `mty node --name`)
 heartbeat = 0.5                       # seconds between heartbeats
 dead_after = 2.0                      # silent this long: the node is dead
+fence_after = 1.0                     # no lease renewed this long: agents paused (< dead_after)
 max_component = 67108864              # largest component a migration ships here (0: none)
 tls = { ca = "ca.pem", cert = "a.pem", key = "a.key" }   # optional; relative to the manifest
 creds = "a.creds"                     # optional NATS credentials file
@@ -95,6 +96,8 @@ class ClusterConfig(_Model):
     """The cluster's name: the prefix of its subjects and buckets (several may share NATS)."""
     heartbeat: float = Field(0.5, gt=0, le=60)
     dead_after: float = Field(2.0, gt=0, le=600)
+    fence_after: float | None = Field(None, gt=0, le=600)
+    """Seconds without a renewed lease before a node pauses its agents (default dead_after/2)."""
     connect_timeout: float = Field(5.0, gt=0, le=300)
     ask_timeout: float = Field(5.0, gt=0)
     """The wait for a send's acknowledgement (an ask has its own timeout)."""
@@ -159,6 +162,15 @@ def parse_cluster(data: Any, *, where: str = "[cluster]") -> ClusterConfig:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise BadInput(f"{where}: {problems}") from None
+    if config.fence_after is not None and not (
+        config.heartbeat < config.fence_after < config.dead_after
+    ):
+        raise BadInput(f"{where}: fence_after must be between heartbeat and dead_after")
+    if config.fence_after is None and config.dead_after / 2 <= config.heartbeat:
+        raise BadInput(
+            f"{where}: dead_after must be over twice the heartbeat (a node fences itself after "
+            "half of it without a renewed lease), or set fence_after"
+        )
     if config.supervisor is not None:
         sup = config.supervisor
         for node in [sup.node, *(c.node for c in sup.children)]:

@@ -82,6 +82,7 @@ from mighty.agents import (
 )
 from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
+from mighty.cluster._fence import Fence
 from mighty.cluster._frames import (
     Frame,
     FrameError,
@@ -249,6 +250,7 @@ class Node:
         self._closed = False
         self.started_at = time.time()
         self.durable = Durable(self)
+        self.fence = Fence(self)
         # Kinds handled on the pool (they may block: instantiate a component, drain an agent).
         self._handlers: dict[str, Callable[[Frame], Frame]] = {
             "spawn": self._in_spawn,
@@ -318,6 +320,7 @@ class Node:
             raise ClusterError(
                 f"JetStream is not available on {config.servers[0]}: {exc}"
             ) from None
+        claimed = time.monotonic()
         try:
             await self._nodes_kv.create(self.name, encode(self._heartbeat()))
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -325,6 +328,7 @@ class Node:
                 f"node name {self.name!r} is in use: a live node refreshed it within the last "
                 f"{config.dead_after:g} s (if it died, start again after that)"
             ) from None
+        self.fence.renew(claimed)  # the first lease
         # Bounded: past these, NATS drops for this slow consumer (counted by the server).
         await nc.subscribe(
             f"{self.subject}.*",  # the last token names the sender
@@ -347,6 +351,7 @@ class Node:
         self._watcher = watcher
         self._tasks.append(asyncio.ensure_future(self._watch_names(watcher)))
         self._tasks.append(asyncio.ensure_future(self._beat()))
+        self._tasks.append(asyncio.ensure_future(self.fence.watch()))
         await nc.flush()
 
     async def _bucket(self, js: Any, bucket: str, ttl: float | None) -> KeyValue:
@@ -1105,6 +1110,8 @@ class Node:
                 return
             if entry is None:
                 continue
+            if not isinstance(entry, KeyValue.Entry):  # the sentinel of watcher.stop()
+                return
             with self._lock:
                 if entry.operation in ("DEL", "PURGE"):
                     self._names.pop(entry.key, None)
@@ -1154,12 +1161,15 @@ class Node:
         assert self._nodes_kv is not None
         while True:
             frame = encode(self._heartbeat())
+            sent = time.monotonic()
             try:
                 await nc.publish(heartbeat_subject(self.prefix, self.name), frame)
                 if nc.is_connected:
                     await asyncio.wait_for(
                         self._nodes_kv.put(self.name, frame), self.config.heartbeat
                     )
+                    # The lease: acknowledged after the heartbeat before it (see _fence).
+                    self.fence.renew(sent)
             except (TimeoutError, nats.errors.Error):
                 pass
             self._check_liveness()

@@ -1,0 +1,173 @@
+"""Fencing: a node cut off from NATS but alive stops its agents before the cluster may give
+their names to others, and on its return yields the names that were given away.
+
+The lease is the node's own key in ``<cluster>_nodes``, rewritten each heartbeat right after the
+heartbeat is published on the same connection. When a rewrite is acknowledged, the server had
+the heartbeat published before it, and every peer hears that heartbeat (or a later one) no earlier
+than its send time: a peer declares the node dead ``dead_after`` after the last heartbeat it
+heard, hence no earlier than ``renewed + dead_after``, where ``renewed`` is the send time of
+the last acknowledged rewrite. The node fences itself at ``renewed +
+fence_after`` (``fence_after`` < ``dead_after``, by default half of it): every local agent's
+mailbox is paused (it keeps accepting; nothing is handled, an ask run in place waits too), so
+between the fence and the return no agent of this node has a side effect. Same clock, same
+process: only the rate of the two monotonic clocks matters, not their values.
+
+When a rewrite is acknowledged again, the node looks at each cluster-wide name it claimed:
+still its own address in ``<cluster>_names``: its agents resume; gone or another node's: the
+cluster gave it away while this node was cut off, so the local agent is stopped (with its
+one-child supervisor, if it has one, so that nothing restarts it) and the name is forgotten
+here; its queued messages are dropped with it (at-most-once sends, as when a node dies). Only
+then are the other paused agents resumed. A name this node could not check (NATS away again)
+keeps the node fenced until the next renewal.
+
+Rejected: refusing incoming frames while fenced (a cut-off node receives none anyway, and a
+frame that arrives while the link heals waits in the paused mailbox and is handled or dropped
+with the agent by the check above); stopping every agent at the fence (a link that blinks for
+longer than ``fence_after`` but less than ``dead_after`` would lose state that nobody took
+over); a lease of its own per name with JetStream KV TTLs per key (the nats-server in use
+sets TTLs per bucket, and a per-name renewal multiplies the KV writes by the names held: the
+node's key already says the node is alive, and the names' owners are checked on return).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import suppress
+from typing import TYPE_CHECKING
+
+import nats.errors
+import nats.js.errors
+
+from mighty.agents import NoProc
+
+if TYPE_CHECKING:
+    from mighty.cluster._node import Node
+
+__all__ = ["Fence"]
+
+_log = logging.getLogger("mighty.cluster")
+
+
+class Fence:
+    """The fencing state of one node (see the module docstring)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        config = node.config
+        self.after = config.fence_after or config.dead_after / 2
+        self.renewed = time.monotonic()
+        """Send time of the last acknowledged lease rewrite."""
+        self.fenced = False
+        self.fenced_at = 0.0
+        """When it last fenced itself (monotonic)."""
+        self.fences = 0
+        """How many times this node fenced itself."""
+        self.yielded: list[str] = []
+        """Names this node found given away on its return (their agents stopped here)."""
+        self._paused: list[str] = []
+        self._wake: asyncio.Event | None = None
+
+    def renew(self, sent: float) -> None:
+        """A lease rewrite sent at ``sent`` was acknowledged (on the NATS loop)."""
+        self.renewed = max(self.renewed, sent)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def watch(self) -> None:
+        """Fence when the lease is older than ``after``; check the names when it is renewed."""
+        self._wake = asyncio.Event()
+        while True:
+            left = self.renewed + self.after - time.monotonic()
+            if not self.fenced and left <= 0:
+                self._fence(-left)
+            fresh = time.monotonic() - self.renewed < self.after
+            if self.fenced and fresh and await self._check_names():
+                await asyncio.get_running_loop().run_in_executor(self.node._pool, self._unfence)
+            self._wake.clear()
+            wait = left if left > 0 and not self.fenced else self.node.config.heartbeat
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _fence(self, late: float) -> None:
+        paused = []
+        for process in self.node.runtime.agents():
+            mailbox = process.mailbox
+            if not mailbox.paused:  # a migration's pause stays the migration's
+                mailbox.pause()
+                paused.append(process.address)
+        self._paused = paused
+        self.fenced_at = time.monotonic()
+        self.fenced = True
+        self.fences += 1
+        _log.warning(
+            "node %s: fenced: no lease renewed for %.2f s (%d agents paused)",
+            self.node.name,
+            self.after + late,
+            len(paused),
+        )
+
+    async def _check_names(self) -> bool:
+        """Stop the agents whose names were given away; False if NATS did not answer."""
+        node = self.node
+        kv = node._names_kv
+        assert kv is not None
+        with node._lock:
+            claims = list(node._claims)
+        # Our own agents' addresses (node._names follows the watcher: it may name the new owner).
+        mine = {}
+        for name in claims:
+            local = node.runtime.whereis(name)
+            mine[name] = None if local is None else node.qualify(local)
+        lost: list[str] = []
+        for name in claims:
+            try:
+                entry = await asyncio.wait_for(kv.get(name), node.config.heartbeat * 2)
+                owner = None if entry.value is None else entry.value.decode()
+            except nats.js.errors.KeyNotFoundError:
+                owner = None
+            except (TimeoutError, nats.errors.Error):
+                return False
+            if owner is None or owner != mine[name]:
+                lost.append(name)
+        if lost:
+            await asyncio.get_running_loop().run_in_executor(node._pool, self._yield, lost)
+        return True
+
+    def _yield(self, names: list[str]) -> None:
+        """Stop the local agents of ``names``: the cluster gave the names to others."""
+        node = self.node
+        for name in names:
+            with node._lock:
+                node._claims.pop(name, None)
+                value = node._names.get(name)
+                if value is not None and value.partition(":")[0] == node.name:
+                    node._names.pop(name, None)
+            local = node.runtime.whereis(name)
+            if local is None:
+                continue
+            with node._lock:
+                supervisor = node._supervisors.pop(local, None)
+            if supervisor is not None:
+                supervisor.stop()
+                supervisor.retire()
+            with suppress(NoProc):
+                node.runtime.stop(local)
+            self.yielded.append(name)
+            _log.warning(
+                "node %s: %r was given to another node while this one was cut off: %s stopped",
+                node.name,
+                name,
+                local,
+            )
+
+    def _unfence(self) -> None:
+        for address in self._paused:
+            with suppress(NoProc):
+                process = self.node.runtime.process(address)
+                process.mailbox.resume()
+                process.wake()
+        self._paused = []
+        self.fenced = False
+        _log.warning("node %s: lease renewed: unfenced", self.node.name)

@@ -1,0 +1,168 @@
+"""Partitions with real parts: node b's NATS connection goes through a loopback TCP proxy the
+test stalls (the process and both sockets live on), so b is cut off but alive.
+
+Fencing (see mighty.cluster._fence): b pauses its agents before the others may declare it dead;
+the cluster gives b's name to a; when the link heals, b finds the name given away and stops its
+agent. At every point checked, at most one node answers for the name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mighty import Component
+from mighty.agents import AgentError, AgentType, MailboxSettings, NoProc, Runtime
+from mighty.cluster import NatsServer, Node
+from tests.cluster._proxy import Proxy
+from tests.cluster.conftest import config
+
+
+def _until(check: Callable[[], bool], what: str, seconds: float = 120.0) -> None:
+    """Wait for ``check()`` (a bounded poll for an event, not a timing assertion)."""
+    give_up = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < give_up, f"never: {what}"
+        time.sleep(0.01)
+
+
+class _Cluster:
+    def __init__(self, echo: Component, server: NatsServer) -> None:
+        self.echo = echo
+        self.server = server
+        self.proxies: list[Proxy] = []
+        self.made: list[tuple[Runtime, Node]] = []
+
+    def node(self, name: str, *, proxied: bool = False) -> tuple[Runtime, Node, Proxy | None]:
+        proxy = Proxy(self.server.port) if proxied else None
+        if proxy is not None:
+            self.proxies.append(proxy)
+        runtime = Runtime(workers=1)
+        runtime.register(AgentType("echo", self.echo, mailbox=MailboxSettings()))
+        url = self.server.url if proxy is None else proxy.url
+        node = Node(runtime, config(url), name=name)
+        self.made.append((runtime, node))
+        node.start()
+        return runtime, node, proxy
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.resume()
+        for runtime, node in reversed(self.made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+        for proxy in self.proxies:
+            proxy.close()
+
+
+@pytest.fixture
+def cluster(echo: Component, nats_server: NatsServer) -> Iterator[_Cluster]:
+    made = _Cluster(echo, nats_server)
+    yield made
+    made.close()
+
+
+def _answering(runtime: Runtime, name: str) -> bool:
+    """An agent of ``runtime`` holds ``name`` and may handle messages (not fenced)."""
+    address = runtime.whereis(name)
+    if address is None:
+        return False
+    try:
+        return not runtime.process(address).mailbox.paused
+    except NoProc:
+        return False
+
+
+def test_a_cut_off_node_is_fenced_and_yields_the_name_on_return(cluster: _Cluster) -> None:
+    """b cut off: b pauses its agent before a declares it dead; a takes the name; healed, b
+    stops its agent; never two answering owners of the name."""
+    runtime_a, node_a, _ = cluster.node("a")
+    runtime_b, node_b, proxy = cluster.node("b", proxied=True)
+    assert proxy is not None
+    _until(lambda: {"a", "b"} <= set(node_a.live_nodes()), "a hears b")
+    _until(lambda: {"a", "b"} <= set(node_b.live_nodes()), "b hears a")
+    old = runtime_b.spawn("echo", name="ledger")
+    _until(lambda: node_a.whereis("ledger") == f"b:{old}", "a sees b's name")
+    assert runtime_a.ask("ledger", "x", "to b") == "to b"
+
+    deaths: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def heard(node: str, alive: bool) -> None:
+        if not alive:
+            with lock:
+                deaths.setdefault(node, time.monotonic())
+
+    node_a.on_membership(heard)
+    owners = [runtime_a, runtime_b]
+
+    def single_owner() -> None:
+        assert sum(_answering(r, "ledger") for r in owners) <= 1
+
+    proxy.pause()
+    while "b" not in deaths:  # until a declares b dead, checking on the way
+        single_owner()
+        time.sleep(0.01)
+    # b had fenced itself before a could declare it dead.
+    assert node_b.fence.fenced
+    assert node_b.fence.fenced_at < deaths["b"]
+    assert runtime_b.process(old).mailbox.paused
+    with pytest.raises(AgentError) as cut_off:
+        runtime_b.ask(old, "x", "are you there", timeout=0.3)
+    assert cut_off.value.code == "timeout"
+
+    new = runtime_a.spawn("echo", name="ledger")  # the cluster gives the name to a
+    assert node_a.whereis("ledger") == f"a:{new}"
+    single_owner()
+    assert runtime_a.ask("ledger", "x", "to a") == "to a"
+
+    proxy.resume()
+    while not (not node_b.fence.fenced and "ledger" in node_b.fence.yielded):
+        single_owner()
+        time.sleep(0.01)
+    single_owner()
+    assert runtime_b.whereis("ledger") is None
+    with pytest.raises(NoProc):
+        runtime_b.process(old)
+    _until(lambda: node_b.whereis("ledger") == f"a:{new}", "b learns the new owner")
+    assert runtime_b.ask("ledger", "x", "from b") == "from b"  # answered by a
+    assert node_b.fence.fences == 1
+
+
+def test_a_short_stall_pauses_and_resumes_without_yielding(cluster: _Cluster) -> None:
+    """Cut off past fence_after but healed before anyone takes the name: b's agent resumes,
+    with the message that waited in its mailbox."""
+    _, node_a, _ = cluster.node("a")
+    runtime_b, node_b, proxy = cluster.node("b", proxied=True)
+    assert proxy is not None
+    _until(lambda: {"a", "b"} <= set(node_b.live_nodes()), "b hears a")
+    old = runtime_b.spawn("echo", name="keeper")
+    proxy.pause()
+    _until(lambda: node_b.fence.fenced, "b fences")
+    answers: list[object] = []
+    asker = threading.Thread(target=lambda: answers.append(runtime_b.ask(old, "x", "held")))
+    asker.start()
+    proxy.resume()
+    _until(lambda: not node_b.fence.fenced, "b renews its lease")
+    asker.join(60)
+    assert answers == ["held"]
+    assert node_b.fence.yielded == []
+    assert runtime_b.whereis("keeper") == old
+    assert node_a.whereis("keeper") in (f"b:{old}", None)
+
+
+def test_fence_after_lies_between_heartbeat_and_dead_after() -> None:
+    """fence_after defaults to half of dead_after; one outside (heartbeat, dead_after) is refused."""
+    from mighty._errors import BadInput
+    from mighty.cluster import parse_cluster
+
+    base = {"servers": ["nats://127.0.0.1:4222"], "peers": {"a": {}}, "heartbeat": 0.2}
+    assert parse_cluster(base | {"dead_after": 1.0, "fence_after": 0.6}).fence_after == 0.6
+    for bad in (1.0, 2.0, 0.2, 0.1):
+        with pytest.raises(BadInput, match="fence_after"):
+            parse_cluster(base | {"dead_after": 1.0, "fence_after": bad})
+    with pytest.raises(BadInput, match="twice the heartbeat"):
+        parse_cluster(base | {"dead_after": 0.4})
