@@ -29,7 +29,7 @@ __all__ = ["parse_listen", "serve_command"]
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8080`` for IPv6) as (host, port)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) >= 65536:
         raise BadInput(f"--listen takes HOST:PORT (port 0: any free one), got {text!r}")
     return host.strip("[]"), int(port)
 

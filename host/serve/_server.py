@@ -642,6 +642,7 @@ class Server:
         status = served.status
         try:
             head = h11.Response(status_code=status, headers=headers, reason=_reason(status))
+            self.stats.statuses[status] += 1  # counted before the client can see it
             # The head goes with what the body has so far (often all of it, and its end):
             # one write, one segment, for a small response.
             out = conn.send(head) or b""
@@ -678,7 +679,6 @@ class Server:
                 self.log(f"  the response broke HTTP framing: {exc}")
                 self.stats.failures["bad_response"] += 1
             raise _Closed from None
-        self.stats.statuses[status] += 1
         return status
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes | None) -> None:

@@ -1,5 +1,5 @@
-"""tests/serve fixtures: the test guest (tests/serve/guest, the wasi:http proxy world), built
-and compiled once per session."""
+"""tests/serve fixtures: the test guest (tests/serve/guest, the wasi:http proxy world, with the
+agent SDK's HTTP client on its path), built and compiled once per session."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from mighty import Component
 
 ROOT = Path(__file__).resolve().parents[2]
+SDK = [ROOT / "guests" / "sdk"]  # the guest's /fetch uses mighty_agent.http
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +19,7 @@ def serve_guest_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mighty.build import build_component
 
     out = tmp_path_factory.mktemp("serve_guest") / "serve_guest.wasm"
-    build_component(ROOT / "tests" / "serve" / "guest" / "handler.py", output=out)
+    build_component(ROOT / "tests" / "serve" / "guest" / "handler.py", output=out, python_path=SDK)
     return out
 
 
@@ -42,7 +43,7 @@ def serve_guest_v2_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert 'send(response_out, 200, b"hello")' in text
     handler.write_text(text.replace('200, b"hello")', '200, b"hello v2")'))
     out = source.parent / "serve_guest_v2.wasm"
-    build_component(handler, output=out)
+    build_component(handler, output=out, python_path=SDK)
     return out
 
 

@@ -5,6 +5,7 @@ idle connections, a stalled body), each answered or cut while the server stays u
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
 import threading
@@ -22,6 +23,7 @@ from mighty._errors import BadInput, ExportNotFound
 from mighty.budget import Budget
 from mighty.serve import Running, ServeLimits, Server
 from mighty.trace import replay_trace
+from mighty.wasi import Policy
 
 # Enough for a request of the test guest, small enough that /spin stops in a fraction of a second.
 FUEL = 2_000_000_000
@@ -462,3 +464,50 @@ def test_a_head_request_gets_the_head_only(client: httpx.Client) -> None:
     assert response.headers["content-length"] == "5"
     assert response.content == b""
     assert client.get("/hello").text == "hello"
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    """A loopback origin the handler's own outgoing requests may reach."""
+
+    def do_GET(self) -> None:
+        body = b"from upstream"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    """The origin of an upstream server on loopback."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_each_request_has_the_policy_grants_and_no_more(
+    serve_guest: Component, upstream: str
+) -> None:
+    """The policy's grants reach every request's instance (an environment variable, an
+    origin for the handler's outgoing requests); without the grant the origin is denied."""
+    granted = Policy(env=(("GREETING", "hi"),)).with_http(upstream)
+    server = _server(serve_guest, policy=granted)
+    with server.background() as live, httpx.Client(base_url=live.url, timeout=60.0) as session:
+        assert session.get("/env").text == "hi"
+        assert session.get(f"/fetch?{upstream}/x").text == "200 from upstream"
+    with (
+        _server(serve_guest).background() as live,
+        httpx.Client(base_url=live.url, timeout=60.0) as session,
+    ):
+        assert session.get("/env").text == "none"
+        denied = session.get(f"/fetch?{upstream}/x")
+        assert denied.status_code == 502 and denied.text == "HTTP-request-denied"

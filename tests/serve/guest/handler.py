@@ -1,8 +1,10 @@
 """The test guest of tests/serve: one route per behaviour a server must survive."""
 
+import os
 import time
 
 from componentize_py_types import Err, Ok
+from mighty_agent import http
 from wit_world import exports
 from wit_world.imports import poll
 from wit_world.imports.monotonic_clock import subscribe_duration
@@ -92,6 +94,16 @@ class IncomingHandler(exports.IncomingHandler):
             return
         elif route == "/error":
             ResponseOutparam.set(response_out, Err(ErrorCode_InternalError("secret detail")))
+        elif route == "/env":
+            send(response_out, 200, os.environ.get("GREETING", "none").encode())
+        elif route == "/fetch":
+            # An outgoing request of the handler's own: it passes the server's policy.
+            try:
+                fetched = http.get(query, timeout=5.0)
+            except http.HttpError as exc:
+                send(response_out, 502, str(exc.code).encode())
+            else:
+                send(response_out, 200, f"{fetched.status} {fetched.text}".encode())
         elif route == "/time":
             send(response_out, 200, str(time.time()).encode())
         else:
