@@ -166,3 +166,51 @@ def test_fence_after_lies_between_heartbeat_and_dead_after() -> None:
             parse_cluster(base | {"dead_after": 1.0, "fence_after": bad})
     with pytest.raises(BadInput, match="twice the heartbeat"):
         parse_cluster(base | {"dead_after": 0.4})
+
+
+def test_the_cluster_supervisor_restarts_a_cut_off_child_and_the_old_one_yields(
+    cluster: _Cluster,
+) -> None:
+    """The supervisor on a places "ledger" on b; b is cut off: a restarts it elsewhere while
+    b's copy is paused; healed, b stops its copy (and its one-child supervisor does not
+    restart it). At most one node answers for "ledger" at every point checked."""
+    from mighty.cluster import ClusterSupervisor, ClusterSupervisorModel
+
+    plan = ClusterSupervisorModel.model_validate(
+        {"node": "a", "children": [{"name": "ledger", "type": "echo", "node": "b"}]}
+    )
+    runtime_a, node_a, _ = cluster.node("a")
+    runtime_b, node_b, proxy = cluster.node("b", proxied=True)
+    runtime_t, _, _ = cluster.node("t")
+    assert proxy is not None
+    assert node_a.wait_for(["b", "t"], 60) and node_b.wait_for(["a", "t"], 60)
+    supervisor = ClusterSupervisor.from_model(node_a, plan).start()
+    try:
+        old = supervisor.where()["ledger"]
+        assert old.startswith("b:")
+        owners = [runtime_a, runtime_b, runtime_t]
+
+        def single_owner() -> None:
+            assert sum(_answering(r, "ledger") for r in owners) <= 1
+
+        proxy.pause()
+        while supervisor.where().get("ledger", old) == old:
+            single_owner()
+            time.sleep(0.01)
+        _until(lambda: any(_answering(r, "ledger") for r in (runtime_a, runtime_t)), "restart")
+        new = supervisor.where()["ledger"]
+        assert not new.startswith("b:")
+        assert node_b.fence.fenced
+        single_owner()
+        proxy.resume()
+        while not (not node_b.fence.fenced and "ledger" in node_b.fence.yielded):
+            single_owner()
+            time.sleep(0.01)
+        single_owner()
+        assert runtime_b.whereis("ledger") is None
+        _until(lambda: node_b.whereis("ledger") == new, "b learns the new owner")
+        assert runtime_b.ask("ledger", "x", "from b", timeout=30) == "from b"
+        assert supervisor.where()["ledger"] == new
+        assert runtime_b.whereis("ledger") is None  # its supervisor did not restart it
+    finally:
+        supervisor.stop()
