@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mighty._errors import MightyError
+from mighty._errors import HostError, MightyError
 from mighty.trace import Recorder, TraceAnswers, read_instances
 from mighty.wasi import HTTP_RESPONDER, IdempotencyKeys
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from mighty.instance import Recording, RecordSink
     from mighty.wasi import Policy
 
-__all__ = ["Journal", "Recovery"]
+__all__ = ["Journal", "Recovery", "RecoveryRefused"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -63,11 +63,21 @@ def _file_name(address: str) -> str:
     return _SAFE.sub("_", address) + ".trace"
 
 
+class RecoveryRefused(HostError):
+    """A journaled message cannot be recovered as its log says: the log was written by another
+    build of the agent (the message is not run, live or otherwise; the agent's supervisor
+    decides, as for a crash)."""
+
+    kind = "recovery_refused"
+
+
 class Recovery:
     """The answers of one recovered message: a gate hook answering from the log until the
-    message ends (then every import is live, so later messages never meet its records)."""
+    message ends (then every import is live, so later messages never meet its records).
+    ``refusal``: why the message must not run at all (see :class:`RecoveryRefused`)."""
 
-    def __init__(self, answers: TraceAnswers) -> None:
+    def __init__(self, answers: TraceAnswers | None, refusal: str = "") -> None:
+        self.refusal = refusal
         self.answers = answers
         self.active = False
         """Set while the recovered message's ``handle`` runs: the imports of ``restore`` and
@@ -77,13 +87,13 @@ class Recovery:
     def __call__(
         self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
     ) -> Any:
-        if self.finished or not self.active:
+        if self.finished or not self.active or self.answers is None:
             return call()
         return self.answers(ctx, binding, args, call)
 
     @property
     def seeds(self) -> tuple[Seed, ...]:
-        http = self.answers.http
+        http = None if self.answers is None else self.answers.http
         return () if http is None else (HTTP_RESPONDER.of(http),)
 
 
@@ -231,11 +241,20 @@ class Journal:
         """Answers from the import log ``address`` left at a crash, if it left one for the
         component it runs now (a log of another build answers nothing: it runs live)."""
         best: tuple[int, list[dict[str, Any]], int] | None = None
+        other: str | None = None
         for path in (self.log_path(address), _previous(self.log_path(address))):
             found = _log_of(path, component)
             if found is not None and (best is None or found[2] > best[2]):
                 best = found
+            elif found is None:
+                other = other or _component_of(path)
         if best is None:
+            if other is not None:
+                return Recovery(
+                    None,
+                    f"{address}: its journaled message was begun by component {other[:12]}, "
+                    f"this is {component.sha256[:12]}: the log cannot answer another build",
+                )
             return None
         instance_id, records, _count = best
         return Recovery(TraceAnswers(records, instance=instance_id, policy="live", http=True))
@@ -270,6 +289,21 @@ def _log_of(path: Path, component: Component) -> tuple[int, list[dict[str, Any]]
         if head.get("k") == "instance" and head.get("component") == component.sha256:
             imports = sum(1 for r in records if r.get("k") == "import")
             return instance_id, records, imports
+    return None
+
+
+def _component_of(path: Path) -> str | None:
+    """The component a readable log was written by (None: no log, or a damaged one)."""
+    if not path.is_file():
+        return None
+    try:
+        instances, _truncated = read_instances(path)
+    except Exception:  # noqa: BLE001 - a damaged log: nothing to refuse from
+        return None
+    for records in instances.values():
+        head = records[0] if records else {}
+        if head.get("k") == "instance":
+            return str(head.get("component", "?"))
     return None
 
 

@@ -81,7 +81,7 @@ from mighty.agents._introspect import (
     top_snapshot,
     tree_snapshot,
 )
-from mighty.agents._journal import Journal, Recovery, hooks_of
+from mighty.agents._journal import Journal, Recovery, RecoveryRefused, hooks_of
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxFull
 from mighty.agents._output import (
     OUTPUT_TAIL_BYTES,
@@ -775,11 +775,14 @@ class AgentProcess:
                 instance = self.instance
                 assert instance is not None
                 self.current = envelope
-                if self._recovery is not None:
-                    self._recovery.active = True
+                recovery = self._recovery
+                if recovery is not None:
+                    recovery.active = True
                 if envelope.journal is not None and self._log is not None:
                     self._log.keys.begin(envelope.journal)
                 try:
+                    if recovery is not None and recovery.refusal:
+                        raise RecoveryRefused(recovery.refusal)
                     result = instance.call(
                         "handle",
                         envelope.sender,

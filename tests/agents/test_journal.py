@@ -189,3 +189,35 @@ def test_a_damaged_inbox_row_is_refused_before_it_is_read(tmp_path: Path) -> Non
             store.inbox("worker:1")
     finally:
         store.close()
+
+
+def test_a_log_of_another_build_refuses_the_recovery(
+    tmp_path: Path, budget_wasm_path: Path, journaled_wasm: Path
+) -> None:
+    """A log written by one component does not answer another: the recovery is refused,
+    naming both, instead of running the message live."""
+    from mighty import Component
+    from mighty.agents._journal import Journal
+    from mighty.trace import Recorder
+    from mighty.wasi import Policy
+
+    written, now = Component.load(budget_wasm_path), Component.load(journaled_wasm)
+    store = SnapshotStore(tmp_path / "state")
+    try:
+        journal = Journal(store)
+        path = journal.log_path("worker:1")
+        path.parent.mkdir(parents=True)
+        with Recorder(path) as recorder:
+            recorder.attach(written, {"fuel": 1}, Policy(), agent="worker:1")
+        recovery = journal.recovery("worker:1", now)
+        assert recovery is not None
+        assert recovery.answers is None
+        assert written.sha256[:12] in recovery.refusal
+        assert now.sha256[:12] in recovery.refusal
+        same = journal.recovery("worker:1", written)
+        assert same is not None
+        assert same.refusal == ""
+        assert same.answers is not None
+        assert journal.recovery("worker:2", now) is None
+    finally:
+        store.close()
