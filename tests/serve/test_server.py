@@ -236,7 +236,10 @@ def test_idle_connections_are_bounded(serve_guest: Component) -> None:
             for sock in socks:
                 sock.close()
         assert all(end == b"" for end in ends)
-        assert server.stats.refused_connections >= 20
+        # Held ones that reached the idle timeout while the rest connected freed their slots:
+        # the bound is on connections open at once.
+        assert server.stats.peak_connections <= 5
+        assert server.stats.refused_connections >= 1
         with httpx.Client(base_url=live.url, timeout=60.0) as session:
             assert session.get("/hello").status_code == 200
 
