@@ -1,6 +1,6 @@
 """Cluster: cross-node ask vs raw nats-py request/reply on the same server, vs in-process ask;
-sends/s to agents on 1, 2 and 3 nodes vs raw nats-py requests to 1, 2 and 3 responders; and the
-pause of a live migration.
+sends/s to agents on 1, 2 and 3 nodes vs raw nats-py requests to 1, 2 and 3 responders; the
+pause of a live migration; and a partition's timeline (fence, declared dead, answered again).
 
 A real nats-server on loopback; the remote side runs in its own process in both cases (`mty
 node`s for the agents, plain nats-py responders for the baseline), so each side has its own GIL.
@@ -207,6 +207,7 @@ def main() -> None:
                 rounds.append(_round(runtime, url, targets, local, threaded))
             rows.extend(_rows(rounds))
             rows.append(_migration(url, echo))
+            rows.append(_partition(server, echo))
         finally:
             threaded.close()
             runtime.shutdown(drain=False, timeout=2)
@@ -361,6 +362,72 @@ def _migration(url: str, echo: Component) -> dict[str, object]:
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
             node.close()
+
+
+def _partition(server: NatsServer, echo: Component) -> dict[str, object]:
+    """A node cut off (its NATS link stalled by a loopback proxy, the one tests/cluster uses):
+    the time to its fence, to the survivor declaring it dead, to the survivor answering for
+    the name, and from the heal to the yield. Default heartbeat and dead_after."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.cluster._proxy import Proxy
+
+    proxy = Proxy(server.port)
+    config = parse_cluster(
+        {"servers": [server.url], "name": "bench-part", "peers": {"p1": {}, "p2": {}}}
+    )
+    cut = config.model_copy(update={"servers": [proxy.url]})
+    made = []
+    for name, conf in (("p1", config), ("p2", cut)):
+        runtime = Runtime(workers=1)
+        runtime.register(AgentType("echo", echo))
+        made.append((runtime, Node(runtime, conf, name=name).start()))
+    (r1, n1), (r2, n2) = made
+    dead: dict[str, float] = {}
+
+    def heard(node: str, alive: bool) -> None:
+        if not alive:
+            dead.setdefault(node, time.monotonic())
+
+    n1.on_membership(heard)
+    fences, deaths, answers, yields = [], [], [], []
+    try:
+        for i in range(5):
+            n1.wait_for(["p2"], 30)
+            n2.wait_for(["p1"], 30)
+            name = f"ledger{i}"
+            r2.spawn("echo", name=name)
+            while n1.whereis(name) is None:
+                time.sleep(0.01)
+            dead.clear()
+            started = time.monotonic()
+            proxy.pause()
+            while "p2" not in dead:
+                time.sleep(0.005)
+            r1.spawn("echo", name=name)
+            r1.ask(name, "x", 1)
+            answered = time.monotonic()
+            fences.append(n2.fence.fenced_at - started)
+            deaths.append(dead["p2"] - started)
+            answers.append(answered - started)
+            healed = time.monotonic()
+            proxy.resume()
+            while name not in n2.fence.yielded:
+                time.sleep(0.005)
+            yields.append(time.monotonic() - healed)
+        return {
+            "name": "partition of one node (5 cuts, heartbeat 0.5 s, dead_after 2 s)",
+            "to_fence_p50_s": round(median(fences), 2),
+            "to_declared_dead_p50_s": round(median(deaths), 2),
+            "to_survivor_answering_p50_s": round(median(answers), 2),
+            "heal_to_yield_p50_s": round(median(yields), 2),
+            "fenced_before_dead": all(f < d for f, d in zip(fences, deaths, strict=True)),
+        }
+    finally:
+        proxy.resume()
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+        proxy.close()
 
 
 if __name__ == "__main__":
