@@ -94,7 +94,7 @@ def _read_token(path: str) -> str:
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
     show_default=True,
-    help="Seconds per request, instantiation included (504 past it).",
+    help="Seconds per request: its deadline (504 past it).",
 )
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Guest environment; repeatable.")
 @click.option(
