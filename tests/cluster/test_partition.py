@@ -214,3 +214,47 @@ def test_the_cluster_supervisor_restarts_a_cut_off_child_and_the_old_one_yields(
         assert runtime_b.whereis("ledger") is None  # its supervisor did not restart it
     finally:
         supervisor.stop()
+
+
+def test_the_supervisor_s_node_cut_off_loses_the_lease_and_its_children(
+    cluster: _Cluster,
+) -> None:
+    """The supervisor's node a is cut off: a fences and lets the lease go, b takes the lease
+    over and restarts a's child elsewhere; healed, a yields the child and stands by."""
+    from mighty.cluster import ClusterSupervisorModel, SupervisorLease
+
+    plan = ClusterSupervisorModel.model_validate(
+        {"node": "a", "children": [{"name": "led", "type": "echo", "node": "a"}]}
+    )
+    runtime_a, node_a, proxy = cluster.node("a", proxied=True)
+    runtime_b, node_b, _ = cluster.node("b")
+    runtime_t, _, _ = cluster.node("t")
+    assert proxy is not None
+    assert node_a.wait_for(["b", "t"], 60) and node_b.wait_for(["a", "t"], 60)
+    holder = SupervisorLease(node_a, plan).start()
+    standby = SupervisorLease(node_b, plan).start()
+    owners = [runtime_a, runtime_b, runtime_t]
+
+    def single_owner() -> None:
+        assert sum(_answering(r, "led") for r in owners) <= 1
+
+    try:
+        assert holder.held and not standby.held
+        assert runtime_a.whereis("led") is not None
+        proxy.pause()
+        while not (standby.held and any(_answering(r, "led") for r in owners[1:])):
+            single_owner()
+            time.sleep(0.01)
+        assert node_a.fence.fenced
+        proxy.resume()
+        while not (not node_a.fence.fenced and "led" in node_a.fence.yielded):
+            single_owner()
+            time.sleep(0.01)
+        single_owner()
+        assert runtime_a.whereis("led") is None
+        assert standby.held
+        _until(lambda: not holder.held, "a stands by")
+        assert runtime_a.ask("led", "x", "from a", timeout=30) == "from a"
+    finally:
+        standby.stop()
+        holder.stop()
