@@ -9,7 +9,9 @@ threads; per-call overhead of a tool-calling loop, then the same loop timed insi
 (beside the guest's raw import with pre-encoded arguments and a guest function), and the floor of
 any call on a worker thread (a bare round trip between two threads, through locks and through
 pipes). The machine's load average is printed too, and the process CPU per sync call (the
-hand-off's bounded spin, ``MIGHTY_TOOL_SPIN_US``, costs CPU: see docs/sandbox.md).
+hand-off's bounded spin, ``MIGHTY_TOOL_SPIN_US``, costs CPU: see docs/sandbox.md). Last, pooled
+instances made from the pool's warmed state against instances warmed in full (as before it),
+interleaved in the same process (``--warm-state``: only that part).
 """
 
 from __future__ import annotations
@@ -91,7 +93,105 @@ def _monty() -> float | None:
         return p(samples(once, repeat=200, warmup=10), 0.5)
 
 
+def _without_warm_state(sandbox: Sandbox, size: int) -> Sandbox:
+    """``sandbox`` with its pool made to warm every instance in full, as before the warmed
+    state (issue 40): for a comparison in the same process."""
+    pool = sandbox._pool
+    pool._warm_state = False
+    _wait_full(sandbox, size)
+    pool._warmed = None  # in case the state was taken before the line above
+    for _ in range(size):  # drop what may have come from it
+        live = pool.take()
+        if live is not None:
+            pool.release(live)
+    _wait_full(sandbox, size)
+    return sandbox
+
+
+def _warm_state_rows() -> list[Row]:
+    """Pooled instances from the warmed state against instances warmed in full, interleaved in
+    one process: the CPU to make and free one (on this thread, as the pool thread does), a
+    spaced run's wall and caller-thread CPU, and sustained runs per second with the process CPU
+    per run (pool thread included)."""
+    size = 4
+    rows: list[Row] = [
+        {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    ]
+    with Sandbox(tools=[add], pool=size) as state, Sandbox(tools=[add], pool=size) as full:
+        _without_warm_state(full, size)
+        _wait_full(state, size)
+        state.run("1")
+        full.run("1")
+        make: dict[str, list[float]] = {"state": [], "full": []}
+        make_wall: dict[str, list[float]] = {"state": [], "full": []}
+        spaced: dict[str, list[float]] = {"state": [], "full": []}
+        spaced_cpu: dict[str, list[float]] = {"state": [], "full": []}
+        boxes = {"state": state, "full": full}
+        for _ in range(60):
+            for label, box in boxes.items():
+                c0, t0 = time.thread_time(), time.perf_counter()
+                box._pool._make().close()
+                make[label].append(time.thread_time() - c0)
+                make_wall[label].append(time.perf_counter() - t0)
+        for _ in range(100):
+            for label, box in boxes.items():
+                _wait_full(box, size)
+                time.sleep(0.01)
+                c0, t0 = time.thread_time(), time.perf_counter()
+                box.run("result = 1 + 1")
+                spaced[label].append(time.perf_counter() - t0)
+                spaced_cpu[label].append(time.thread_time() - c0)
+        rate: dict[str, list[float]] = {"state": [], "full": []}
+        cpu: dict[str, list[float]] = {"state": [], "full": []}
+        for _ in range(2):
+            for label, box in boxes.items():
+                _wait_full(box, size)
+                count = 0
+                c0, t0 = time.process_time(), time.perf_counter()
+                while time.perf_counter() - t0 < 2.0:
+                    box.run("result = 1 + 1")
+                    count += 1
+                took = time.perf_counter() - t0
+                rate[label].append(count / took)
+                cpu[label].append((time.process_time() - c0) / count)
+
+    def ms(xs: list[float]) -> float:
+        return round(statistics.median(xs) * 1e3, 3)
+
+    for label, name in (("full", "warmed in full each"), ("state", "from the warmed state")):
+        rows.append(
+            {
+                "name": f"pooled instance, {name}",
+                "make_and_free_cpu_ms": ms(make[label]),
+                "make_and_free_wall_ms": ms(make_wall[label]),
+                "spaced_run_p50_ms": ms(spaced[label]),
+                "spaced_run_caller_cpu_ms": ms(spaced_cpu[label]),
+                "runs_per_s_1_thread": round(statistics.mean(rate[label]), 1),
+                "process_cpu_per_run_ms": ms(cpu[label]),
+            }
+        )
+    rows.append(
+        {
+            "name": "warmed state over full warming (ratio)",
+            "make_and_free_cpu": round(ms(make["state"]) / ms(make["full"]), 2),
+            "spaced_run": round(ms(spaced["state"]) / ms(spaced["full"]), 2),
+            "runs_per_s": round(statistics.mean(rate["state"]) / statistics.mean(rate["full"]), 2),
+            "process_cpu_per_run": round(ms(cpu["state"]) / ms(cpu["full"]), 2),
+        }
+    )
+    rows.append(
+        {
+            "name": "machine load after (1, 5, 15 min)",
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
+    return rows
+
+
 def main() -> None:
+    if "--warm-state" in sys.argv:
+        report(_warm_state_rows())
+        return
     rows: list[dict[str, object]] = [
         {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
     ]
@@ -186,6 +286,7 @@ def main() -> None:
         )
     rows.extend(_tool_call_parts(100))
     rows.extend(_handoff_floor())
+    rows.extend(_warm_state_rows())
     report(rows)
 
 
