@@ -9,7 +9,10 @@ heard, hence no earlier than ``renewed + dead_after``, where ``renewed`` is the 
 the last acknowledged rewrite. The node fences itself at ``renewed +
 fence_after`` (``fence_after`` < ``dead_after``, by default half of it): every local agent's
 mailbox is paused (it keeps accepting; nothing is handled, an ask run in place waits too), so
-between the fence and the return no agent of this node has a side effect. Same clock, same
+between the fence and the return no agent of this node has a side effect. An agent started
+while fenced (a local supervisor's restart, a local spawn) is paused too, within
+``_FENCED_TICK`` of its start: it may handle messages in that window (closing it needs a
+runtime hook that starts agents paused, which mighty.agents does not have). Same clock, same
 process: only the rate of the two monotonic clocks matters, not their values.
 
 When a rewrite is acknowledged again, the node looks at each cluster-wide name it claimed:
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
 __all__ = ["Fence"]
 
 _log = logging.getLogger("mighty.cluster")
+_FENCED_TICK = 0.02
+"""While fenced: how often agents started since (by a local supervisor, say) are paused too."""
 
 
 class Fence:
@@ -82,11 +87,13 @@ class Fence:
             left = self.renewed + self.after - time.monotonic()
             if not self.fenced and left <= 0:
                 self._fence(-left)
+            elif self.fenced:
+                self._pause_new()
             fresh = time.monotonic() - self.renewed < self.after
             if self.fenced and fresh and await self._check_names():
                 await asyncio.get_running_loop().run_in_executor(self.node._pool, self._unfence)
             self._wake.clear()
-            wait = left if left > 0 and not self.fenced else self.node.config.heartbeat
+            wait = left if left > 0 and not self.fenced else _FENCED_TICK
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
@@ -107,6 +114,13 @@ class Fence:
             self.after + late,
             len(paused),
         )
+
+    def _pause_new(self) -> None:
+        known = set(self._paused)
+        for process in self.node.runtime.agents():
+            if process.address not in known and not process.mailbox.paused:
+                process.mailbox.pause()
+                self._paused.append(process.address)
 
     async def _check_names(self) -> bool:
         """Stop the agents whose names were given away; False if NATS did not answer."""

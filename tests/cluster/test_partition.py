@@ -134,7 +134,7 @@ def test_a_cut_off_node_is_fenced_and_yields_the_name_on_return(cluster: _Cluste
 
 def test_a_short_stall_pauses_and_resumes_without_yielding(cluster: _Cluster) -> None:
     """Cut off past fence_after but healed before anyone takes the name: b's agent resumes,
-    with the message that waited in its mailbox."""
+    with the message that waited in its mailbox; an agent started while fenced is paused too."""
     _, node_a, _ = cluster.node("a")
     runtime_b, node_b, proxy = cluster.node("b", proxied=True)
     assert proxy is not None
@@ -142,6 +142,8 @@ def test_a_short_stall_pauses_and_resumes_without_yielding(cluster: _Cluster) ->
     old = runtime_b.spawn("echo", name="keeper")
     proxy.pause()
     _until(lambda: node_b.fence.fenced, "b fences")
+    started = runtime_b.spawn("echo")  # started while fenced: paused too
+    _until(lambda: runtime_b.process(started).mailbox.paused, "the new agent paused")
     answers: list[object] = []
     asker = threading.Thread(target=lambda: answers.append(runtime_b.ask(old, "x", "held")))
     asker.start()
@@ -149,6 +151,7 @@ def test_a_short_stall_pauses_and_resumes_without_yielding(cluster: _Cluster) ->
     _until(lambda: not node_b.fence.fenced, "b renews its lease")
     asker.join(60)
     assert answers == ["held"]
+    assert runtime_b.ask(started, "x", "resumed") == "resumed"
     assert node_b.fence.yielded == []
     assert runtime_b.whereis("keeper") == old
     assert node_a.whereis("keeper") in (f"b:{old}", None)
