@@ -15,7 +15,10 @@ its last byte read. Servers:
   ``wasmtime_cli``); else the row says so;
 - a bare asyncio + h11 server answering the same bytes (mighty's HTTP stack with no wasm: the
   floor of the server itself);
-- a bare uvicorn ASGI app answering the same bytes, when uvicorn is installed.
+- a bare uvicorn ASGI app answering the same bytes, when uvicorn is installed. Its rows show
+  a ~44 ms stall per request on a connection (22 req/s on one) that none of the other
+  servers meets with this load generator, the signature of a delayed ACK; not investigated,
+  so the asyncio+h11 rows are the baseline to read.
 
 Then the hot swap under load: `mty serve --control` with 50 busy connections and, halfway,
 `mty reload http --from` a second build whose hello differs: requests, errors (target 0),
