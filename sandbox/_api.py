@@ -838,18 +838,11 @@ class _Pool:
         state = self._warmed
         if state is not None:
             try:
-                live = _Live(self._config, memory=state)
+                return self._from_state(state)
             except GuestError:
                 # Never seen; should it happen, the pool goes on the slower way.
                 _log.warning("a pooled instance failed from the warmed state", exc_info=True)
                 self._warmed = None
-            else:
-                try:
-                    live.reseed()
-                except BaseException:
-                    live.close()
-                    raise
-                return live
         live = _Live(self._config)
         try:
             live.warm()
@@ -864,9 +857,31 @@ class _Pool:
             raise
         return live
 
+    def _from_state(self, state: MemoryState) -> _Live:
+        live = _Live(self._config, memory=state)
+        try:
+            live.reseed()
+        except BaseException:
+            live.close()
+            raise
+        return live
+
+    def make_now(self) -> _Live:
+        """An instance for a run that found no ready one, made on the caller's thread: from the
+        warmed state (reseeded first) once there is one, else fresh from the image (its
+        start-up then runs in the user's call)."""
+        state = self._warmed
+        if state is not None:
+            try:
+                return self._from_state(state)
+            except GuestError:
+                _log.warning("an instance failed from the warmed state", exc_info=True)
+        return _Live(self._config)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            self._warmed = None  # its memfd goes once the last instance made from it does
             left = [*self._ready, *self._used]
             self._ready.clear()
             self._used.clear()
@@ -1127,7 +1142,7 @@ class Sandbox:
         try:
             live = None if own else self._pool.take()
             if live is None:
-                live = _Live(self._config, recorder, hooks)
+                live = _Live(self._config, recorder, hooks) if own else self._pool.make_now()
             try:
                 yield live
             finally:

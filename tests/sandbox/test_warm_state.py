@@ -157,3 +157,29 @@ def test_threads_share_a_pool_served_from_the_state(interpreter: Component) -> N
     firsts = sorted(v[0] for v in results)  # type: ignore[index]
     assert firsts == sorted(k * 100 + j for k in range(3) for j in range(8))
     assert len({v[1] for v in results}) == len(results)  # type: ignore[index]
+
+
+def test_an_instance_made_on_the_callers_thread_starts_from_the_state_reseeded(
+    interpreter: Component,
+) -> None:
+    """A run that finds no instance ready makes one (``make_now``) from the state: reseeded,
+    and fresh whatever an earlier run from the state did."""
+    from mighty.sandbox._api import _encode_inputs
+
+    payload = _encode_inputs(None, keep=False, max_value=1 << 20)
+    probe = "import random, sys\nresult = [random.random(), 'planted' in sys.modules]"
+    with Sandbox(pool=1) as box:
+        _settled(box, 1)
+        values = []
+        for code in (probe, "import sys\nsys.modules['planted'] = sys\nNone", probe, probe):
+            live = box._pool.make_now()
+            assert live.instance.component is box._config.component
+            try:
+                result = live.execute(code, payload, None, None)
+            finally:
+                live.close()
+            assert result.ok, result.error
+            if result.value is not None:
+                values.append(result.value)
+    assert len({v[0] for v in values}) == 3
+    assert [v[1] for v in values] == [False] * 3
