@@ -182,7 +182,9 @@ class Server:
         # A recorded request's instance records from its instantiation: it is made inline;
         # a server that records every request has no pool.
         everything = self.record_dir is not None and self.record_share == 1.0
-        self._pool = InstancePool(component, self._make, 0 if everything else pool, self.log)
+        self._pool_size = 0 if everything else pool
+        # Filled from start() on: a server never started holds no thread and no instance.
+        self._pool = InstancePool(component, self._make, 0, self.log)
 
     @property
     def component(self) -> Component:
@@ -222,6 +224,9 @@ class Server:
 
     async def start(self, host: str = "127.0.0.1", port: int = 8080) -> tuple[str, int]:
         """Listen on ``host:port`` (port 0: any free one); the address bound."""
+        if self._pool_size:
+            self._pool = InstancePool(self.component, self._make, self._pool_size, self.log)
+            self._pool_size = 0  # once: a second start keeps this pool
         self._server = await asyncio.start_server(
             self._connection, host, port, limit=_CHUNK, backlog=1024
         )
