@@ -19,7 +19,6 @@ from typing import Any
 import click
 
 from mighty._errors import BadInput
-from mighty.agents import level_number
 from mighty.cli._main import _control_refused, _control_socket, _errors
 from mighty.cli._progress import Waits
 from mighty.cli._reach import check_nats_reachable
@@ -65,6 +64,7 @@ def node_command(
         Runtime,
         agent_types,
         capabilities,
+        level_number,
         load_manifest,
         start_tree,
         supervisor_spec,

@@ -29,17 +29,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from mighty._errors import BadInput
-from mighty.agents import (
-    AgentOutput,
-    StartReply,
-    level_number,
-    run_summary,
-    send_start_messages,
-)
 from mighty.cli._main import _control_refused, _control_socket, _errors, _write_text
 from mighty.cli._progress import Waits
 
 if TYPE_CHECKING:
+    from mighty.agents import AgentOutput, StartReply
     from mighty.trace import FlushMode
 
 __all__ = ["run_command"]
@@ -141,7 +135,10 @@ def run_command(
     they are written, prefixed with the agent's address; --json also carries each agent's last
     lines (at most 200 lines and 64 KiB per agent) in the summary.
     """
-    from mighty.agents import Application
+    from mighty.agents import (
+        Application,
+        level_number,  # imported here: `mty --version` needs no runtime
+    )
 
     threshold = level_number(log_level)
     with _Signals() as signals, _errors(as_json):
@@ -219,6 +216,8 @@ def _start_messages(
         if not as_json:
             click.echo(f"{to} <- {message}: error: {why}", err=True)
 
+    from mighty.agents import send_start_messages
+
     _, failed_lines = send_start_messages(
         runtime, items, interrupted=lambda: signals.requested, on_reply=replied, on_failure=failed
     )
@@ -268,6 +267,9 @@ class _EventWriter:
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
+        from mighty.agents import level_number
+
+        self._level = level_number
         self.enabled = True
         self._lock = threading.Lock()
 
@@ -277,7 +279,7 @@ class _EventWriter:
         kind = event.kind
         if not kind.startswith("agent.") or kind in ("agent.crashed", "agent.restarted"):
             return
-        if level_number("info") < self.threshold:
+        if self._level("info") < self.threshold:
             return
         if "body" in event.data:  # the guest's emit()
             fields = json.dumps(event.data["body"], default=repr, sort_keys=True)
@@ -309,10 +311,13 @@ class _OutputWriter:
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
+        from mighty.agents import level_number
+
+        self._level = level_number
         self._lock = threading.Lock()
 
     def __call__(self, item: AgentOutput) -> None:
-        if level_number(item.level) < self.threshold:
+        if self._level(item.level) < self.threshold:
             return
         if item.stream == "log":
             head = f"[{item.address}] {item.level}: "
@@ -326,6 +331,8 @@ class _OutputWriter:
 
 
 def _summary(runtime: Any, threshold: int = 0) -> dict[str, Any]:
+    from mighty.agents import run_summary
+
     return run_summary(runtime, threshold)
 
 
