@@ -2,7 +2,14 @@
 # The README's demo: set up, build the example handler into a component, call it under budgets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash .ci/setup
+# Only what the demo runs: mighty itself (the test suite's .ci/setup adds the dev extras, 1.8 GB
+# with torch, into the same .venv when you run it).
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
+.venv/bin/python -m pip install --quiet -e .
 MTY=.venv/bin/mty
 OUT=.mty-cache/demo
 mkdir -p "$OUT"
