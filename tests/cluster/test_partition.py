@@ -29,6 +29,17 @@ def _until(check: Callable[[], bool], what: str, seconds: float = 120.0) -> None
         time.sleep(0.01)
 
 
+def _watching(
+    done: Callable[[], bool], check: Callable[[], None], what: str, seconds: float = 120.0
+) -> None:
+    """Run ``check()`` until ``done()`` (a bounded poll for an event, not a timing assertion)."""
+    give_up = time.monotonic() + seconds
+    while not done():
+        check()
+        assert time.monotonic() < give_up, f"never: {what}"
+        time.sleep(0.01)
+
+
 class _Cluster:
     def __init__(self, echo: Component, server: NatsServer) -> None:
         self.echo = echo
@@ -103,9 +114,11 @@ def test_a_cut_off_node_is_fenced_and_yields_the_name_on_return(cluster: _Cluste
         assert sum(_answering(r, "ledger") for r in owners) <= 1
 
     proxy.pause()
-    while "b" not in deaths:  # until a declares b dead, checking on the way
-        single_owner()
-        time.sleep(0.01)
+    _watching(
+        lambda: "b" in deaths,
+        single_owner,
+        "until a declares b dead, checking on the way",
+    )
     # b had fenced itself before a could declare it dead.
     assert node_b.fence.fenced
     assert node_b.fence.fenced_at < deaths["b"]
@@ -120,9 +133,11 @@ def test_a_cut_off_node_is_fenced_and_yields_the_name_on_return(cluster: _Cluste
     assert runtime_a.ask("ledger", "x", "to a") == "to a"
 
     proxy.resume()
-    while not (not node_b.fence.fenced and "ledger" in node_b.fence.yielded):
-        single_owner()
-        time.sleep(0.01)
+    _watching(
+        lambda: not node_b.fence.fenced and "ledger" in node_b.fence.yielded,
+        single_owner,
+        "not node_b.fence.fenced and 'ledger' in node_b.fence.yielded",
+    )
     single_owner()
     assert runtime_b.whereis("ledger") is None
     with pytest.raises(NoProc):
@@ -197,18 +212,22 @@ def test_the_cluster_supervisor_restarts_a_cut_off_child_and_the_old_one_yields(
             assert sum(_answering(r, "ledger") for r in owners) <= 1
 
         proxy.pause()
-        while supervisor.where().get("ledger", old) == old:
-            single_owner()
-            time.sleep(0.01)
+        _watching(
+            lambda: supervisor.where().get("ledger", old) != old,
+            single_owner,
+            "a restarts ledger away from b",
+        )
         _until(lambda: any(_answering(r, "ledger") for r in (runtime_a, runtime_t)), "restart")
         new = supervisor.where()["ledger"]
         assert not new.startswith("b:")
         assert node_b.fence.fenced
         single_owner()
         proxy.resume()
-        while not (not node_b.fence.fenced and "ledger" in node_b.fence.yielded):
-            single_owner()
-            time.sleep(0.01)
+        _watching(
+            lambda: not node_b.fence.fenced and "ledger" in node_b.fence.yielded,
+            single_owner,
+            "not node_b.fence.fenced and 'ledger' in node_b.fence.yielded",
+        )
         single_owner()
         assert runtime_b.whereis("ledger") is None
         _until(lambda: node_b.whereis("ledger") == new, "b learns the new owner")
@@ -245,14 +264,18 @@ def test_the_supervisor_s_node_cut_off_loses_the_lease_and_its_children(
         assert holder.held and not standby.held
         assert runtime_a.whereis("led") is not None
         proxy.pause()
-        while not (standby.held and any(_answering(r, "led") for r in owners[1:])):
-            single_owner()
-            time.sleep(0.01)
+        _watching(
+            lambda: standby.held and any(_answering(r, "led") for r in owners[1:]),
+            single_owner,
+            "standby.held and any(_answering(r, 'led') for r in owners[1:",
+        )
         assert node_a.fence.fenced
         proxy.resume()
-        while not (not node_a.fence.fenced and "led" in node_a.fence.yielded):
-            single_owner()
-            time.sleep(0.01)
+        _watching(
+            lambda: not node_a.fence.fenced and "led" in node_a.fence.yielded,
+            single_owner,
+            "not node_a.fence.fenced and 'led' in node_a.fence.yielded",
+        )
         single_owner()
         assert runtime_a.whereis("led") is None
         assert standby.held
