@@ -274,7 +274,9 @@ class Server:
             done = stop or asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
-                with suppress(NotImplementedError, RuntimeError, ValueError):
+                # Signals reach only the main thread (ValueError elsewhere) and not every
+                # platform's loop (NotImplementedError): there, `stop` is how a caller ends it.
+                with suppress(NotImplementedError, ValueError):
                     loop.add_signal_handler(signum, done.set)
             bound = await self.start(host, port)
             if on_ready is not None:
