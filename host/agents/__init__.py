@@ -11,7 +11,7 @@ from mighty.agents._application import (
 )
 from mighty.agents._compose import broadcast, pipe
 from mighty.agents._hibernate import HibernationStats, Hibernator
-from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
+from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION, jsonable
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._manifest import (
     Manifest,
@@ -136,6 +136,7 @@ __all__ = [
     "capabilities",
     "decode_body",
     "encode_body",
+    "jsonable",
     "level_number",
     "load_manifest",
     "pipe",

@@ -15,8 +15,6 @@ API cannot do. Replies are the snapshots themselves, which carry ``version``.
 
 from __future__ import annotations
 
-import base64
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -84,29 +82,11 @@ def runtime_ops(runtime: Runtime) -> dict[str, Callable[[dict[str, Any]], Any]]:
             reply = runtime.ask(to, name, body, timeout=timeout)
         except NoProc as exc:
             raise UnknownAgent(exc.message) from None
-        return {"to": to, "message": name, "reply": _plain(reply)}
+        from mighty.agents import jsonable  # here: the control layer loads no runtime itself
+
+        return {"to": to, "message": name, "reply": jsonable(reply)}
 
     return {"inspect": inspect, "top": top, "send": send, "ask": ask}
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """A decoded reply body as JSON: bytes as ``{"bytes": base64}``, non-string keys as pairs,
-    other CBOR values (tags, sets) by their text, bounded depth."""
-    if depth > 32:
-        return "..."
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"bytes": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, list | tuple):
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value):
-            return {k: _plain(v, depth + 1) for k, v in value.items()}
-        return [[_plain(k, depth + 1), _plain(v, depth + 1)] for k, v in value.items()]
-    return repr(value)[:200]
 
 
 def _message(args: dict[str, Any], op: str) -> tuple[str, str, Any, float | None]:
