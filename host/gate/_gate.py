@@ -153,13 +153,17 @@ class Binding:
     ``name`` follows the component model: ``get-stdout``, ``[method]output-stream.write``,
     ``[static]descriptor.x``, ``[constructor]x``. ``interface`` is unversioned; the gate binds it
     under whatever version a component imports. ``direct``: the same function taking its
-    provider's state instead of the context (see :class:`Direct`), optional.
+    provider's state instead of the context (see :class:`Direct`), optional. ``hooked``
+    False: no hook sees the calls of this binding (recorders, replayers, journals): they are
+    served as if the instance had none, so they take no step of a trace and replay needs no
+    record of them (``mighty:agent/debug``, the guest's source positions, is such a binding).
     """
 
     interface: str
     name: str
     fn: Callable[..., Any]
     direct: Direct | None = None
+    hooked: bool = True
 
 
 class Provider(Protocol):
@@ -197,6 +201,10 @@ class CallHook(Protocol):
     only imports of the common shapes (up to two plain arguments; a method with up to one), in
     one frame that lifts, calls, taps and lowers, with no list or Handle made per call; the
     other imports go to ``watch_import``.
+
+    Two optional members serve ``mighty:agent/debug`` (``_source.py``): ``keeps_positions``
+    (true on every hook: the guest is told to send its source positions) and
+    ``take_position(file, line, function)`` (receives one, bounded, for the next import).
     """
 
     def __call__(
@@ -621,6 +629,9 @@ def _hooked_frame(reg: _Registered, ctx: GuestContext) -> _Serve | None:
     """The hooked call of ``reg`` for ``ctx`` (made on its first call, kept in the context):
     a tapped frame where the only hook taps this import (see ``CallHook``), else None (the
     hook chain, ``_run_hooked``)."""
+    if not reg.binding.hooked:
+        ctx._frames[reg] = reg.serve  # served as if the instance had no hook
+        return reg.serve
     frame = None
     hooks = ctx.hooks
     if len(hooks) == 1:
@@ -1835,6 +1846,16 @@ class Gate:
                 self._resources.setdefault(kind.interface, {})[kind.name] = kind
                 _KINDS[kind.type_id] = kind
             for binding in provider.bindings():
+                self._bindings.setdefault(binding.interface, {})[binding.name] = binding
+        # Every gate serves ``mighty:agent/debug`` (the guest's source positions, for the
+        # debugger) unless a provider does: an agent built with the SDK imports it wherever
+        # it runs, and it answers from the context's hooks alone (``_source.py``).
+        from mighty.gate._source import INTERFACE, SourceProvider
+
+        if INTERFACE not in self._bindings:
+            source = SourceProvider()
+            self.providers = (*self.providers, source)
+            for binding in source.bindings():
                 self._bindings.setdefault(binding.interface, {})[binding.name] = binding
 
     def interfaces(self) -> frozenset[str]:
