@@ -62,7 +62,7 @@ from mighty.trace._replay import (
     state_at,
 )
 
-__all__ = ["DEBUG_TIMEOUT", "HELP", "Debugger", "describe"]
+__all__ = ["DEBUG_TIMEOUT", "HELP", "Debugger", "describe", "source_text"]
 
 _HISTORY = 200
 _RECENT = 5
@@ -158,11 +158,19 @@ def describe(event: ReplayEvent) -> str:
         if handle:
             return f"{where}: handle returned {result_text(event.result)} (fuel {event.fuel})"
         return f"{where}: {event.function} returned {_short(event.result)} (fuel {event.fuel})"
+    at = "" if event.source is None else f"  at {source_text(event.source)}"
     if event.interface.startswith("mighty:agent/"):
         args = _args_text(event.args)
-        return f"{where}: {event.interface}#{event.function}{args} -> {result_text(event.result)}"
+        shown = f"{event.interface}#{event.function}{args} -> {result_text(event.result)}"
+        return f"{where}: {shown}{at}"
     args = _short(tuple(event.args))
-    return f"{where}: {event.interface}#{event.function}{args} -> {_short(event.result)}"
+    return f"{where}: {event.interface}#{event.function}{args} -> {_short(event.result)}{at}"
+
+
+def source_text(source: tuple[str, int, str]) -> str:
+    """``file:line in function``, the file by its base name (``print`` shows it whole)."""
+    file, line, function = source
+    return f"{file.rpartition('/')[2]}:{line} in {function}"
 
 
 class _Session:
@@ -466,6 +474,9 @@ class Debugger:
             f"  fuel:      {event.fuel}",
             f"  record:    at byte {event.offset}",
         ]
+        if event.source is not None:
+            file, line, function = event.source
+            lines.insert(6, f"  source:    {file}:{line} in {function}")
         for n, arg in enumerate(event.args if isinstance(event.args, list) else []):
             if _is_message(arg):
                 lines.append(f"  args[{n}] body: {body_text(arg['body'], 400)}")

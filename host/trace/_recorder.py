@@ -8,12 +8,25 @@ to call before it meets the imports that call makes.
 
 Fuel is part of every record: the fuel the guest has used since its export call began. It is
 deterministic, so replay can check it exactly, and it is the trace's logical clock.
+
+Source positions (``Recorder(positions=True)``, or ``MTY_TRACE_POSITIONS=1`` in the
+environment): the instance record says ``"positions": true``, the agent SDK is told so through
+``mighty:agent/debug#positions`` (see ``mighty.gate``'s ``_source.py``) and sends its caller's
+``(file, line, function)`` before each import it makes; the next import record carries it as
+``"src": [file, line, function]``, a side field the replayer does not compare. Bounded: each
+position is cut by the gate (160 + 80 characters), and an instance keeps at most
+``POSITION_BYTES`` of them (later ones are dropped, their count in ``positions_dropped``). Such an
+instance's imports are recorded by ``watch_import`` (no taps: they encode a fixed record shape).
+Rejected: a record kind of its own for a position (every replayer would have to skip it, and
+one that does not know it stops at "record order"); positions in the compared import payload
+(a replay would then demand the same positions of the guest, see ``_source.py``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
@@ -51,7 +64,19 @@ from mighty.trace._format import BUFFER_BYTES, FLUSH_INTERVAL, MAX_ITEMS, FlushM
 from mighty.trace._native import native
 from mighty.trace._values import TAG_HANDLE, HandleRef
 
-__all__ = ["InstanceRecording", "Recorder", "default_trace_path", "to_refs"]
+__all__ = [
+    "POSITIONS_ENV",
+    "POSITION_BYTES",
+    "InstanceRecording",
+    "Recorder",
+    "default_trace_path",
+    "to_refs",
+]
+
+POSITIONS_ENV = "MTY_TRACE_POSITIONS"
+"""Set to ``1`` to keep source positions in every recording made without ``positions=``."""
+POSITION_BYTES = 1 << 22
+"""Most bytes of source positions one instance's records carry (4 MiB)."""
 
 
 # Our own prototype (dll[name] is a new function object): c_void_p takes the context pointer
@@ -161,9 +186,14 @@ class Recorder:
         flush: FlushMode = "call",
         buffer_bytes: int = BUFFER_BYTES,
         flush_interval: float = FLUSH_INTERVAL,
+        positions: bool | None = None,
         **header: Any,
     ) -> None:
         self.path = Path(path) if path is not None else default_trace_path()
+        if positions is None:
+            positions = os.environ.get(POSITIONS_ENV, "") in ("1", "true", "yes")
+        self.positions = positions
+        """Whether the agents it records send their source positions (see the module doc)."""
         self._ids = itertools.count(1)
         self._writer = TraceWriter(
             self.path,
@@ -220,8 +250,10 @@ class Recorder:
             record["a"] = agent
         if name is not None:
             record["name"] = name
+        if self.positions:
+            record["positions"] = True
         self.append(record)
-        return InstanceRecording(self, instance_id, agent)
+        return InstanceRecording(self, instance_id, agent, positions=self.positions)
 
     def close(self, *, sync: bool = True) -> None:
         """Write out what waits, sync the file to disk (unless ``sync`` is false: a file about
@@ -245,10 +277,23 @@ def _absolute(origin: str) -> str:
 class InstanceRecording:
     """The recording of one instance: its gate hook and its export calls."""
 
-    def __init__(self, recorder: Recorder, instance_id: int, agent: str | None = None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        instance_id: int,
+        agent: str | None = None,
+        *,
+        positions: bool = False,
+    ) -> None:
         self.recorder = recorder
         self.instance_id = instance_id
         self.agent = agent
+        self.keeps_positions = positions
+        """Tells ``mighty:agent/debug#positions`` to ask the guest for its positions."""
+        self.positions_dropped = 0
+        """Positions not kept: past ``POSITION_BYTES`` for this instance."""
+        self._position: list[Any] | None = None
+        self._position_bytes = 0
         self._writer = recorder._writer
         # The step and fuel limit the taps share with the other paths: in C when the writer
         # has the compiled queue (its taps are then compiled too), else in Python.
@@ -299,6 +344,17 @@ class InstanceRecording:
 
     # -- the gate hook -----------------------------------------------------------------------
 
+    def take_position(self, file: str, line: int, function: str) -> None:
+        """The guest's position for its next import (bounded by the gate; see the module doc)."""
+        if not self.keeps_positions:
+            return
+        size = len(file) + len(function) + 8
+        if self._position_bytes + size > POSITION_BYTES:
+            self.positions_dropped += 1
+            return
+        self._position_bytes += size
+        self._position = [file, line, function]
+
     def __call__(
         self,
         ctx: GuestContext,
@@ -321,7 +377,10 @@ class InstanceRecording:
             outcome, result = "host_error", repr(exc)
             raise
         finally:
-            self._record_import(step, binding, args, result, outcome, self._fuel_used(ctx))
+            if self._position is not None:
+                self._record_positioned(step, binding, args, result, outcome, self._fuel_used(ctx))
+            else:
+                self._record_import(step, binding, args, result, outcome, self._fuel_used(ctx))
         return result
 
     def watch_import(
@@ -330,6 +389,9 @@ class InstanceRecording:
         """The gate's watching side of ``__call__`` (see ``CallHook``): the same record."""
         core = self._core
         core.step = step = core.step + 1
+        if self._position is not None:
+            self._watch_positioned(ctx, step, binding, args, value, failed)
+            return
         if failed:
             result: Any
             if isinstance(value, GuestExitRequest):
@@ -393,7 +455,7 @@ class InstanceRecording:
         The tap is the compiled one (``_speedups.Tap``, see ``_tap_compiled``) when the writer
         has the compiled queue, else the pure-Python ``_tap_plain``/``_tap_method``.
         """
-        if nparams > 2 or (self_kind is not None and nparams == 0):
+        if nparams > 2 or (self_kind is not None and nparams == 0) or self.keeps_positions:
             return None
         mid = self._mid(binding)[1] + _ARRAY[nparams]
         core = self._core
@@ -724,6 +786,46 @@ class InstanceRecording:
                     "fuel": fuel,
                 }
             )
+
+    def _watch_positioned(
+        self,
+        ctx: GuestContext,
+        step: int,
+        binding: Binding,
+        args: Sequence[Any],
+        value: Any,
+        failed: bool,
+    ) -> None:
+        outcome, result = "ok", value
+        if failed:
+            if isinstance(value, GuestExitRequest):
+                outcome, result = "exit", value.code
+            elif isinstance(value, GuestViolation):
+                outcome, result = "violation", str(value)
+            else:
+                outcome, result = "host_error", repr(value)
+        self._record_positioned(step, binding, args, result, outcome, self._fuel_used(ctx))
+
+    def _record_positioned(
+        self, step: int, binding: Binding, args: Sequence[Any], result: Any, outcome: str, fuel: int
+    ) -> None:
+        """An import record with the pending source position as its ``src`` (the dict path:
+        the encoders in one go write a fixed set of fields)."""
+        position, self._position = self._position, None
+        self._append(
+            {
+                "k": "import",
+                "i": self.instance_id,
+                "s": step,
+                "if": binding.interface,
+                "fn": binding.name,
+                "args": to_refs(list(args)),
+                "res": to_refs(result),
+                "out": outcome,
+                "fuel": fuel,
+                "src": position,
+            }
+        )
 
     def _fuel_used(self, ctx: GuestContext) -> int:
         store = ctx.call_store

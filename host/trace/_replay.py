@@ -71,6 +71,7 @@ __all__ = [
     "ReplayLimits",
     "ReplayReport",
     "StateAt",
+    "recorded_source",
     "replay_trace",
     "state_at",
 ]
@@ -160,6 +161,8 @@ class ReplayEvent:
     fuel: int | None = None
     offset: int = -1
     agent: str | None = None
+    source: tuple[str, int, str] | None = None
+    """For an import: the guest's ``(file, line, function)`` as recorded (``"src"``), if any."""
 
 
 class ReplayAborted(Exception):
@@ -328,6 +331,22 @@ class _Sequencer:
 _END = 1 << 62
 
 
+def recorded_source(src: Any) -> tuple[str, int, str] | None:
+    """A recorded ``"src"`` as ``(file, line, function)``, bounded as the gate bounds it; None
+    for anything else (a trace is hostile input: the field is shown, never trusted)."""
+    if type(src) is not list or len(src) != 3:
+        return None
+    file, line, function = src
+    if type(file) is not str or type(line) is not int or type(function) is not str:
+        return None
+    # The gate's bounds (mighty.gate's _source.py: 160 and 80 characters), again here.
+    if len(file) > 160:
+        file = "..." + file[-157:]
+    if len(function) > 80:
+        function = function[:77] + "..."
+    return file, min(max(line, 0), 0xFFFFFFFF), function
+
+
 class _Replayer:
     """The gate hook answering one instance's imports from its recorded records."""
 
@@ -339,10 +358,15 @@ class _Replayer:
         canonical: dict[int, tuple[dict[str, Any], bytes]] | None = None,
         sequencer: _Sequencer | None = None,
         agent: str | None = None,
+        *,
+        positions: bool = False,
     ) -> None:
         self.instance = instance
         self.sequencer = sequencer
         self.agent = agent
+        # ``mighty:agent/debug#positions`` answers what it answered when recorded (the
+        # guest's work, and fuel, depend on it); ``at`` is not a hook's business here.
+        self.keeps_positions = positions
         # Import records' canonical bytes as the reader worked them out, by the record's id.
         self.canonical = canonical if canonical is not None else {}
         self.observer = observer
@@ -412,6 +436,7 @@ class _Replayer:
                 result,
                 record.get("fuel"),
                 record["@"],
+                record.get("src"),
             )
         if binding.name in _OUTPUT_NAMES:
             self._track_output(binding.name, _refs(args), result)
@@ -442,6 +467,7 @@ class _Replayer:
         result: Any = None,
         fuel: Any = None,
         offset: int = -1,
+        src: Any = None,
     ) -> None:
         if self.observer is None:
             return
@@ -463,6 +489,7 @@ class _Replayer:
                     fuel if isinstance(fuel, int) else None,
                     offset,
                     self.agent,
+                    recorded_source(src),
                 )
             )
         finally:
@@ -694,6 +721,7 @@ def replay_trace(
             canonical,
             sequencer,
             agent_of if isinstance(agent_of, str) else None,
+            positions=head.get("positions") is True,
         )
         reports[instance_id] = InstanceReport(instance_id, head["component"])
 
@@ -776,7 +804,7 @@ def state_at(
     component = _load(head, None, limits, component_dirs, store, progress or _stderr_progress)
     if "snapshot" not in component.export_functions():
         return StateAt(None, "the component exports no snapshot", 0)
-    replayer = _Replayer(instance, None, [0])
+    replayer = _Replayer(instance, None, [0], positions=head.get("positions") is True)
     report = InstanceReport(instance, head["component"])
     while steps and steps[0]["k"] == "import":
         replayer.expected.append(steps.popleft())

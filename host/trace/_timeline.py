@@ -32,6 +32,7 @@ from mighty.trace._model import (
     decoded,
     result_text,
 )
+from mighty.trace._replay import recorded_source
 
 __all__ = [
     "chrome_trace",
@@ -90,6 +91,14 @@ def _track_name(info: InstanceInfo) -> str:
     if info.agent is None:
         return f"instance {info.instance}"
     return f"{info.agent} ({info.name})" if info.name and info.name != info.agent else info.agent
+
+
+def _source_arg(record: dict[str, Any]) -> dict[str, str]:
+    """``{"source": "file:line in function"}`` for an import that recorded one, else ``{}``."""
+    source = recorded_source(record.get("src"))
+    if source is None:
+        return {}
+    return {"source": f"{source[0]}:{source[1]} in {source[2]}"}
 
 
 def chrome_trace(path: str | Path, *, imports: bool = True) -> dict[str, Any]:
@@ -159,6 +168,7 @@ def _instance_events(
                         "args": _arg(record["args"]),
                         "result": _arg(_readable(record["res"])),
                         "outcome": record["out"],
+                        **_source_arg(record),
                     },
                 }
             )
@@ -311,6 +321,7 @@ def timeline_data(path: str | Path) -> dict[str, Any]:
                         "name": f"{record['if']}#{record['fn']}",
                         "args": _arg(_readable(record["args"])),
                         "result": _arg(_readable(record["res"])),
+                        **_source_arg(record),
                     }
                 )
             elif kind == "export" and span is not None:
@@ -375,7 +386,7 @@ function show(span, box) {
   lines.push("imports (" + span.imports.length + "):");
   for (const item of span.imports) {
     lines.push("  #" + item.at + " " + item.name + " " + JSON.stringify(item.args) +
-      " -> " + JSON.stringify(item.result));
+      " -> " + JSON.stringify(item.result) + (item.source ? "  at " + item.source : ""));
   }
   if (span.more_imports) lines.push("  ... and " + span.more_imports + " more");
   details.textContent = lines.join("\\n");

@@ -32,6 +32,7 @@ import wit_world
 from componentize_py_types import Err
 
 from mighty_agent import _cbor
+from mighty_agent._source import here as _here
 
 try:
     from wit_world.imports import host
@@ -154,13 +155,15 @@ else:
     _ASKED = _REPLY = None
 
 
-# The binding itself (this agent's address, ``type:pid``): a wrapper would be one more Python
-# call on every use.
-self_address = _host_self_address
+def self_address():
+    """This agent's own address, ``type:pid``."""
+    _here()
+    return _host_self_address()
 
 
 def send(to, name, body=None):
     """Put message ``name`` with ``body`` in ``to``'s mailbox."""
+    _here()
     try:
         host.send(to, _Message(name, _dumps(body)))
     except Err as err:
@@ -185,6 +188,7 @@ def ask(to, name, body=None, timeout=None):
     msg = _ASKED
     msg.name = name
     msg.body = _dumps(body)
+    _here()
     try:
         reply = _host_ask(to, msg, timeout_ms)
     except Err as err:
@@ -195,6 +199,7 @@ def ask(to, name, body=None, timeout=None):
 
 def spawn(agent_type, init=None):
     """Start an agent of a declared type; returns its address."""
+    _here()
     try:
         return host.spawn(agent_type, _cbor.dumps(init))
     except Err as err:
@@ -202,12 +207,16 @@ def spawn(agent_type, init=None):
 
 
 def log(text, level="info"):
-    host.log(level, str(text))
+    text = str(text)
+    _here()
+    host.log(level, text)
 
 
 def emit(name, body=None):
     """A structured event for the host's event stream."""
-    host.emit(name, _cbor.dumps(body))
+    body = _cbor.dumps(body)
+    _here()
+    host.emit(name, body)
 
 
 def on(name):

@@ -15,6 +15,8 @@ is recorded with the run, and a replay answers it from the trace.
 
 import json
 
+from mighty_agent._source import here as _here
+
 try:
     from wit_world.imports import tools as _tools
 except ImportError:  # built against a world without mighty:agent/tools
@@ -40,6 +42,7 @@ def call(name, /, *args, **kwargs):
     from componentize_py_types import Err
 
     payload = json.dumps({"args": list(args), "kwargs": kwargs}).encode()
+    _here()
     try:
         result = _tools.call(name, payload)
     except Err as err:
@@ -51,6 +54,7 @@ def describe():
     """The granted tools the host can describe now: ``[{"name", "params", "doc"}]``."""
     if _tools is None:
         return []
+    _here()
     return json.loads(_tools.list_tools())
 
 
