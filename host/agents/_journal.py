@@ -178,7 +178,8 @@ class _LogRecording:
                 self._path.unlink()
         component, budget, policy, agent, name = self._attach
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        recorder = Recorder(self._path, flush="record")
+        # No source positions: the log's own hook does not keep them (mighty.gate _source.py).
+        recorder = Recorder(self._path, flush="record", positions=False)
         self._recorder = recorder
         self._inner = recorder.attach(component, budget, policy, agent=agent, name=name)
 
