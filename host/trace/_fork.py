@@ -144,7 +144,9 @@ def fork_trace(
     report = ForkReport(target, instance)
     agent = head.get("a") if isinstance(head.get("a"), str) else None
     name = head.get("name") if isinstance(head.get("name"), str) else None
-    with Recorder(target, forked_from={"trace": str(path), "instance": instance, "at": at}) as rec:
+    # No source positions: the answering hook does not keep them (mighty.gate's _source.py).
+    forked_from = {"trace": str(path), "instance": instance, "at": at}
+    with Recorder(target, positions=False, forked_from=forked_from) as rec:
         budget, _ = limits.cap(head["budget"], head["@"])
         live = Instance(
             component,
