@@ -1,11 +1,12 @@
 """``mty serve``: a component that exports ``wasi:http/incoming-handler`` behind an HTTP server.
 
-One asyncio loop owns every connection (HTTP/1.1 through ``h11``, keep-alive); each request
-runs in a fresh instance on a worker thread, under the server's per-request :class:`Budget`
-(fuel, memory, deadline) and the policy's grants. The request body streams from the socket
-into the guest (a :class:`~mighty.wasi.RequestBody`; the server stops reading while the guest
-is a window behind), the response streams from the guest to the socket as it writes (the
-head when it calls ``response-outparam.set``; chunked unless it set a ``content-length``).
+The connections, limits and timeouts are :class:`~mighty.serve.HttpServer`'s (shared with
+the agents' HTTP front); each request runs in a fresh instance on a worker thread, under the
+server's per-request :class:`Budget` (fuel, memory, deadline) and the policy's grants. The
+request body streams from the socket into the guest (a :class:`~mighty.wasi.RequestBody`;
+the server stops reading while the guest is a window behind), the response streams from the
+guest to the socket as it writes (the head when it calls ``response-outparam.set``; chunked
+unless it set a ``content-length``).
 
 The client is hostile. Every quantity is bounded (:class:`ServeLimits`): open connections,
 requests in flight (the excess answered 503 at once, never queued), header bytes (431), body
@@ -38,18 +39,12 @@ with the pool).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import hmac
 import itertools
-import json
-import threading
 import time
 import traceback
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +54,7 @@ from mighty._errors import BadInput, ExportNotFound, GuestError
 from mighty.budget import Budget, CancelScope
 from mighty.engine import Component
 from mighty.instance import Instance
+from mighty.serve._http import HttpServer, _Closed, _first, _reason, _Timeout
 from mighty.serve._limits import ServeLimits
 from mighty.serve._pool import InstancePool
 from mighty.trace import Recorder
@@ -71,7 +67,7 @@ from mighty.wasi import (
     incoming_handler_args,
 )
 
-__all__ = ["Running", "ServeStats", "Server", "handler_export"]
+__all__ = ["Server", "handler_export"]
 
 _CHUNK = 64 << 10
 _WINDOW = 1 << 20
@@ -94,48 +90,19 @@ def handler_export(component: Component) -> str:
     )
 
 
-@dataclass
-class ServeStats:
-    """What a server has done (read it from any thread; counts only grow)."""
-
-    connections: int = 0
-    """Connections accepted (refused ones included)."""
-    refused_connections: int = 0
-    """Connections closed at once because ``max_connections`` were open."""
-    peak_connections: int = 0
-    """The most connections open at once."""
-    requests: int = 0
-    """Requests whose head was read."""
-    in_flight: int = 0
-    """Requests whose instance is running now."""
-    statuses: Counter[int] = field(default_factory=Counter)
-    """Responses by status code."""
-    failures: Counter[str] = field(default_factory=Counter)
-    """Failed requests by kind (``trap``, ``out_of_fuel``, ``too_large``, ``busy``...)."""
-
-
-class _Closed(Exception):
-    """The connection is over (the client went away, or a timeout or a bound ended it)."""
-
-
-class _Timeout(Exception):
-    """A read did not complete in time."""
-
-
 @dataclass(slots=True)
 class _Outcome:
     kind: str | None = None
     """None: the call returned; else the kind of its failure."""
 
 
-class Server:
+class Server(HttpServer):
     """Serves one component's ``wasi:http/incoming-handler`` over HTTP/1.1.
 
     ``policy`` grants what every request's instance may reach (default: nothing);
     ``budget`` bounds each request (its ``timeout`` is the request's deadline: 504 past it);
-    ``record_dir`` keeps one trace per request; ``token``, when set, is the bearer token every
-    request must carry (401 otherwise); ``log`` receives one line per request and the
-    details of failures the client is not told.
+    ``record_dir`` keeps one trace per request; ``limits``, ``token`` and ``log`` are
+    :class:`~mighty.serve.HttpServer`'s.
     """
 
     def __init__(
@@ -151,10 +118,10 @@ class Server:
         pool: int = 4,
         record_share: float = 1.0,
     ) -> None:
+        super().__init__(limits=limits, token=token, log=log)
         self._current = (component, handler_export(component))
         self.policy = policy or Policy()
         self.budget = budget or Budget()
-        self.limits = limits or ServeLimits()
         self.record_dir = Path(record_dir) if record_dir is not None else None
         if isinstance(record_share, bool) or not isinstance(record_share, int | float):
             raise BadInput(f"record_share must be a number in (0, 1], got {record_share!r}")
@@ -163,21 +130,7 @@ class Server:
         self.record_share = float(record_share)
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
-        self.token = token.encode() if token is not None else None
-        self.log = log or (lambda _line: None)
-        self.stats = ServeStats()
         self._ids = itertools.count(1)
-        self._workers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.limits.max_concurrent, thread_name_prefix="mty-serve"
-        )
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        self._active = 0
-        self._closing = False
-        self._idle: set[asyncio.StreamWriter] = set()
-        self._running: set[CancelScope] = set()
-        self._guests: set[asyncio.Future[_Outcome]] = set()
-        self._lock = threading.Lock()
         self._hot = False
         # A recorded request's instance records from its instantiation: it is made inline;
         # a server that records every request has no pool.
@@ -220,219 +173,13 @@ class Server:
     def _make(self, component: Component) -> Instance:
         return Instance(component, budget=self.budget, policy=self.policy, prefault=self._hot)
 
-    # -- lifetime ---------------------------------------------------------------------------
-
-    async def start(self, host: str = "127.0.0.1", port: int = 8080) -> tuple[str, int]:
-        """Listen on ``host:port`` (port 0: any free one); the address bound."""
+    def _started(self) -> None:
         if self._pool_size:
             self._pool = InstancePool(self.component, self._make, self._pool_size, self.log)
             self._pool_size = 0  # once: a second start keeps this pool
-        self._server = await asyncio.start_server(
-            self._connection, host, port, limit=_CHUNK, backlog=1024
-        )
-        sock = self._server.sockets[0]
-        bound = sock.getsockname()
-        return str(bound[0]), int(bound[1])
 
-    async def shutdown(self, timeout: float | None = None) -> None:
-        """Stop accepting, close idle connections, let requests in flight finish (up to
-        ``timeout``, default ``limits.shutdown_timeout``), then stop the rest."""
-        self._closing = True
-        if self._server is not None:
-            self._server.close()
-        for writer in list(self._idle):
-            writer.close()
-        wait = self.limits.shutdown_timeout if timeout is None else timeout
-        # A guest may still be returning after its response went out: wait for it too, or
-        # its trace would end in a cancel that happened after its last import.
-        waited: list[asyncio.Future[Any]] = [*self._connections, *self._guests]
-        if waited:
-            _, pending = await asyncio.wait(waited, timeout=wait)
-            for scope in list(self._running):
-                scope.cancel("the server is shutting down")
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5.0)
-        if self._server is not None:
-            await self._server.wait_closed()
-        self._workers.shutdown(wait=True, cancel_futures=True)
+    def _stopped(self) -> None:
         self._pool.close()
-
-    def run(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 8080,
-        *,
-        on_ready: Callable[[str, int], None] | None = None,
-        stop: asyncio.Event | None = None,
-    ) -> None:
-        """Serve until SIGINT or SIGTERM (then shut down gracefully), in this thread."""
-        import signal
-
-        async def main() -> None:
-            done = stop or asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                # Signals reach only the main thread (ValueError elsewhere) and not every
-                # platform's loop (NotImplementedError): there, `stop` is how a caller ends it.
-                with suppress(NotImplementedError, ValueError):
-                    loop.add_signal_handler(signum, done.set)
-            bound = await self.start(host, port)
-            if on_ready is not None:
-                on_ready(*bound)
-            await done.wait()
-            await self.shutdown()
-
-        asyncio.run(main())
-
-    @contextmanager
-    def background(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[Running]:
-        """Serve on a thread of its own for the ``with`` block (tests, notebooks); shut down
-        gracefully when it ends."""
-        ready = threading.Event()
-        found: dict[str, Any] = {}
-
-        def serve() -> None:
-            async def main() -> None:
-                found["loop"] = asyncio.get_running_loop()
-                found["stop"] = stop = asyncio.Event()
-                try:
-                    found["address"] = await self.start(host, port)
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                    found["error"] = exc
-                    ready.set()
-                    return
-                ready.set()
-                await stop.wait()
-                await self.shutdown()
-
-            asyncio.run(main())
-
-        thread = threading.Thread(target=serve, name="mty-serve-loop", daemon=True)
-        thread.start()
-        ready.wait()
-        if "error" in found:
-            thread.join()
-            raise found["error"]
-        bound = found["address"]
-        try:
-            yield Running(self, bound[0], bound[1])
-        finally:
-            found["loop"].call_soon_threadsafe(found["stop"].set)
-            thread.join()
-
-    # -- connections ------------------------------------------------------------------------
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.stats.connections += 1
-        if len(self._connections) >= self.limits.max_connections or self._closing:
-            self.stats.refused_connections += 1
-            writer.transport.abort()
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        self.stats.peak_connections = max(self.stats.peak_connections, len(self._connections))
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
-        try:
-            while not self._closing:
-                self._idle.add(writer)
-                try:
-                    event = await self._request_head(conn, reader, writer)
-                finally:
-                    self._idle.discard(writer)
-                if event is None:
-                    break
-                await self._request(conn, reader, writer, event)
-                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                    break
-                conn.start_next_cycle()
-        except (_Closed, ConnectionError, h11.LocalProtocolError):
-            pass
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - a bug of the server's: 500, never a detail
-            self.log(f"  internal error: {type(exc).__name__}: {exc}")
-            self.log(traceback.format_exc())
-            with suppress(Exception):
-                await self._refuse(conn, writer, 500, "internal", close=True)
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            with suppress(Exception):
-                await writer.wait_closed()
-
-    async def _request_head(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> h11.Request | None:
-        """The next request's head; None when the connection should end quietly (the client
-        closed it, or it stayed idle past ``idle_timeout``). A malformed or oversized head,
-        or one that takes more than ``header_timeout`` from its first byte, is answered
-        (400/431/408) and ends the connection."""
-        limits = self.limits
-        deadline = time.monotonic() + limits.idle_timeout
-        started = False
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                status = exc.error_status_hint
-                kind = "header_too_large" if status == 431 else "malformed"
-                await self._refuse(conn, writer, status, kind, close=True)
-                return None
-            if event is h11.NEED_DATA:
-                if self._closing and not started:
-                    return None
-                remaining = deadline - time.monotonic()
-                try:
-                    data = await self._read(reader, remaining)
-                except _Timeout:
-                    if started:
-                        await self._refuse(conn, writer, 408, "header_timeout", close=True)
-                    return None
-                if not started and data:
-                    started = True
-                    deadline = time.monotonic() + limits.header_timeout
-                conn.receive_data(data)
-                continue
-            if isinstance(event, h11.Request):
-                # h11 bounds what it buffers; a head that arrived whole in one read is
-                # measured here.
-                size = len(event.method) + len(event.target) + 12
-                size += sum(len(k) + len(v) + 4 for k, v in event.headers)
-                if size > limits.max_header_bytes:
-                    await self._refuse(conn, writer, 431, "header_too_large", close=True)
-                    return None
-                return event
-            return None  # ConnectionClosed
-
-    async def _read(self, reader: asyncio.StreamReader, timeout: float) -> bytes:
-        if timeout <= 0:
-            raise _Timeout
-        try:
-            async with asyncio.timeout(timeout):  # no task per read, as wait_for makes
-                return await reader.read(_CHUNK)
-        except TimeoutError:
-            raise _Timeout from None
-        except ConnectionError:
-            return b""
-
-    # -- one request ------------------------------------------------------------------------
-
-    async def _request(
-        self,
-        conn: h11.Connection,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        head: h11.Request,
-    ) -> None:
-        self.stats.requests += 1
-        started = time.monotonic()
-        method = head.method.decode("ascii", "replace")
-        target = head.target.decode("ascii", "replace")
-        status = await self._answer(conn, reader, writer, head)
-        self.log(f"{method} {target} {status} {1000 * (time.monotonic() - started):.1f}ms")
 
     async def _answer(
         self,
@@ -443,18 +190,7 @@ class Server:
     ) -> int:
         limits = self.limits
         headers = [(k.decode("latin-1"), bytes(v)) for k, v in head.headers]
-        if self.token is not None and not self._authorized(head.headers):
-            return await self._refuse(conn, writer, 401, "unauthorized", close=True)
-        length = _content_length(head.headers)
-        if length is not None and length > limits.max_request_bytes:
-            return await self._refuse(conn, writer, 413, "too_large", close=True)
-        with self._lock:
-            if self._active >= limits.max_concurrent or self._closing:
-                busy = True
-            else:
-                busy = False
-                self._active += 1
-        if busy:
+        if not self._admit():
             return await self._refuse(conn, writer, 503, "busy", close=True)
 
         loop = asyncio.get_running_loop()
@@ -487,8 +223,7 @@ class Server:
         self._guests.add(guest)
 
         def finished(_future: Any) -> None:
-            with self._lock:
-                self._active -= 1
+            self._leave()
             self.stats.in_flight -= 1
             self._running.discard(cancel)
             self._guests.discard(guest)
@@ -688,64 +423,6 @@ class Server:
             raise _Closed from None
         return status
 
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes | None) -> None:
-        if not data:
-            return
-        writer.write(data)
-        if writer.transport.get_write_buffer_size() == 0:
-            return  # all of it went to the socket: nothing to wait for
-        try:
-            async with asyncio.timeout(self.limits.write_timeout):
-                await writer.drain()
-        except TimeoutError:
-            self.stats.failures["write_timeout"] += 1
-            raise _Closed from None
-
-    async def _refuse(
-        self,
-        conn: h11.Connection,
-        writer: asyncio.StreamWriter | None,
-        status: int,
-        kind: str,
-        *,
-        code: str | None = None,
-        close: bool = False,
-    ) -> int:
-        """Answer ``status`` with ``{"error": kind}`` (and the guest's error ``code``): never
-        a host message. ``close`` ends the connection after it (a body left unread)."""
-        self.stats.statuses[status] += 1
-        self.stats.failures[kind] += 1
-        if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            raise _Closed
-        payload: dict[str, str] = {"error": kind}
-        if code is not None:
-            payload["code"] = code
-        data = json.dumps(payload).encode() + b"\n"
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-        ]
-        if close or conn.their_state not in (h11.DONE, h11.IDLE):
-            headers.append((b"connection", b"close"))
-        if writer is None:
-            return status
-        try:
-            head = h11.Response(status_code=status, headers=headers, reason=_reason(status))
-            await self._send(writer, conn.send(head))
-            await self._send(writer, conn.send(h11.Data(data=data)))
-            await self._send(writer, conn.send(h11.EndOfMessage()))
-        except h11.LocalProtocolError:
-            raise _Closed from None
-        return status
-
-    def _authorized(self, headers: Any) -> bool:
-        assert self.token is not None
-        for name, value in headers:
-            if name == b"authorization":
-                scheme, _, given = bytes(value).partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given, self.token)
-        return False
-
     # -- the guest, on a worker thread ------------------------------------------------------
 
     def _run(self, request: ServedRequest, served: ServedResponse, cancel: CancelScope) -> _Outcome:
@@ -794,43 +471,3 @@ class Server:
             if recorder is not None:
                 recorder.close()
             request.body.cancel()
-
-
-@dataclass(frozen=True)
-class Running:
-    """A server serving in the background (:meth:`Server.background`)."""
-
-    server: Server
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``."""
-        return f"http://{self.host}:{self.port}"
-
-
-async def _first(event: asyncio.Event, *futures: asyncio.Future[Any]) -> None:
-    """Wait until ``event`` is set or one of ``futures`` is done."""
-    if event.is_set() or any(f.done() for f in futures):
-        return
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait([waiter, *futures], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
-
-
-def _content_length(headers: Any) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            with suppress(ValueError):
-                return int(value)
-    return None
