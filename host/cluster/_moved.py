@@ -13,7 +13,9 @@ child spec follows the agent:
   instance from ``init`` (op ``restart``), as a local restart does. Stopping it for a group
   restart halts it there (op ``halt``), retiring it stops it for good;
 - when the target node dies (heartbeats), the home node reports the child crashed ("node b
-  is down") and the restart starts it at home again, as the spec first said.
+  is down") and the restart starts it at home again, as the spec first said; when it leaves on
+  purpose, the child is reported stopped ("node b left"), which restarts a permanent child the
+  same way (a transient one is not restarted).
 
 Not done: moving such a remote child on again (from the target to a third node, or back):
 refused, with a message saying so; and a child whose home node dies keeps running on the
@@ -237,16 +239,19 @@ def _start(node: Node, relocated: _Relocated) -> Any:
 
 
 def on_membership(node: Node, dead: str, alive: bool) -> None:
-    """A node died: every child moved there is reported crashed to its supervisor."""
+    """A node died: every child moved there is reported crashed to its supervisor; a node that
+    left on purpose: stopped (a permanent child is restarted all the same, a transient one is
+    not)."""
     if alive:
         return
+    left = node.has_left(dead)
     with node._lock:
         lost = [r for r in node.relocated.values() if r.handle.where == dead]
     for relocated in lost:
         relocated.supervisor.child_exited(
             relocated.child,
-            crashed=True,
-            reason=f"node {dead} is down",
+            crashed=not left,
+            reason=f"node {dead} left" if left else f"node {dead} is down",
             handle=relocated.handle,
         )
 

@@ -18,7 +18,15 @@ by another node go over NATS, from the host API and from guests alike.
   ``<cluster>_names``; a name another live node holds is refused with BadSpawn naming it.
 - Liveness: every node publishes a heartbeat each ``heartbeat`` seconds; one silent for
   ``dead_after`` is dead: messages to it fail with ``noproc`` at once, and membership listeners
-  (the cluster supervisor) hear of it.
+  (the cluster supervisor) hear of it. A node that leaves on purpose (``close``: `mty node`
+  after SIGINT/SIGTERM) says so in a last heartbeat with ``leaving`` set, on its own heartbeat
+  subject (so NATS's publish permissions vouch for it as for every frame): its peers log
+  "node b left the cluster" at once instead of "dead (silent for ...)" ``dead_after`` later,
+  and ``has_left(b)`` tells listeners it was not a crash (its supervised children are reported
+  stopped, not crashed). Rejected: a frame kind of its own (a heartbeat already has the
+  subject, the size bound and the ordering after the node's earlier heartbeats), and reading
+  the deletion of the node's key in ``<cluster>_nodes`` (the key also expires by TTL, and a
+  watcher is one more subscription per node for one bit).
 
 Frames that are not ours (garbage, a newer version, a node outside ``[cluster.peers]``) are
 dropped, counted in ``stats.dropped`` by reason, and logged (the first few, then every 1000th).
@@ -231,6 +239,8 @@ class Node:
         self._seen: dict[str, float] = {}
         self._load: dict[str, int] = {}
         self._dead: set[str] = set()
+        self._left: set[str] = set()
+        """Peers that announced they were leaving (a subset of ``_dead``)."""
         self._names: dict[str, str] = {}
         self._claims: dict[str, int] = {}
         self._supervisors: dict[str, Supervisor] = {}
@@ -398,6 +408,11 @@ class Node:
         if nc.is_connected:
             for name, revision in list(self._claims.items()):
                 await self._delete_name(name, revision)
+            # After the names are free: a peer that restarts our agents can claim them.
+            with contextlib.suppress(TimeoutError, nats.errors.Error):
+                leaving = encode(self._heartbeat(leaving=True))
+                await nc.publish(heartbeat_subject(self.prefix, self.name), leaving)
+                await asyncio.wait_for(nc.flush(), 1.0)
             if self._nodes_kv is not None:
                 with contextlib.suppress(TimeoutError, nats.errors.Error):
                     await asyncio.wait_for(self._nodes_kv.delete(self.name), 1.0)
@@ -1124,7 +1139,10 @@ class Node:
     # -- liveness ---------------------------------------------------------------------------
 
     def on_membership(self, listener: Callable[[str, bool], None]) -> None:
-        """``listener(node, alive)`` hears a node die or come back (on a pool thread)."""
+        """``listener(node, alive)`` hears a node die, leave or come back (on a pool thread;
+        the listeners of one event one after another, in the order they were added, so a
+        listener added later hears it once the earlier ones are done with it). ``has_left``
+        tells a node that left on purpose from one that went silent."""
         self._listeners.append(listener)
 
     def live_nodes(self) -> list[str]:
@@ -1152,8 +1170,16 @@ class Node:
             time.sleep(0.02)
         return True
 
-    def _heartbeat(self) -> Frame:
-        return Frame("hb", node=self.name, extra={"load": len(self.runtime.agents())})
+    def has_left(self, node: str) -> bool:
+        """``node`` left the cluster on purpose (it said so as it closed) and has not come back;
+        False for a node that went silent (dead) or is live."""
+        return node in self._left
+
+    def _heartbeat(self, *, leaving: bool = False) -> Frame:
+        extra: dict[str, Any] = {"load": len(self.runtime.agents())}
+        if leaving:
+            extra["leaving"] = True
+        return Frame("hb", node=self.name, extra=extra)
 
     async def _beat(self) -> None:
         nc = self._nc
@@ -1186,15 +1212,16 @@ class Node:
                 self._notify(node, alive=False)
 
     def _notify(self, node: str, *, alive: bool) -> None:
-        for listener in list(self._listeners):
+        listeners = list(self._listeners)
 
-            def run(listener: Callable[[str, bool], None] = listener) -> None:
+        def run() -> None:
+            for listener in listeners:
                 try:
                     listener(node, alive)
                 except Exception:  # noqa: BLE001 -- a listener must not break liveness
                     _log.exception("node %s: membership listener failed", self.name)
 
-            self._pool.submit(run)
+        self._pool.submit(run)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         sender = sender_of(msg.subject)
@@ -1214,12 +1241,27 @@ class Node:
         if frame.node != sender:
             self._drop("sender", f"a heartbeat from {sender} that says it is from {frame.node!r}")
             return
+        if frame.extra.get("leaving") is True:
+            self._leaving(frame.node)
+            return
         load = frame.extra.get("load", 0)
         self._load[frame.node] = load if isinstance(load, int) and load >= 0 else 0
         self._seen[frame.node] = time.monotonic()
         if frame.node in self._dead:
             self._dead.discard(frame.node)
+            self._left.discard(frame.node)
             self._notify(frame.node, alive=True)
+
+    def _leaving(self, node: str) -> None:
+        """``node`` said it is leaving: gone now, not after ``dead_after`` of silence."""
+        if node in self._left:
+            return
+        self._left.add(node)
+        self._load.pop(node, None)
+        _log.warning("node %s: node %s left the cluster", self.name, node)
+        if node not in self._dead:  # declared dead already (silent first): listeners heard
+            self._dead.add(node)
+            self._notify(node, alive=False)
 
 
 def _address_value(value: bytes | None) -> str | None:

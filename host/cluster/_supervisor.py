@@ -6,7 +6,10 @@ one_for_all; intensity within a period): each child's ``start`` places it on a l
 nodes) and spawns it there under its cluster-wide name. When the heartbeats of a node stop for
 ``dead_after`` seconds, each child it held is reported as crashed ("node b is down"): its name
 is released from the names bucket and the strategy restarts it on a surviving node. Messages
-queued in the dead node's mailboxes are lost (at-most-once), as in a local crash.
+queued in the dead node's mailboxes are lost (at-most-once), as in a local crash. A node that
+leaves on purpose (its last heartbeat says so) is not a crash: its children are reported
+stopped ("node b left") at once, not ``dead_after`` later, and restarted elsewhere all the
+same (cluster children are permanent; the intensity counts it as any restart).
 
 A child crashing on its own node is restarted there by the node (a fresh instance, the same
 address and mailbox), as in a local tree; the cluster supervisor only sees node deaths. The
@@ -241,9 +244,9 @@ class ClusterSupervisor:
         if not lost:
             return
         self.node.forget_names_of(node)
+        left = self.node.has_left(node)
+        reason = f"node {node} left" if left else f"node {node} is down"
         for name in lost:
             with self._lock:
                 handle = self._handles.get(name)
-            self.supervisor.child_exited(
-                name, crashed=True, reason=f"node {node} is down", handle=handle
-            )
+            self.supervisor.child_exited(name, crashed=not left, reason=reason, handle=handle)
