@@ -96,10 +96,11 @@ _get_fuel_raw.argtypes = None  # type: ignore[assignment]  # ctypes allows it: n
 _GET_FUEL_AT = ctypes.cast(_get_fuel_raw, ctypes.c_void_p).value or 0
 _ERROR_DELETE_AT = ctypes.cast(ffi.dll.wasmtime_error_delete, ctypes.c_void_p).value or 0
 
-_MAP9, _MAP10 = head(5, 9), head(5, 10)
+_MAP9, _MAP10, _MAP11 = head(5, 9), head(5, 10), head(5, 11)
 _K_IMPORT = text("k") + text("import") + text("i")
 _K_S, _K_IF, _K_FN, _K_ARGS = text("s"), text("if"), text("fn"), text("args")
 _K_RES, _K_OUT, _K_FUEL, _K_A = text("res"), text("out"), text("fuel"), text("a")
+_K_SRC = text("src")
 _ARRAY, _BYTES, _UINT, head_of = ARRAY_HEADS, BYTES_HEADS, UINTS, head
 _HANDLES_KEPT = 4096
 _T_OK_NONE = emit(Ok(None))
@@ -306,6 +307,10 @@ class InstanceRecording:
         # same for every call of one import: made once per binding (see _import_payload).
         self._head = (_MAP10 if agent is not None else _MAP9) + _K_IMPORT + uint(instance_id) + _K_S
         self._tail = b"" if agent is None else _K_A + text(agent)
+        # The same with one field more, "src" (a source position), before the tail.
+        self._head_src = (
+            (_MAP11 if agent is not None else _MAP10) + _K_IMPORT + uint(instance_id) + _K_S
+        )
         self._mids: dict[int, tuple[Binding, bytes]] = {}
         self._ok = _K_OUT + text("ok") + _K_FUEL
         # One instance makes one import at a time: one out-parameter for the fuel reading.
@@ -812,6 +817,33 @@ class InstanceRecording:
         """An import record with the pending source position as its ``src`` (the dict path:
         the encoders in one go write a fixed set of fields)."""
         position, self._position = self._position, None
+        values = list(args)
+        blob_min = self._writer._blob_min
+        head_args = emit_simple(values, blob_min)
+        res = None if head_args is None else emit_simple(result, blob_min)
+        src = None if res is None else emit_simple(position, blob_min)
+        if head_args is not None and res is not None and src is not None:
+            # Byte for byte the dict below (tests/trace/test_positions.py), in one go.
+            self._writer._append_payload(
+                b"".join(
+                    (
+                        self._head_src,
+                        uint(step),
+                        self._mid(binding)[1],
+                        head_args,
+                        _K_RES,
+                        res,
+                        _K_OUT,
+                        text(outcome),
+                        _K_FUEL,
+                        uint(fuel),
+                        _K_SRC,
+                        src,
+                        self._tail,
+                    )
+                )
+            )
+            return
         self._append(
             {
                 "k": "import",
@@ -819,7 +851,7 @@ class InstanceRecording:
                 "s": step,
                 "if": binding.interface,
                 "fn": binding.name,
-                "args": to_refs(list(args)),
+                "args": to_refs(values),
                 "res": to_refs(result),
                 "out": outcome,
                 "fuel": fuel,

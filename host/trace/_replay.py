@@ -419,11 +419,17 @@ class _Replayer:
                     got=got,
                 )
         self.imports += 1
-        known = self.canonical.get(id(record))
-        if known is not None and known[0] is record:
-            fast: bytes | None = known[1]
+        src = record.get("src")
+        if "src" in record:
+            # A source position is not part of what the run did: the digest leaves it out.
+            record = {k: v for k, v in record.items() if k != "src"}
+            fast: bytes | None = canonical_record(record, "@")
         else:
-            fast = canonical_record(record, "@")
+            known = self.canonical.get(id(record))
+            if known is not None and known[0] is record:
+                fast = known[1]
+            else:
+                fast = canonical_record(record, "@")
         self.digest.update(fast if fast is not None else _canonical(_plain(record)))
         result = record["res"]
         if self.observer is not None:
@@ -436,7 +442,7 @@ class _Replayer:
                 result,
                 record.get("fuel"),
                 record["@"],
-                record.get("src"),
+                src,
             )
         if binding.name in _OUTPUT_NAMES:
             self._track_output(binding.name, _refs(args), result)

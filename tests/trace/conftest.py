@@ -16,12 +16,16 @@ from mighty.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _record(directory: Path, manifest: Path, sources: list[Path]) -> Path:
+def _record(
+    directory: Path, manifest: Path, sources: list[Path], env: dict[str, str] | None = None
+) -> Path:
     for source in [manifest, *sources]:
         shutil.copy(source, directory / source.name)
     trace = directory / "run.trace"
     ran = CliRunner().invoke(
-        main, ["run", str(directory / manifest.name), "--record", str(trace), "-q", "--json"]
+        main,
+        ["run", str(directory / manifest.name), "--record", str(trace), "-q", "--json"],
+        env=env,
     )
     assert ran.exit_code == 0, ran.output
     return trace
@@ -39,3 +43,15 @@ def relay_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/trace/agents/relay.toml recorded: a asks b asks c, twice."""
     here = Path(__file__).parent / "agents"
     return _record(tmp_path_factory.mktemp("relay"), here / "relay.toml", [here / "relay.py"])
+
+
+@pytest.fixture(scope="session")
+def relay_positions_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The relays recorded with source positions (MTY_TRACE_POSITIONS=1; the same build)."""
+    here = Path(__file__).parent / "agents"
+    return _record(
+        tmp_path_factory.mktemp("relay-positions"),
+        here / "relay.toml",
+        [here / "relay.py"],
+        env={"MTY_TRACE_POSITIONS": "1"},
+    )

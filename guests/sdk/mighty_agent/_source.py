@@ -2,14 +2,14 @@
 
 The host says once per instance whether it wants them (``mighty:agent/debug#positions``: true
 only while a recording that keeps them watches the instance, or a replay of one runs it); then
-:func:`here`, called by every SDK function just before its import, hands the caller's frame
-(the first one outside this package) to ``mighty:agent/debug#at``. When the host does not want
+:func:`here`, called by every SDK function just before its import, hands its caller's frame
+to ``mighty:agent/debug#at``. When the host does not want
 them, :func:`here` costs a call and a list read. Strings are cut here as the host cuts them
 (``MAX_FILE``, ``MAX_FUNCTION``), so long names are not copied out of the guest only to be cut.
 
 Rejected: asking at import time (componentize-py runs the module's top level while building,
-where there is no host to ask); a frame depth fixed per function (``tools.lookup(...)`` goes
-through one frame more than ``tools.call(...)``).
+where there is no host to ask); walking up to the first frame outside this package (its
+per-frame module-name test cost more fuel than the rest: each SDK function passes its depth).
 """
 
 import sys
@@ -23,7 +23,6 @@ __all__ = ["here"]
 
 MAX_FILE = 160
 MAX_FUNCTION = 80
-_PACKAGE = __name__.rpartition(".")[0]
 
 # [None]: not asked yet; then [True] or [False] for the instance's life.
 _wanted = [None]
@@ -38,23 +37,31 @@ def _ask():
         return False
 
 
-def here():
-    """Send the caller's position to the host, when it wants them."""
+def here(depth=2):
+    """Send the position of the frame ``depth`` above this one to the host, when it wants
+    them (2: the caller of the SDK function that calls this)."""
     wanted = _wanted[0]
     if wanted is None:
         wanted = _wanted[0] = _ask()
     if not wanted:
         return
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
-        frame = frame.f_back
-    if frame is None:
-        return
+    frame = sys._getframe(depth)
     code = frame.f_code
+    names = _names.get(code)
+    if names is None:
+        names = _names[code] = _names_of(code)
+    _debug.at(names[0], frame.f_lineno or 0, names[1])
+
+
+def _names_of(code):
     file = code.co_filename
     if len(file) > MAX_FILE:
         file = "..." + file[-(MAX_FILE - 3) :]
     function = getattr(code, "co_qualname", code.co_name)
     if len(function) > MAX_FUNCTION:
         function = function[: MAX_FUNCTION - 3] + "..."
-    _debug.at(file, frame.f_lineno or 0, function)
+    return file, function
+
+
+# A code object's (file, function), cut: looked up once per function, not per import.
+_names = {}

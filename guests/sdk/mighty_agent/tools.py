@@ -37,12 +37,17 @@ class ToolError(Exception):
 
 def call(name, /, *args, **kwargs):
     """Call the granted tool ``name`` (``lookup`` or ``server.tool``); its result."""
+    return _call(name, args, kwargs)
+
+
+def _call(name, args, kwargs):
+    # Three frames below the caller's, from call(...) and from tools.lookup(...) alike.
     if _tools is None:
         raise ToolError(name, "not_granted", "this component's world has no mighty:agent/tools")
     from componentize_py_types import Err
 
     payload = json.dumps({"args": list(args), "kwargs": kwargs}).encode()
-    _here()
+    _here(3)
     try:
         result = _tools.call(name, payload)
     except Err as err:
@@ -75,7 +80,7 @@ class _Server:
         full = f"{self._prefix}.{name}"
 
         def tool(*args, **kwargs):
-            return call(full, *args, **kwargs)
+            return _call(full, args, kwargs)
 
         tool.__name__ = name
         return tool
@@ -85,7 +90,7 @@ class _Tool(_Server):
     """``tools.lookup``: callable (a host tool) and a namespace (an MCP server's tools)."""
 
     def __call__(self, *args, **kwargs):
-        return call(self._prefix, *args, **kwargs)
+        return _call(self._prefix, args, kwargs)
 
 
 def __getattr__(name):
