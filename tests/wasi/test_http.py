@@ -196,7 +196,9 @@ def test_a_response_over_the_limit_fails_its_body_with_a_typed_error(
 def test_a_server_that_trickles_forever_ends_at_the_total_timeout(server: LoopbackServer) -> None:
     """A response trickling a byte at a time never ends by itself: the request's total time
     limit fails its body with HTTP-response-timeout."""
-    ctx = make_ctx(Policy().with_http(server.origin).with_http_limits(total_timeout=0.5))
+    # The trickle never ends, so any limit ends it: 4 s leaves the head (sent at once) time to
+    # come on a loaded machine, where 0.5 s could expire before it and fail the wrong step.
+    ctx = make_ctx(Policy().with_http(server.origin).with_http_limits(total_timeout=4.0))
     incoming = obj(ctx, _ok(response(ctx, _ok(send(ctx, server.url("/trickle?every=0.02"))))))
     data, error = read_all(ctx, incoming)
     assert error == Variant("HTTP-response-timeout")
