@@ -51,3 +51,18 @@ def serve_guest_v2_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def serve_guest_v2(serve_guest_v2_wasm: Path) -> Component:
     """The v2 test guest, loaded once."""
     return Component.load(serve_guest_v2_wasm)
+
+
+@pytest.fixture(scope="session")
+def front_agent_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/serve/agents/front.py (the HTTP front's test agent) built once (cached by content)."""
+    from mighty.build import build_component
+
+    out = tmp_path_factory.mktemp("front_agent") / "front.wasm"
+    build_component(
+        ROOT / "tests" / "serve" / "agents" / "front.py",
+        output=out,
+        wit=ROOT / "wit" / "agent",
+        python_path=SDK,
+    )
+    return out
