@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from mighty._errors import BadInput
+from mighty.agents._introspect import jsonable
 from mighty.agents._manifest import (
     Manifest,
     StartModel,
     agent_types,
     capabilities,
+    http_routes,
     load_manifest,
     state_dir,
     supervisor_spec,
@@ -49,6 +51,7 @@ from mighty.agents._types import AgentError, AgentEvent
 from mighty.trace import FlushMode, Recorder
 
 if TYPE_CHECKING:
+    from mighty.serve import AgentFront
     from mighty.telemetry import Telemetry
 
 __all__ = [
@@ -173,6 +176,8 @@ class Application:
                 self.recorder.close()
             raise
         self.root: Supervisor | None = None
+        self.http: AgentFront | None = None
+        """The HTTP front of the ``[http]`` routes, once :meth:`serve_http` started it."""
         self._failed = threading.Event()
         self._on_shutdown: list[Callable[[], None]] = []
         self._closed = False
@@ -271,6 +276,30 @@ class Application:
     def summary(self, threshold: str | int = 0) -> dict[str, Any]:
         """The run so far (see :func:`run_summary`); agent lines below ``threshold`` left out."""
         return run_summary(self.runtime, threshold)
+
+    def serve_http(
+        self, listen: str | None = None, *, log: Callable[[str], None] | None = None
+    ) -> AgentFront:
+        """Serve the manifest's ``[http]`` routes on ``listen`` ("HOST:PORT", port 0: any
+        free one; default its ``listen``) on a thread of their own, until the shutdown (which
+        stops it first, letting requests in flight finish). Returns the front:
+        ``front.address`` is where it listens, ``front.snapshot()`` its counts."""
+        from mighty.serve import serve_application
+
+        if self.manifest.http is None:
+            raise BadInput("the manifest has no [http] block")
+        front, stop = serve_application(
+            self.manifest.http,
+            http_routes(self.manifest),
+            self.runtime,
+            self.base,
+            listen=listen,
+            to_json=jsonable,
+            log=log,
+        )
+        self.http = front
+        self.on_shutdown(stop)
+        return front
 
     def on_shutdown(self, stop: Callable[[], None]) -> None:
         """Call ``stop`` first when the application shuts down (before the runtime stops)."""

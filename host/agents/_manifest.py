@@ -27,6 +27,11 @@ children = [ { name = "kv", type = "kv", init = { seed = 1 } } ]
 to = "kv"
 message = "put"
 body = { key = "a", value = 1 }
+
+[http]                             # agents behind HTTP routes (mty run serves them)
+listen = "127.0.0.1:8080"
+routes = [ { route = "POST /kv/{key}", to = "kv", message = "put",
+             body = { key = "{key}", value = "$body.value" } } ]
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -47,10 +52,14 @@ from mighty.capabilities import Capabilities, HostTool, McpServer
 from mighty.engine import Component
 from mighty.wasi import Policy
 
+if TYPE_CHECKING:
+    from mighty.serve import AgentRoute
+
 __all__ = [
     "Manifest",
     "agent_types",
     "capabilities",
+    "http_routes",
     "load_manifest",
     "state_dir",
     "supervisor_spec",
@@ -185,6 +194,44 @@ class RuntimeModel(_Model):
     state_dir: str | None = None
 
 
+class HttpRouteModel(_Model):
+    """One ``[[http.routes]]``: ``route`` ("METHOD /path/{param}") asks ``to`` ``message``."""
+
+    route: str
+    to: str
+    """An agent of the tree by name, or ``"{param}"``: the name comes from the path."""
+    message: str
+    body: Any = None
+    """A template (``"{param}"``, ``"$body"``, ``"$body.FIELD"``); none: the path parameters
+    merged into the JSON object body (docs/serve.md)."""
+    timeout: float | None = Field(None, gt=0)
+    type: str | None = None
+    """With ``to = "{param}"``: the agent type the named agents have (checks ``message``)."""
+
+
+class HttpModel(_Model):
+    """The ``[http]`` block: agents behind routes of mighty.serve's HTTP server."""
+
+    listen: str | None = None
+    """HOST:PORT that `mty run` serves (``--http`` overrides); none: only with ``--http``."""
+    token_file: str | None = None
+    """A file holding the bearer token (relative to the manifest); required off loopback."""
+    max_concurrent: int = Field(32, ge=1)
+    max_connections: int = Field(1024, ge=1)
+    max_request_bytes: int | str = 1 << 20
+    header_timeout: float = Field(10.0, gt=0)
+    body_timeout: float = Field(30.0, gt=0)
+    idle_timeout: float = Field(5.0, gt=0)
+    shutdown_timeout: float = Field(30.0, gt=0)
+    routes: list[HttpRouteModel] = Field(min_length=1)
+
+    @field_validator("max_request_bytes")
+    @classmethod
+    def _max_request_bytes(cls, value: int | str) -> int | str:
+        _size(value)  # a positive size is checked by ServeLimits when it serves
+        return value
+
+
 class Manifest(_Model):
     """A parsed, validated `mighty.toml`."""
 
@@ -201,6 +248,8 @@ class Manifest(_Model):
     """OpenTelemetry export settings, checked by mighty.telemetry.load_config."""
     cluster: dict[str, Any] | None = None
     """The ``[cluster]`` block, validated by ``mighty.cluster`` (``mty node``), not here."""
+    http: HttpModel | None = None
+    """Agents behind HTTP routes (``mty run`` serves them; docs/serve.md)."""
 
 
 ChildModel.model_rebuild()
@@ -224,6 +273,8 @@ def load_manifest(path: str | Path) -> tuple[Manifest, Path]:
         raise BadInput(f"{path}: {problems}") from None
     _check_tree(manifest, manifest.supervisor)
     _check_grants(path, manifest)
+    if manifest.http is not None:
+        http_routes(manifest, path)
     if manifest.runtime.state_dir is None:
         for name, spec in manifest.agents.items():
             if spec.durable or spec.hibernate_after is not None:
@@ -253,6 +304,67 @@ def _check_grants(path: Path, manifest: Manifest) -> None:
         kinds = [k for k in ("tool", "mcp", "http") if getattr(cap, k) is not None]
         if len(kinds) != 1:
             raise BadInput(f"{path}: [capabilities.{name}] needs exactly one of tool, mcp and http")
+
+
+def _children(node: SupervisorModel, found: dict[str, str]) -> dict[str, str]:
+    for child in node.children:
+        if child.supervisor is not None:
+            _children(child.supervisor, found)
+        elif child.type is not None:
+            found[child.name] = child.type
+    return found
+
+
+def http_routes(manifest: Manifest, path: Path | str = "mighty.toml") -> list[AgentRoute]:
+    """The ``[http]`` routes, checked: each template parses, no two are the same route, each
+    asks an agent of the tree (or a ``{param}`` of its path, with a known ``type``) a message
+    its type accepts, and its body template names only its path's parameters. BadInput
+    naming the route otherwise."""
+    from mighty.serve import AgentRoute, RouteTable, parse_route
+
+    assert manifest.http is not None
+    children = _children(manifest.supervisor, {})
+    routes: list[AgentRoute] = []
+    for index, model in enumerate(manifest.http.routes):
+        where = f"{path}: [http] routes[{index}] ({model.route!r})"
+        try:
+            route = parse_route(model.route)
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc.message}") from None
+        from_path = model.to.startswith("{") and model.to.endswith("}")
+        if from_path:
+            type_name = model.type
+            if type_name is not None and type_name not in manifest.agents:
+                known = ", ".join(sorted(manifest.agents))
+                raise BadInput(f"{where}: unknown agent type {type_name!r} ({known})")
+        else:
+            type_name = children.get(model.to)
+            if type_name is None:
+                known = ", ".join(sorted(children)) or "none"
+                raise BadInput(
+                    f"{where}: to {model.to!r} is no agent of the supervision tree (its "
+                    f"agents: {known}); name a child, or take it from the path with "
+                    f'to = "{{param}}"'
+                )
+            if model.type is not None and model.type != type_name:
+                raise BadInput(f"{where}: {model.to!r} has type {type_name!r}, not {model.type!r}")
+        accepts = manifest.agents[type_name].accepts if type_name is not None else None
+        if accepts is not None and model.message not in accepts:
+            raise BadInput(
+                f"{where}: unknown message {model.message!r}: agent type {type_name!r} accepts "
+                f"{', '.join(accepts) or 'nothing'}"
+            )
+        try:
+            routes.append(
+                AgentRoute(route, model.to, model.message, model.body, timeout=model.timeout)
+            )
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc.message}") from None
+    try:
+        RouteTable([r.route for r in routes])
+    except BadInput as exc:
+        raise BadInput(f"{path}: [http]: {exc.message}") from None
+    return routes
 
 
 def capabilities(manifest: Manifest, base: Path) -> Capabilities:
