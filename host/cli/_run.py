@@ -118,6 +118,12 @@ class _Signals:
     help="At the end, how long to wait for messages still running before abandoning them "
     "(after Ctrl-C or SIGTERM they are interrupted at once).",
 )
+@click.option(
+    "--http",
+    "http",
+    metavar="HOST:PORT",
+    help="Serve the manifest's [http] routes here (default: its [http] listen); keeps running.",
+)
 def run_command(
     manifest: Path,
     record: str | None,
@@ -128,6 +134,7 @@ def run_command(
     quiet: bool,
     introspect: bool,
     shutdown_timeout: float,
+    http: str | None,
 ) -> None:
     """Run the agents, supervision tree and start messages of MANIFEST.
 
@@ -161,8 +168,22 @@ def run_command(
         control = _control_server(app)
         if control is not None:
             app.on_shutdown(control.stop)
+        routes = app.manifest.http
+        if http is not None and routes is None:
+            app.shutdown()
+            raise BadInput(f"--http: {manifest} has no [http] block (docs/serve.md)")
+        serving = routes is not None and (http is not None or routes.listen is not None)
+        keep_running = keep_running or serving
 
         def started(_root: Any) -> None:
+            if serving:
+                log = None if quiet else (lambda line: click.echo(line, err=True))
+                front = app.serve_http(http, log=log)
+                assert front.address is not None
+                host, port = front.address
+                shown = f"[{host}]" if ":" in host else host
+                # Always said, quiet or not: with port 0 it is the only way to learn the port.
+                click.echo(f"mty: serving [http] on http://{shown}:{port}", err=True)
             if keep_running:
                 click.echo("mty: running; Ctrl-C to stop", err=True)
 
