@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -547,6 +548,46 @@ class Telemetry:
     def carry(span: Span) -> SpanContext:
         """What an ask puts in its message."""
         return span.get_span_context()
+
+    # -- HTTP (mighty.serve's agent front) ---------------------------------------------------
+
+    def http_begin(self, method: str, route: str, attributes: Mapping[str, Any]) -> Span:
+        """An ``http.server`` span for one routed request (OpenTelemetry's HTTP semantic
+        conventions: named ``METHOD ROUTE``, a root span); end it with :meth:`http_end`."""
+        try:
+            return self.tracer.start_span(
+                f"{method} {route}",
+                context=otel_context.Context(),
+                kind=SpanKind.SERVER,
+                attributes={"http.request.method": method, "http.route": route, **attributes},
+            )
+        except Exception as exc:  # noqa: BLE001 -- never into a request
+            self._guard("an http span", exc)
+            return trace.INVALID_SPAN
+
+    @contextmanager
+    def http_current(self, span: Span) -> Iterator[None]:
+        """``span`` current on this thread inside the block: the asks made there are its
+        children (and the handlers theirs)."""
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+
+    def http_end(self, span: Span, status: int | None, error: str | None) -> None:
+        """End an :meth:`http_begin` span: its status code (None: the client went away before
+        one), and ``error.type`` when it failed (server errors set the span's status)."""
+        try:
+            if status is not None:
+                span.set_attribute("http.response.status_code", status)
+            if error is not None:
+                span.set_attribute("error.type", error)
+            if status is None or status >= 500:
+                span.set_status(Status(StatusCode.ERROR, error or str(status)))
+            span.end()
+        except Exception as exc:  # noqa: BLE001 -- never into a request
+            self._guard("an http span", exc)
 
     # -- events ------------------------------------------------------------------------------
 
