@@ -112,8 +112,10 @@ def _message(args: dict[str, Any], op: str) -> tuple[str, str, Any, float | None
 
 
 def application_ops(app: Application) -> dict[str, Callable[[dict[str, Any]], Any]]:
-    """What `mty run` serves for ``app``: ``inspect`` and ``top`` (see :func:`runtime_ops`),
-    ``status`` (the run summary so far) and ``reload`` (a hot swap, for `mty reload`)."""
+    """What `mty run` serves for ``app``: ``inspect`` and ``top`` (see :func:`runtime_ops`;
+    with the ``[http]`` front serving, under ``http`` its requests in flight and per-route
+    counts), ``status`` (the run summary so far) and ``reload`` (a hot swap, for
+    `mty reload`)."""
     runtime = app.runtime
 
     def reload(args: dict[str, Any]) -> Any:
@@ -128,4 +130,24 @@ def application_ops(app: Application) -> dict[str, Callable[[dict[str, Any]], An
     def status(_args: dict[str, Any]) -> Any:
         return app.summary()
 
-    return {"reload": reload, "status": status, **runtime_ops(runtime)}
+    ops = runtime_ops(runtime)
+    inspect, top = ops["inspect"], ops["top"]
+
+    def with_http(op: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        # The [http] front's requests in flight and per-route counts, beside the agents.
+        def answer(args: dict[str, Any]) -> Any:
+            result = op(args)
+            front = app.http
+            if front is not None and "agent" not in args:
+                result = {**result, "http": front.snapshot()}
+            return result
+
+        return answer
+
+    return {
+        **ops,
+        "reload": reload,
+        "status": status,
+        "inspect": with_http(inspect),
+        "top": with_http(top),
+    }
