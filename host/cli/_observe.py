@@ -184,7 +184,20 @@ def _runtime_tree(snap: dict[str, Any]) -> Any:
             f"{_text(worker['name'])}: queue {worker['queued']}{current}, "
             f"{worker['messages']} messages, {worker['steals']} steals"
         )
+    http = snap.get("http")
+    if http:
+        front = root.add(
+            f"http {_text(http['listen'])}: {http['in_flight']} in flight, "
+            f"{http['requests']} requests, {http['connections']} connections"
+        )
+        for route, counts in http["routes"].items():
+            front.add(f"{_text(route)}: {_route_counts(counts)}")
     return root
+
+
+def _route_counts(counts: dict[str, Any]) -> str:
+    statuses = ", ".join(f"{k} x{v}" for k, v in counts["statuses"].items()) or "none answered"
+    return f"{counts['in_flight']} in flight, {counts['requests']} requests ({statuses})"
 
 
 # -- top -----------------------------------------------------------------------------------------
@@ -234,11 +247,14 @@ def top_command(
                             "interval": interval,
                             "agents": rows,
                             "workers": frame["workers"],
+                            **({"http": frame["http"]} if "http" in frame else {}),
                         }
                     )
                 )
             else:
-                _console().print(_top_view(rows, frame["workers"], sort_key, None))
+                _console().print(
+                    _top_view(rows, frame["workers"], sort_key, None, frame.get("http"))
+                )
             return
         _live(path, interval, sort_key)
 
@@ -253,7 +269,11 @@ def _sample(path: str, interval: float, as_json: bool) -> tuple[dict[str, Any], 
 
 
 def _top_view(
-    rows: list[dict[str, Any]], workers: list[dict[str, Any]], sort_key: str, reverse: bool | None
+    rows: list[dict[str, Any]],
+    workers: list[dict[str, Any]],
+    sort_key: str,
+    reverse: bool | None,
+    http: dict[str, Any] | None = None,
 ) -> Any:
     from rich.console import Group
     from rich.table import Table
@@ -284,7 +304,22 @@ def _top_view(
             str(worker["messages"]),
             str(worker["steals"]),
         )
-    return Group(agents, table, "[dim]q quit  s sort  r reverse[/dim]")
+    parts: list[Any] = [agents, table]
+    if http:
+        routes = Table(
+            title=f"http {_text(http['listen'])}: {http['in_flight']} in flight, "
+            f"{http['requests']} requests"
+        )
+        for column in ("route", "in flight", "requests", "statuses"):
+            left = column in ("route", "statuses")
+            routes.add_column(column, justify="left" if left else "right")
+        for route, counts in http["routes"].items():
+            statuses = " ".join(f"{k}:{v}" for k, v in counts["statuses"].items()) or "-"
+            routes.add_row(
+                _text(route), str(counts["in_flight"]), str(counts["requests"]), statuses
+            )
+        parts.append(routes)
+    return Group(*parts, "[dim]q quit  s sort  r reverse[/dim]")
 
 
 def _bytes(n: int) -> str:
@@ -353,6 +388,7 @@ def _live(path: str, interval: float, sort_key: str) -> None:
                     frame["workers"],
                     sort_key,
                     reverse,
+                    frame.get("http"),
                 ),
                 refresh=True,
             )
