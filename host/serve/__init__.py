@@ -5,6 +5,7 @@ same server (``[http]`` in mighty.toml, :class:`AgentFront`) (docs/serve.md)."""
 from mighty.serve._front import (
     AgentFront,
     AgentRoute,
+    BodyConflict,
     RouteStats,
     build_body,
     is_loopback,
@@ -20,6 +21,7 @@ from mighty.serve._server import Server, handler_export
 __all__ = [
     "AgentFront",
     "AgentRoute",
+    "BodyConflict",
     "HttpServer",
     "Route",
     "RouteStats",
