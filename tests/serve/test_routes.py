@@ -34,13 +34,13 @@ def templates(draw: st.DrawFn) -> tuple[str, list[tuple[str, Any]]]:
             parts.append(text)
             plan.append(("lit", text))
         elif kind == "int":
-            value = draw(st.integers(-(10**17), 10**17))
+            number = draw(st.integers(-(10**17), 10**17))
             parts.append("{" + name + ":int}")
-            plan.append(("int", (name, value)))
+            plan.append(("int", (name, number)))
         else:
-            value = draw(st.text(min_size=1, max_size=12).filter(lambda t: t not in (".", "..")))
+            text = draw(st.text(min_size=1, max_size=12).filter(lambda t: t not in (".", "..")))
             parts.append("{" + name + "}")
-            plan.append(("str", (name, value)))
+            plan.append(("str", (name, text)))
     return "/" + "/".join(parts), plan
 
 
