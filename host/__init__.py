@@ -26,7 +26,7 @@ from mighty._errors import (
     WrongType,
 )
 from mighty.abi import Err, Ok, Some, Variant
-from mighty.budget import Budget, CancelScope, Usage
+from mighty.budget import Budget, CancelScope, RunContext, Usage, current_context
 from mighty.engine import Component
 from mighty.instance import Instance, call_once
 
@@ -58,10 +58,12 @@ __all__ = [
     "Ok",
     "OutOfFuel",
     "OutOfMemory",
+    "RunContext",
     "Some",
     "Usage",
     "Variant",
     "WrongType",
     "__version__",
     "call_once",
+    "current_context",
 ]

@@ -12,7 +12,8 @@ PINNED = {
         "Cancelled", "Closed", "CompileError", "Component", "DeadlineExceeded", "Err",
         "ExportNotFound", "GuestError", "GuestExit", "GuestTrap", "HostError", "Instance",
         "InvalidComponent", "MightyError", "MissingImports", "Misuse", "Ok", "OutOfFuel",
-        "OutOfMemory", "Some", "Usage", "Variant", "WrongType", "__version__", "call_once",
+        "OutOfMemory", "RunContext", "Some", "Usage", "Variant", "WrongType", "__version__",
+        "call_once", "current_context",
     },
     "mighty.reload": {
         "Compatibility", "FieldInfo", "ReloadFailed", "ReloadRefused", "ReloadReport",

@@ -66,27 +66,64 @@ class CancelScope:
 
     ``deadline`` is absolute, on ``time.monotonic()``'s clock; None means none. One scope may be
     given to many calls (a session's runs): once cancelled it stays cancelled.
+
+    ``parent``: a scope this one lives inside (a tool call in its run, a run started by a tool,
+    an ask's handler in the asker's message). Cancelling the parent cancels this one, with the
+    parent's reason and ``by``; this one's deadline is never later than the parent's. The link
+    is read when this scope is checked (``cancel_called``), not pushed when the parent is
+    cancelled: checks happen once an epoch tick and once a wait slice anyway, so a push would
+    buy no speed and would make the parent hold every child it ever had.
     """
 
-    __slots__ = ("_by", "_deadline", "_event", "_lock", "_reason", "cancelled_caught")
+    __slots__ = (
+        "_by",
+        "_cancelled",
+        "_deadline",
+        "_lock",
+        "_parents",
+        "_reason",
+        "cancelled_caught",
+    )
 
-    def __init__(self, *, deadline: float | None = None) -> None:
-        self._event = threading.Event()
+    def __init__(self, *, deadline: float | None = None, parent: CancelScope | None = None) -> None:
         self._lock = threading.Lock()
+        self._cancelled = False
         self._reason: str | None = None
         self._by: CancelledBy | None = None
         self._deadline = _checked_deadline(deadline)
+        self._parents: tuple[CancelScope, ...] = ()
+        if parent is not None:
+            self._link((parent,))
         self.cancelled_caught = False
         """True once a cancel actually interrupted a call (not merely requested)."""
 
     @classmethod
-    def after(cls, seconds: float) -> CancelScope:
-        """A scope that cancels itself ``seconds`` from now."""
+    def within(cls, *parents: CancelScope | None, deadline: float | None = None) -> CancelScope:
+        """A scope cancelled when any of ``parents`` is (None entries are skipped), or at
+        ``deadline``: e.g. a caller's own scope and the context the call is made in."""
+        scope = cls(deadline=deadline)
+        scope._link(tuple(p for p in parents if p is not None))
+        return scope
+
+    def _link(self, parents: tuple[CancelScope, ...]) -> None:
+        deadline = self._deadline
+        for parent in parents:
+            if not isinstance(parent, CancelScope):
+                raise BadInput(f"a cancel scope's parent is a CancelScope, got {parent!r}")
+            outer = parent._deadline
+            if outer is not None and (deadline is None or outer < deadline):
+                deadline = outer
+        self._deadline = deadline
+        self._parents = parents
+
+    @classmethod
+    def after(cls, seconds: float, *, parent: CancelScope | None = None) -> CancelScope:
+        """A scope that cancels itself ``seconds`` from now (or when ``parent`` is cancelled)."""
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise BadInput(f"CancelScope.after takes seconds, got {type(seconds).__name__}")
         if not (seconds >= 0 and math.isfinite(seconds)):
             raise BadInput(f"CancelScope.after takes a finite number >= 0, got {seconds}")
-        return cls(deadline=_now() + seconds)
+        return cls(deadline=_now() + seconds, parent=parent)
 
     @property
     def deadline(self) -> float | None:
@@ -96,6 +133,11 @@ class CancelScope:
     @deadline.setter
     def deadline(self, value: float | None) -> None:
         self._deadline = _checked_deadline(value)
+
+    @property
+    def parents(self) -> tuple[CancelScope, ...]:
+        """The scopes this one lives inside (cancelling any of them cancels this one)."""
+        return self._parents
 
     def cancel(self, reason: str = "cancelled", *, by: CancelledBy = "host") -> None:
         """Request cancellation; the first request's reason and ``by`` are kept. Any thread."""
@@ -109,18 +151,27 @@ class CancelScope:
                     reason, by = _EXPIRED, "deadline"
                 self._reason = str(reason)
                 self._by = by
-        self._event.set()
+            self._cancelled = True
 
     @property
     def cancel_called(self) -> bool:
-        """Whether cancellation was requested, or the deadline has passed (which requests it)."""
-        if self._event.is_set():
+        """Whether cancellation was requested (here or on a parent), or the deadline passed."""
+        if self._cancelled:
             return True
         deadline = self._deadline
         if deadline is not None and _now() >= deadline:
             self.cancel(_EXPIRED, by="deadline")
             return True
+        for parent in self._parents:
+            if parent.cancel_called:
+                self.cancel(parent._reason or "cancelled", by=parent._by or "host")
+                return True
         return False
+
+    def remaining(self) -> float | None:
+        """Seconds until the deadline (0 once passed), or None without one."""
+        deadline = self._deadline
+        return None if deadline is None else max(0.0, deadline - _now())
 
     @property
     def reason(self) -> str | None:
@@ -130,6 +181,13 @@ class CancelScope:
     def by(self) -> CancelledBy | None:
         """Who cancelled (None until cancelled)."""
         return self._by
+
+    def error(self) -> BudgetExceeded:
+        """The typed stop for work under this scope (call it once ``cancel_called`` is true):
+        ``Cancelled`` with who and why (its deadline's passing is ``by="deadline"``)."""
+        self.cancel_called  # noqa: B018 -- settles reason and by from the deadline or parent
+        text = self._reason or "cancelled"
+        return Cancelled(f"cancelled: {text}", reason=text, by=self._by or "host")
 
     def __repr__(self) -> str:
         state = f"cancelled by {self._by}: {self._reason}" if self.cancel_called else "active"

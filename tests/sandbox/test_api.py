@@ -22,14 +22,19 @@ def test_public_names() -> None:
     assert sorted(mighty.sandbox.__all__) == sorted(
         [
             "ERROR_KINDS",
+            "MAX_STARTED_RUNS",
             "Artifact",
+            "Busy",
             "CancelScope",
             "DirGrant",
             "Limits",
             "MemoryDir",
             "OutputListener",
             "PackageError",
+            "Progress",
+            "RunContext",
             "RunError",
+            "RunHandle",
             "RunResult",
             "RunUsage",
             "Sandbox",
@@ -40,6 +45,7 @@ def test_public_names() -> None:
             "SnapshotTooLarge",
             "Tool",
             "ToolHost",
+            "current_context",
             "interpreter_component",
         ]
     )

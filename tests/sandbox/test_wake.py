@@ -28,6 +28,7 @@ from hypothesis.stateful import (
 )
 
 from mighty.abi import Ok
+from mighty.budget import RunContext
 from mighty.sandbox import _tools as tools
 from mighty.sandbox import _wake
 from mighty.sandbox._tools import _BellLike, _Job, _PipeBell, _Workers, tools_from
@@ -280,6 +281,7 @@ def gated(key: int) -> int:
 
 
 _TOOL = tools_from([gated])["gated"]
+_CONTEXT = RunContext.top("tool")
 _POOLS: dict[tuple[str, int], _Workers] = {}
 _SIZE = 2
 
@@ -341,7 +343,7 @@ class HandOff(RuleBasedStateMachine):
 
         blocked = sum(1 for c in self.all if c.stuck and not _GATES[c.key].opened.is_set())
         job = self.pool.submit(
-            _TOOL, ((key,), {}), 1, release, None if bell else done.append, bell=bell
+            _TOOL, ((key,), {}), (1, _CONTEXT), release, None if bell else done.append, bell=bell
         )
         if job is None:
             assert self.pool.stuck() >= _SIZE  # refused only when every thread is stuck
