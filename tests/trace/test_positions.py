@@ -4,6 +4,7 @@ shown by `mty debug` and the timelines, bounded, and never part of what replay c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,16 @@ class _Keeper:
     def take_position(self, file: str, line: int, function: str) -> None:
         self.taken.append((file, line, function))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(
+        self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
+    ) -> Any:
         raise AssertionError("not an import of a trace")
 
 
 class _Silent:
-    def __call__(self, *args: Any) -> Any:
+    def __call__(
+        self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
+    ) -> Any:
         raise AssertionError("not an import of a trace")
 
 
