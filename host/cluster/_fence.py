@@ -23,6 +23,23 @@ here; its queued messages are dropped with it (at-most-once sends, as when a nod
 then are the other paused agents resumed. A name this node could not check (NATS away again)
 keeps the node fenced until the next renewal.
 
+That check looks once, and the cluster may give a name away after it: a peer that declared this
+node dead while the link was down may delete its name (``forget_names_of``) and restart the
+agent elsewhere only once the link is back (its membership listener ran late, a restart took
+its time). Two things close that. A name found still ours is claimed again by compare-and-set
+(a new revision), and a peer deletes a dead node's names only by the revisions it saw when it
+declared the node dead (the fencing token, ``Node._note_tokens``): a late takeover finds the
+name moved on and leaves it (the cluster supervisor then restarts nothing). And the node
+watches: the names watcher compares every change of a name this node claims with the revision
+of its claim; a change with a later revision that deletes the name or gives it to another node
+takes the name away wherever this node is, fenced or not: the local agent is paused on the spot
+and stopped, as above (``taken``). A migration of ours is told apart: its commit marks the name
+as handed to the target (``Node.handing_off``), whose claim is then expected. Left open: a late
+change no token guards (another node's claim over a name of a node it thinks dead compares
+with the latest revision) leaves two copies until the watcher hears of it. Rejected: keeping
+the agents fenced for a while after the return (a guess at how late a peer may act, and a pause
+for every blink); an owner's lease per name renewed through the KV (see below).
+
 Rejected: refusing incoming frames while fenced (a cut-off node receives none anyway, and a
 frame that arrives while the link heals waits in the paused mailbox and is handled or dropped
 with the agent by the check above); stopping every agent at the fence (a link that blinks for
@@ -43,7 +60,7 @@ from typing import TYPE_CHECKING
 import nats.errors
 import nats.js.errors
 
-from mighty.agents import NoProc
+from mighty.agents import AgentError, NoProc
 
 if TYPE_CHECKING:
     from mighty.cluster._node import Node
@@ -145,9 +162,42 @@ class Fence:
                 return False
             if owner is None or owner != mine[name]:
                 lost.append(name)
+                continue
+            # Still ours: claim it again (a new revision), so that a peer that declared this
+            # node dead and deletes its names by the revisions it saw then, leaves it alone.
+            try:
+                revision = await asyncio.wait_for(
+                    kv.update(name, entry.value or b"", last=entry.revision),
+                    node.config.heartbeat * 2,
+                )
+            except nats.js.errors.KeyWrongLastSequenceError:
+                lost.append(name)  # changed since we read it: taken (the watcher says by whom)
+                continue
+            except (TimeoutError, nats.errors.Error):
+                return False
+            with node._lock:
+                if name in node._claims:
+                    node._claims[name] = int(revision)
         if lost:
             await asyncio.get_running_loop().run_in_executor(node._pool, self._yield, lost)
         return True
+
+    def taken(self, name: str, owner: str | None) -> None:
+        """The names watcher saw ``name``, which this node claims, deleted or given to
+        ``owner`` on another node after our claim (on the NATS loop): yield it, fenced or not."""
+        _log.warning(
+            "node %s: %r was %s after this node claimed it: yielding it",
+            self.node.name,
+            name,
+            "deleted" if owner is None else f"given to {owner}",
+        )
+        runtime = self.node.runtime
+        local = runtime.whereis(name)
+        if local is not None:
+            with suppress(AgentError):  # paused at once; stopped on the pool (it may block)
+                runtime.process(local).mailbox.pause()
+        with suppress(RuntimeError):  # the pool is shut down: the node is leaving anyway
+            self.node._pool.submit(self._yield, [name])
 
     def _yield(self, names: list[str]) -> None:
         """Stop the local agents of ``names``: the cluster gave the names to others."""
@@ -170,7 +220,7 @@ class Fence:
                 node.runtime.stop(local)
             self.yielded.append(name)
             _log.warning(
-                "node %s: %r was given to another node while this one was cut off: %s stopped",
+                "node %s: %r belongs to another node now (this one was declared dead): %s stopped",
                 node.name,
                 name,
                 local,

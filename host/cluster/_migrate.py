@@ -127,6 +127,8 @@ def migrate(
             to=prepared.partition(":")[2],
             extra={"from": node.qualify(local)},
         )
+        if process.name is not None:
+            node.handing_off(process.name, target)  # its claim there is not a takeover
         try:
             new_address = node.request(target, frame, 30.0).to
         except AgentError as exc:
@@ -134,6 +136,8 @@ def migrate(
         if new_address.count(":") != 2 or not new_address.startswith(f"{target}:"):
             raise MigrationFailed(f"{target} answered with a bad address {new_address!r}")
     except BaseException:
+        if process.name is not None:
+            node.handing_off(process.name, None)
         if locked:
             process.turn_lock.release()
         process.mailbox.resume()

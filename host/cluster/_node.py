@@ -239,16 +239,22 @@ class Node:
         self._seen: dict[str, float] = {}
         self._load: dict[str, int] = {}
         self._dead: set[str] = set()
-        self._left: set[str] = set()
-        """Peers that announced they were leaving (a subset of ``_dead``)."""
+        self._left: set[str] = set()  # peers that said they were leaving (within _dead)
         self._names: dict[str, str] = {}
         self._claims: dict[str, int] = {}
         self._supervisors: dict[str, Supervisor] = {}
         self._moved: dict[str, str] = {}
         """Addresses whose agent migrated: old (local or node:type:pid) -> node:type:pid."""
         self._takeover: dict[str, str] = {}
+        # Names a migration's commit is handing to another node: name -> node.
+        self._handoffs: dict[str, str] = {}
         self._trees: list[Supervisor] = []
         self._owners: dict[str, str] = {}
+        # Each name's revision in the names bucket as the watcher last saw it; and per node,
+        # those of its names when it was last declared dead or left: the fencing tokens
+        # forget_names_of deletes by (a node that came back and claimed them again keeps them).
+        self._revisions: dict[str, int] = {}
+        self._dead_revisions: dict[str, dict[str, int]] = {}
         """Every name's latest owner seen, kept after its entry is deleted (see last_owner)."""
         self.relocated: dict[tuple[str, str], Any] = {}
         """Supervised agents that migrated away, by (supervisor, child): see _moved."""
@@ -595,10 +601,20 @@ class Node:
         with self._lock:
             self._takeover[name] = previous
 
+    def handing_off(self, name: str, node: str | None) -> None:
+        """A migration is about to hand ``name`` to ``node`` (None: it no longer is): that
+        node's claim is expected, not a takeover to yield to (see ``_watch_names``)."""
+        with self._lock:
+            if node is None:
+                self._handoffs.pop(name, None)
+            else:
+                self._handoffs[name] = node
+
     def takeover_done(self, name: str, new_address: str) -> None:
         """``name`` moved to ``new_address`` on another node (our claim is theirs now)."""
         with self._lock:
             self._claims.pop(name, None)
+            self._handoffs.pop(name, None)
             self._names[name] = new_address
 
     # -- outgoing ---------------------------------------------------------------------------
@@ -859,6 +875,12 @@ class Node:
 
         self._pool.submit(run)
 
+    @property
+    def waiting(self) -> int:
+        """Incoming messages waiting on this node for space in a full ``block`` mailbox (at
+        most ``max_inflight``)."""
+        return self._inflight
+
     def _done_inflight(self) -> None:
         self._inflight -= 1
 
@@ -1092,7 +1114,9 @@ class Node:
             await asyncio.wait_for(kv.delete(name, last=revision), 2.0)
 
     def forget_names_of(self, node: str) -> list[str]:
-        """Delete the names a dead ``node`` held (its supervisor restarts the agents)."""
+        """Delete the names a dead ``node`` held (its supervisor restarts the agents); the
+        names it keeps: those it claimed again after it was declared dead (it came back and
+        found them still its own, see _fence), which are not deleted."""
         return self._call(self._forget_names(node), 10.0)
 
     async def _forget_names(self, node: str) -> list[str]:
@@ -1100,17 +1124,35 @@ class Node:
         assert kv is not None
         with self._lock:
             held = [n for n, a in self._names.items() if a.partition(":")[0] == node]
+            tokens = dict(self._dead_revisions.get(node, {}))
+        kept = []
         for name in held:
             try:
                 entry = await kv.get(name)
                 owner = _address_value(entry.value) or ""
                 if owner.partition(":")[0] == node:
-                    await kv.delete(name, last=entry.revision)
+                    # The revision seen when the node was declared dead, not the latest: a
+                    # node that came back has claimed the name again since, and keeps it.
+                    token = tokens.get(name, entry.revision)
+                    if entry.revision != token:
+                        kept.append(name)
+                        continue
+                    await kv.delete(name, last=token)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                kept.append(name)
+                continue
             except nats.errors.Error:
                 continue
             with self._lock:
                 self._names.pop(name, None)
-        return held
+        if kept:
+            _log.warning(
+                "node %s: node %s came back and claimed %s again: left to it",
+                self.name,
+                node,
+                ", ".join(map(repr, kept)),
+            )
+        return kept
 
     async def _watch_names(self, watcher: Any) -> None:
         while True:
@@ -1128,13 +1170,32 @@ class Node:
             if not isinstance(entry, KeyValue.Entry):  # the sentinel of watcher.stop()
                 return
             with self._lock:
+                value = None
                 if entry.operation in ("DEL", "PURGE"):
                     self._names.pop(entry.key, None)
+                    self._revisions.pop(entry.key, None)
                 else:
                     value = _address_value(entry.value)
                     if value is not None:
                         self._names[entry.key] = value
                         self._owners[entry.key] = value
+                        if entry.revision is not None:
+                            self._revisions[entry.key] = entry.revision
+                taken = self._taken(entry.key, entry.revision, value)
+            if taken:
+                self.fence.taken(entry.key, value)
+
+    def _taken(self, name: str, revision: int | None, owner: str | None) -> bool:
+        """A names-bucket change (under the lock) took ``name`` from this node: we claim it,
+        the change is newer than our claim (the revision is the fencing token), and it deletes
+        the name or gives it to another node that no migration of ours is handing it to."""
+        claimed = self._claims.get(name)
+        if claimed is None or revision is None or revision <= claimed:
+            return False
+        node = None if owner is None else owner.partition(":")[0]
+        if node == self.name:
+            return False
+        return node is None or self._handoffs.get(name) != node
 
     # -- liveness ---------------------------------------------------------------------------
 
@@ -1206,10 +1267,20 @@ class Node:
         for node, seen in list(self._seen.items()):
             if node not in self._dead and now - seen > self.config.dead_after:
                 self._dead.add(node)
+                self._note_tokens(node)
                 _log.warning(
                     "node %s: node %s is dead (silent for %.1f s)", self.name, node, now - seen
                 )
                 self._notify(node, alive=False)
+
+    def _note_tokens(self, node: str) -> None:
+        """``node`` is gone: the revisions of its names now are what may be deleted later."""
+        with self._lock:
+            self._dead_revisions[node] = {
+                name: self._revisions[name]
+                for name, owner in self._names.items()
+                if owner.partition(":")[0] == node and name in self._revisions
+            }
 
     def _notify(self, node: str, *, alive: bool) -> None:
         listeners = list(self._listeners)
@@ -1261,6 +1332,7 @@ class Node:
         _log.warning("node %s: node %s left the cluster", self.name, node)
         if node not in self._dead:  # declared dead already (silent first): listeners heard
             self._dead.add(node)
+            self._note_tokens(node)
             self._notify(node, alive=False)
 
 

@@ -243,10 +243,12 @@ class ClusterSupervisor:
         lost = [n for n, h in handles if self._where(n, h) == node]
         if not lost:
             return
-        self.node.forget_names_of(node)
+        kept = set(self.node.forget_names_of(node))
         left = self.node.has_left(node)
         reason = f"node {node} left" if left else f"node {node} is down"
         for name in lost:
+            if name in kept:  # the node came back with it and claimed it again: it runs there
+                continue
             with self._lock:
                 handle = self._handles.get(name)
             self.supervisor.child_exited(name, crashed=not left, reason=reason, handle=handle)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -47,14 +48,16 @@ class _Cluster:
         self.proxies: list[Proxy] = []
         self.made: list[tuple[Runtime, Node]] = []
 
-    def node(self, name: str, *, proxied: bool = False) -> tuple[Runtime, Node, Proxy | None]:
+    def node(
+        self, name: str, *, proxied: bool = False, **extra: Any
+    ) -> tuple[Runtime, Node, Proxy | None]:
         proxy = Proxy(self.server.port) if proxied else None
         if proxy is not None:
             self.proxies.append(proxy)
         runtime = Runtime(workers=1)
         runtime.register(AgentType("echo", self.echo, mailbox=MailboxSettings()))
         url = self.server.url if proxy is None else proxy.url
-        node = Node(runtime, config(url), name=name)
+        node = Node(runtime, config(url, **extra), name=name)
         self.made.append((runtime, node))
         node.start()
         return runtime, node, proxy
@@ -284,3 +287,104 @@ def test_the_supervisor_s_node_cut_off_loses_the_lease_and_its_children(
     finally:
         standby.stop()
         holder.stop()
+
+
+def test_a_takeover_that_comes_after_the_return_leaves_the_name_to_its_owner(
+    cluster: _Cluster,
+) -> None:
+    """The race of the single check on return, made certain: a declares b dead while b is cut
+    off, but a's supervisor acts only after b is back, unfenced and its agent resumed. b
+    claimed the name again on its return (a new revision), so a's delete by the revision it
+    saw at the death fails: the child stays on b, nothing restarts it, one copy throughout."""
+    from mighty.cluster import ClusterChild, ClusterSupervisor
+
+    runtime_a, node_a, _ = cluster.node("a")
+    runtime_b, node_b, proxy = cluster.node("b", proxied=True)
+    runtime_t, _, _ = cluster.node("t")
+    assert proxy is not None
+    assert node_a.wait_for(["b", "t"], 60) and node_b.wait_for(["a", "t"], 60)
+    owners = [runtime_a, runtime_b, runtime_t]
+
+    def single_owner() -> None:
+        assert sum(_answering(r, "ledger") for r in owners) <= 1
+
+    declared, gate, after = threading.Event(), threading.Event(), threading.Event()
+
+    def late(node: str, alive: bool) -> None:  # heard before the supervisor's listener
+        if node == "b" and not alive:
+            declared.set()
+            assert gate.wait(120), "the test never opened the gate"
+
+    node_a.on_membership(late)
+    supervisor = ClusterSupervisor(node_a, [ClusterChild("ledger", "echo", node="b")]).start()
+    node_a.on_membership(lambda node, alive: after.set() if not alive else None)  # heard last
+    try:
+        old = supervisor.where()["ledger"]
+        assert old.startswith("b:")
+        proxy.pause()
+        _watching(declared.is_set, single_owner, "a declares b dead")
+        assert node_b.fence.fenced
+        proxy.resume()
+        _watching(
+            lambda: not node_b.fence.fenced and _answering(runtime_b, "ledger"),
+            single_owner,
+            "b back, unfenced, its copy resumed",
+        )
+        assert node_b.fence.yielded == []
+        gate.set()  # now a's supervisor hears of b's death
+        _watching(after.is_set, single_owner, "a's listeners are done with b's death")
+        single_owner()
+        assert _answering(runtime_b, "ledger")
+        assert supervisor.where()["ledger"] == old
+        assert not [e for e in supervisor.events if e.kind == "child_stopped"]
+        assert runtime_a.ask("ledger", "x", "still b", timeout=30) == "still b"
+        assert node_b.fence.yielded == []
+    finally:
+        gate.set()
+        supervisor.stop()
+
+
+def test_a_name_deleted_or_given_away_later_is_yielded_at_once(
+    cluster: _Cluster, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever gives a claimed name away after every check (here a peer deletes b's entry and
+    claims it, as a late takeover would), b's names watcher sees a newer revision that is not
+    its own and yields: its copy stops, with no partition at all. A migration's handover does
+    not."""
+    import asyncio
+    import logging
+
+    import nats
+
+    slow = {"dead_after": 60.0}  # no partition here: nobody fences, even on a loaded machine
+    runtime_a, node_a, _ = cluster.node("a", **slow)
+    runtime_b, node_b, _ = cluster.node("b", **slow)
+    runtime_t, node_t, _ = cluster.node("t", **slow)
+    caplog.set_level(logging.WARNING, logger="mighty.cluster")
+    assert node_b.wait_for(["a", "t"], 60)
+    old = runtime_b.spawn("echo", name="ledger")
+    _until(lambda: node_t.whereis("ledger") == f"b:{old}", "t sees b's name")
+
+    async def delete() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            kv = await nc.jetstream().key_value("mighty_names")
+            await kv.delete("ledger")
+        finally:
+            await nc.close()
+
+    asyncio.run(delete())
+    _until(lambda: node_t.whereis("ledger") is None, "t sees the name gone")
+    new = runtime_t.spawn("echo", name="ledger")
+    _until(lambda: node_b.fence.yielded == ["ledger"], "b yields the name")
+    _until(lambda: runtime_b.whereis("ledger") is None, "b's copy stops")
+    with pytest.raises(NoProc):
+        runtime_b.process(old)
+    assert "'ledger' was deleted after this node claimed it: yielding it" in caplog.text
+    _until(lambda: node_a.whereis("ledger") == f"t:{new}", "a sees t's claim")
+    assert runtime_a.ask("ledger", "x", "to t") == "to t"
+    # A migration hands the name over: neither side yields it.
+    moved = node_t.migrate("ledger", "a").new_address
+    assert moved.startswith("a:")
+    assert runtime_a.ask("ledger", "x", "to a") == "to a"
+    assert node_t.fence.yielded == [] and node_a.fence.yielded == []
