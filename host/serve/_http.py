@@ -42,7 +42,8 @@ _CHUNK = 64 << 10
 
 @dataclass
 class ServeStats:
-    """What a server has done (read it from any thread; counts only grow)."""
+    """What a server has done (read it from any thread; counts only grow, but ``in_flight``
+    and ``open_connections``)."""
 
     connections: int = 0
     """Connections accepted (refused ones included)."""
@@ -50,6 +51,8 @@ class ServeStats:
     """Connections closed at once because ``max_connections`` were open."""
     peak_connections: int = 0
     """The most connections open at once."""
+    open_connections: int = 0
+    """Connections open now."""
     requests: int = 0
     """Requests whose head was read."""
     in_flight: int = 0
@@ -302,6 +305,7 @@ class HttpServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self.stats.open_connections = len(self._connections)
         self.stats.peak_connections = max(self.stats.peak_connections, len(self._connections))
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         try:
@@ -328,6 +332,7 @@ class HttpServer:
                 await self._refuse(conn, writer, 500, "internal", close=True)
         finally:
             self._connections.discard(task)
+            self.stats.open_connections = len(self._connections)
             writer.close()
             with suppress(Exception):
                 await writer.wait_closed()
