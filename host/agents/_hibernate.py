@@ -276,7 +276,7 @@ class Hibernator:
                 f"not {process.type.name!r}"
             )
         try:
-            instance = process._instantiate()
+            instance = process.instantiate()
         except MightyError as exc:
             raise SnapshotRefused(f"{process.address}: cannot instantiate: {exc}") from exc
         try:

@@ -54,6 +54,8 @@ BODY_LIMIT = 1024
 
 # outcome codes, kept small in the ring buffer
 OK, FAILED, REFUSED, CRASHED = "ok", "failed", "refused", "crashed"
+CANCELLED = "cancelled"
+"""A message cancelled before its handler ran (``Runtime.cancel``, or its asker gave up)."""
 
 
 Entry = tuple[str, str, str, float, float, int, bytes | None]
@@ -159,12 +161,19 @@ def agent_snapshot(
     in_flight: dict[str, Any] | None = None
     if current is not None:
         elapsed = max(0.0, mono - started)
+        left = budget.timeout - elapsed
+        context = current.context
+        if context is not None and context.deadline is not None:
+            left = min(left, context.deadline - mono)  # the asker's deadline comes first
         in_flight = {
+            "id": current.context_id,
             "message": current.name,
             "sender": current.sender,
             "elapsed_ms": round(elapsed * 1000, 3),
-            "deadline_left_ms": round(max(0.0, budget.timeout - elapsed) * 1000, 3),
+            "deadline_left_ms": round(max(0.0, left) * 1000, 3),
         }
+        if context is not None and context.parent is not None:
+            in_flight["parent"] = context.parent
         if bodies:
             in_flight["body"] = body_view(current.body)
     instance = process.instance

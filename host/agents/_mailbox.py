@@ -265,6 +265,11 @@ class Mailbox(Generic[T]):
         """An envelope can be handed out now (lock held)."""
         return bool(self._items) and (self._closed or not self._paused)
 
+    def waiting(self) -> list[T]:
+        """The envelopes held now, oldest first (a copy: for finding one, not for taking)."""
+        with self._lock:
+            return list(self._items)
+
     def drain(self) -> list[T]:
         """Take every envelope at once, oldest first, paused or closed (shutdown, hot swap)."""
         with self._lock:

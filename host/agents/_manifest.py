@@ -13,6 +13,7 @@ dirs = ["data:/data"]              # read-only; HOST:GUEST:rw to write; HOST rel
 mailbox = { capacity = 256, on_full = "block" }
 hibernate_after = 30.0             # idle seconds before it leaves memory (needs state_dir)
 durable = false                    # true: its state is stored after every message
+cancellable = true                 # false: a handler runs on when its asker gives up
 
 [runtime]
 state_dir = "state"                # the snapshot store (SQLite, WAL); relative to here
@@ -142,6 +143,9 @@ class AgentTypeModel(_Model):
     mailbox: MailboxModel = MailboxModel()
     hibernate_after: float | None = Field(None, gt=0)
     durable: bool = False
+    cancellable: bool = True
+    """False: a message's handler runs to its own budget when its asker gives up or is
+    cancelled (see ``AgentType.cancellable``)."""
     capabilities: list[str] = []
     """Names from ``[capabilities]`` (``files`` or ``files.read`` for one tool of a server)."""
     spawns: list[str] = []
@@ -504,6 +508,7 @@ def agent_types(
                 policy=policy,
                 hibernate_after=spec.hibernate_after,
                 durable=spec.durable,
+                cancellable=spec.cancellable,
                 grants=Grants(
                     spawn=frozenset(spec.spawns),
                     message=frozenset(spec.messages),

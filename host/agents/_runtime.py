@@ -70,6 +70,7 @@ from mighty._errors import (
 from mighty.abi import Err, Ok, Variant
 from mighty.agents._hibernate import Hibernator
 from mighty.agents._introspect import (
+    CANCELLED,
     CRASHED,
     FAILED,
     HISTORY,
@@ -108,11 +109,22 @@ from mighty.agents._types import (
     Envelope,
     HandlerFailed,
     MailboxFullError,
+    MessageCancelled,
     MessageDropped,
     NoProc,
     Refused,
 )
-from mighty.budget import DEFAULT_TIMEOUT, Budget, CallScope, interrupting
+from mighty.budget import (
+    DEFAULT_TIMEOUT,
+    Budget,
+    CallScope,
+    CancelScope,
+    RunContext,
+    current_context,
+    enter_context,
+    interrupting,
+    leave_context,
+)
 from mighty.capabilities import (
     AGENT_TOOLS,
     AgentTools,
@@ -120,6 +132,7 @@ from mighty.capabilities import (
     Capabilities,
     CapabilityBroker,
 )
+from mighty.engine import Component
 from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Scope, Seed, Slot
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
@@ -245,6 +258,7 @@ class AgentProcess:
     # Durable agents (see _journal): the record sink of the current instance (its import
     # log), and the answers of a message being recovered after a crash.
     _log: Any = None
+    _staged_log: Any = None
     _recovery: Recovery | None = None
 
     @property
@@ -306,8 +320,11 @@ class AgentProcess:
         """The slot that makes an instance serve ``mighty:agent/host`` as this agent."""
         return _PROCESS.of(self)
 
-    def _instantiate(self) -> Instance:
-        """A new instance of the agent's component, its output streamed (not yet init)."""
+    def instantiate(self, component: Component | None = None) -> Instance:
+        """A new instance of this agent, not yet init'ed or restored: of its type's component,
+        or of ``component`` (a new version, for a hot swap). It serves the agent's host
+        interface, log sink, granted tools and journal, is recorded under the agent's address,
+        and its output is streamed; hibernation and hot swap make theirs here too."""
         # Instantiation and init run under the default budget; the type's budget is for each
         # message (a tight per-message fuel must not make the agent unable to start).
         record = self.runtime.recorder
@@ -315,13 +332,17 @@ class AgentProcess:
         slots = self._slots()
         recovery = self._recovery
         if journal is not None and self.type.durable:
-            sink = self._log = journal.sink(self.address, record)
+            sink = journal.sink(self.address, record)
+            if component is None:
+                self._log, self._staged_log = sink, None
+            else:  # the agent's until the swap is confirmed (``adopt``)
+                self._staged_log = sink
             record = sink
             slots = (*slots, IDEMPOTENCY_KEYS.of(sink.keys))
             if recovery is not None:
                 slots = (*slots, *recovery.seeds)
         instance = Instance(
-            self.type.component,
+            self.type.component if component is None else component,
             budget=Budget(memory=self.type.budget.memory),
             policy=self.type.policy,
             gate=self.runtime.gate,
@@ -334,6 +355,14 @@ class AgentProcess:
         self._attach_output(instance)
         return instance
 
+    def adopt(self, instance: Instance, agent_type: AgentType) -> None:
+        """Make ``instance`` (from ``instantiate(component)``, restored) the agent's, as of
+        ``agent_type`` (a hot swap's confirm; the run lock is held by the swap)."""
+        self.instance = instance
+        self.type = agent_type
+        if self._staged_log is not None:
+            self._log, self._staged_log = self._staged_log, None
+
     def _slots(self) -> tuple[Seed, ...]:
         seeds = (self.seed(), LOG_SINK.of(self._wasi_log))
         granted = self.type.grants.tools
@@ -345,7 +374,7 @@ class AgentProcess:
     def _init_instance(self) -> Instance:
         """A new instance that ran ``init`` (and, for a durable type, was stored); BadSpawn."""
         try:
-            instance = self._instantiate()
+            instance = self.instantiate()
         except MightyError as exc:
             raise BadSpawn(f"cannot start {self.address}: {exc}") from exc
         try:
@@ -769,8 +798,11 @@ class AgentProcess:
         exit_reason: str | None = None
         try:
             refusal = None if agent_type.accepts is None else self._check_protocol(envelope)
+            context = envelope.context = self._context_for(envelope)
             if refusal is not None:
                 self._refuse(envelope, refusal)
+            elif envelope.cancelled is not None or context.cancel.cancel_called:
+                self._skip(envelope, context)
             else:
                 instance = self.instance
                 assert instance is not None
@@ -780,6 +812,7 @@ class AgentProcess:
                     recovery.active = True
                 if envelope.journal is not None and self._log is not None:
                     self._log.keys.begin(envelope.journal)
+                token = enter_context(context)
                 try:
                     if recovery is not None and recovery.refusal:
                         raise RecoveryRefused(recovery.refusal)
@@ -788,10 +821,12 @@ class AgentProcess:
                         envelope.sender,
                         {"name": envelope.name, "body": envelope.body},
                         budget=agent_type.budget,
+                        cancel=context.cancel,
                     )
                 except (GuestError, HostError) as exc:
                     exit_reason = self._crashed(envelope, exc)
                 finally:
+                    leave_context(token)
                     self.current = None
                     for splitter in self._splitters:  # _flush_output, inline
                         if splitter._partial:
@@ -849,6 +884,40 @@ class AgentProcess:
             )
         )
         return exit_reason
+
+    def _context_for(self, envelope: Envelope) -> RunContext:
+        """The message's context: inside its sender's (cancelled with it, ending by the ask's
+        deadline), unless the type is not ``cancellable``; ``msg-ID`` either way."""
+        parent = envelope.parent
+        if self.type.cancellable:
+            deadline, outer, theirs = envelope.deadline, parent, envelope.cancel
+        else:
+            deadline, outer, theirs = None, None, None
+        if outer is None:
+            scope = CancelScope(deadline=deadline, parent=theirs)
+        elif theirs is None:
+            scope = CancelScope(deadline=deadline, parent=outer.cancel)
+        else:
+            scope = CancelScope.within(outer.cancel, theirs, deadline=deadline)
+        return RunContext(
+            envelope.context_id,
+            scope,
+            "message",
+            None if parent is None else parent.id,
+            0 if parent is None else parent.depth + 1,
+            self.address,
+        )
+
+    def _skip(self, envelope: Envelope, context: RunContext) -> None:
+        """Cancelled before its handler ran (while it waited, or its asker gave up): the
+        agent never sees it; an asker still waiting hears why."""
+        self.stats.failed += 1
+        self._outcome = CANCELLED
+        why = envelope.cancelled or context.cancel.reason or "cancelled"
+        _settle(
+            envelope,
+            error=MessageCancelled(f"{self.address}: {envelope.name!r} was cancelled: {why}"),
+        )
 
     def _refuse(self, envelope: Envelope, refusal: AgentError) -> None:
         """The message broke the type's protocol: refused, not handled."""
@@ -923,12 +992,27 @@ class AgentProcess:
             # Once per crash, and before the asker hears of it: the asker's next call sees it.
             breaker.record_failure()
         if envelope is not None:
-            _settle(envelope, error=AgentCrashed(f"{self.address} crashed: {reason}"))
+            _settle(envelope, error=self._crash_error(envelope, exc, reason))
         with self._state:
             self.alive = False
             self._exiting = True
         self._close_instance()
         return reason
+
+    def _crash_error(self, envelope: Envelope, exc: MightyError, reason: str) -> AgentError:
+        """What the asker of the message the agent crashed on hears: stopped by the asker's
+        own deadline, that is no reply in time (``AskTimeout``), not the callee's crash."""
+        if (
+            isinstance(exc, Cancelled)
+            and exc.by == "deadline"
+            and envelope.deadline is not None
+            and time.monotonic() >= envelope.deadline
+        ):
+            return AskTimeout(
+                f"no reply from {self.address} to {envelope.name!r} by its asker's deadline "
+                "(the handler was stopped there)"
+            )
+        return AgentCrashed(f"{self.address} crashed: {reason}")
 
     def _abandoned(self, envelope: Envelope | None, reason: str) -> str:
         """A shutdown interrupted the message (``_run`` held): it counts as unhandled."""
@@ -1295,6 +1379,32 @@ class Runtime:
         """One frame of counters for ``mty top``: per agent and per worker (no bodies)."""
         return top_snapshot(self)
 
+    def cancel(self, message_id: str, reason: str = "cancelled") -> bool:
+        """Cancel one message of a local agent by its id (``msg-N``: its context's, shown by
+        ``inspect``). Waiting in a mailbox, it is skipped when its turn comes (an asker hears
+        ``MessageCancelled``); its handler running, the handler is stopped at the next epoch
+        tick (the agent crashes, as for any stop mid-handler, and its asker hears it); done,
+        nothing. Returns whether it was found. Any thread."""
+        if not isinstance(message_id, str) or not message_id.startswith("msg-"):
+            raise BadInput(f"a message id looks like 'msg-12', got {message_id!r}")
+        reason = str(reason)[:1000]
+        for process in self.agents():
+            current = process.current
+            if current is not None and current.context_id == message_id:
+                current.cancelled = reason
+                context = current.context
+                if context is not None:
+                    context.stop(reason)
+                return True
+            for envelope in process.mailbox.waiting():
+                if envelope.context_id == message_id:
+                    envelope.cancelled = reason
+                    context = envelope.context
+                    if context is not None:  # taken since: its handler may have started
+                        context.stop(reason)
+                    return True
+        return False
+
     def agents(self) -> list[AgentProcess]:
         with self._lock:
             return list(self._agents.values())
@@ -1342,7 +1452,15 @@ class Runtime:
         for envelope in envelopes:
             if envelope.reply is not None:
                 asks += 1
-                _settle(envelope, error=NoProc(f"{process.address} is gone ({reason})"))
+                cancelled = envelope.cancelled
+                _settle(
+                    envelope,
+                    error=NoProc(f"{process.address} is gone ({reason})")
+                    if cancelled is None
+                    else MessageCancelled(
+                        f"{process.address}: {envelope.name!r} was cancelled: {cancelled}"
+                    ),
+                )
         process.stats.unhandled += len(envelopes)
         if first:
             with self._lock:
@@ -1419,15 +1537,22 @@ class Runtime:
         *,
         timeout: float | None = None,
         sender: str = HOST,
+        cancel: CancelScope | None = None,
     ) -> Any:
         """Send and wait for the reply body (decoded), at most ``timeout`` seconds.
+
+        The message runs in the caller's context (``mighty.budget.current_context``: a tool,
+        a sandbox run, an agent's message) and, for a ``cancellable`` type, ends by
+        ``timeout`` and is cancelled with that context or with ``cancel``.
 
         By default (None) the ask waits as long as the target's handler may run (its type's
         per-message budget) plus a second, so the asker hears how the message ended (the
         reply, or the crash when the budget runs out), not a timeout while it still runs; and
         the ask may take the shortest path (:meth:`AgentProcess.run_here`). An agent on
         another node: the default budget's timeout plus a second."""
-        data = self._ask(to, name, b"" if body is None else cbor2.dumps(body), timeout, sender)
+        data = self._ask(
+            to, name, b"" if body is None else cbor2.dumps(body), timeout, sender, cancel=cancel
+        )
         return loads_untrusted(data) if data else None
 
     def ask_future(
@@ -1440,7 +1565,7 @@ class Runtime:
         process = self.process(to)
         self._check_breaker(process.address)
         future: Future[bytes | None] = Future()
-        envelope = Envelope(sender, name, encode_body(body), future)
+        envelope = Envelope(sender, name, encode_body(body), future, parent=current_context())
         telemetry = self.telemetry
         if telemetry is not None:
             span = telemetry.ask_begin(process.address, name, sender)
@@ -1474,6 +1599,7 @@ class Runtime:
         chain: tuple[str, ...] = (),
         wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
         within: float | None = None,
+        cancel: CancelScope | None = None,
     ) -> bytes | None:
         """``ask_raw``; ``timeout`` None: the target's budget plus a grace (see ``ask``).
 
@@ -1500,7 +1626,7 @@ class Runtime:
         telemetry = self.telemetry
         if telemetry is None:
             future, breaker = self._deliver_ask(
-                process, name, body, sender, chain, timeout, None, here, Reply, within
+                process, name, body, sender, chain, timeout, None, here, Reply, within, cancel
             )
             if breaker is None and future.done():  # answered in place: nothing to wait for
                 return future.result() if wait is None else wait(future, timeout)
@@ -1518,6 +1644,7 @@ class Runtime:
                 here,
                 Reply,
                 within,
+                cancel,
             )
             result = self._await_reply(local, name, future, breaker, timeout, wait)
         except BaseException as exc:
@@ -1588,6 +1715,7 @@ class Runtime:
         here: bool,
         reply: Callable[[], Future[bytes | None]],
         within: float | None = None,
+        cancel: CancelScope | None = None,
     ) -> tuple[Future[bytes | None], Any]:
         """``deliver_ask`` to ``process``, its future made by ``reply`` (``Reply`` for the
         runtime's own asks, whose futures never leave it); ``within`` as in ``_ask``."""
@@ -1596,13 +1724,23 @@ class Runtime:
             raise AskCycle(f"ask cycle: {path}")
         breaker = self._check_breaker(process.address) if self._breakers else None
         future = reply()
-        envelope = Envelope(sender, name, body, future, asker_chain=chain, trace=trace)
+        now = time.monotonic()
+        envelope = Envelope(
+            sender,
+            name,
+            body,
+            future,
+            asker_chain=chain,
+            trace=trace,
+            parent=current_context(),
+            deadline=None if timeout is None else now + timeout,
+            cancel=cancel,
+        )
         if within is None:
             within = timeout
         if not here or within is None or process.type.budget.timeout > within:
             process.deliver(envelope, timeout)
             return future, breaker
-        now = time.monotonic()
         deadline = now + (within if timeout is None else timeout)
         # The shortest path first (``run_here``), else the mailbox; ``__inspect`` never runs a
         # turn (``deliver`` answers it).

@@ -119,8 +119,7 @@ def reload_agent_type(
         raise
     # Confirm: every agent has a restored new instance.
     for process, old, fresh in staged:
-        process.instance = fresh
-        process.type = new_type
+        process.adopt(fresh, new_type)
         old.close()
         report.agents.append(process.address)
     for process in locked:
@@ -186,14 +185,9 @@ def _stage(
     if old is None or not process.alive:
         raise ReloadFailed(f"{process.address} stopped during the swap")
     snapshot = old.call("snapshot")
-    fresh = Instance(
-        component,
-        budget=Budget(memory=old_type.budget.memory),
-        policy=old_type.policy,
-        gate=runtime.gate,
-        record=runtime.recorder,
-        slots=[process.seed()],
-    )
+    # Made as the agent makes its own: its address in the trace (``mty replay --agent``), its
+    # log sink, granted tools and journal.
+    fresh = process.instantiate(component)
     try:
         check_lowering(len(snapshot), fresh.budget.memory, f"{process.address}: restore")
         outcome = fresh.call("restore", snapshot)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -11,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from mighty._errors import BadInput, GuestError, HostError, MightyError
-from mighty.budget import Budget
+from mighty.budget import Budget, CancelScope, RunContext
 from mighty.engine import Component
 from mighty.wasi import Policy
 
@@ -30,6 +31,7 @@ __all__ = [
     "HandlerFailed",
     "MailboxFullError",
     "MailboxSettings",
+    "MessageCancelled",
     "MessageDropped",
     "NoProc",
     "Refused",
@@ -87,6 +89,14 @@ class AskTimeout(AgentError, HostError):
     """No reply within the timeout."""
 
     code = "timeout"
+
+
+class MessageCancelled(AgentError, HostError):
+    """The message was cancelled (``Runtime.cancel``, or its asker's cancel or deadline)
+    before its handler ran; the agent did not see it."""
+
+    code = "failed"
+    kind = "message_cancelled"
 
 
 class AskCycle(AgentError, HostError):
@@ -189,6 +199,12 @@ class AgentType:
     """Seconds idle before an agent is hibernated (None: only ``Runtime.hibernate``)."""
     durable: bool = False
     """Store the state after every handled message; it outlives the runtime (a state_dir)."""
+    cancellable: bool = True
+    """False: a message's handler runs to its own budget even when its asker stops waiting
+    or is cancelled (for handlers that must finish, e.g. one that moves money). True (the
+    default): the handler of an ask ends by the asker's deadline and is cancelled with it;
+    the agent then crashes (its state since the last checkpoint is lost, as for any stop
+    mid-handler) and is restarted by its supervisor. ``Runtime.cancel`` applies either way."""
     grants: Grants = field(default_factory=Grants)
     """What its agents may spawn, message, inspect and call (:class:`Grants`)."""
 
@@ -213,6 +229,22 @@ class Envelope:
     """Trace context from the sender (mighty.telemetry), None when telemetry is off."""
     journal: int | None = None
     """Its row in a durable agent's journaled inbox (see mighty.agents._journal)."""
+    id: int = field(default_factory=itertools.count(1).__next__)
+    """Unique in this process: the message's context id is ``msg-ID`` (``Runtime.cancel``)."""
+    parent: RunContext | None = None
+    """The context of the work that sent it (an asking agent's message, a tool, a run)."""
+    deadline: float | None = None
+    """When the asker stops waiting (``time.monotonic()``), None for a send."""
+    cancel: CancelScope | None = None
+    """A scope of the asker's own that cancels the message (``Runtime.ask(cancel=...)``)."""
+    context: RunContext | None = None
+    """The message's own context, made when its handler starts."""
+    cancelled: str | None = None
+    """Why it was cancelled while it waited in the mailbox (``Runtime.cancel``)."""
+
+    @property
+    def context_id(self) -> str:
+        return f"msg-{self.id}"
 
 
 @dataclass(frozen=True, slots=True)

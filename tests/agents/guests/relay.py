@@ -1,0 +1,25 @@
+"""A test agent that passes an ask down a chain of agents; the last one spins."""
+
+from mighty_agent import Agent, ask, export, on
+
+
+class Relay(Agent):
+    spun: int = 0
+
+    @on("relay")
+    def relay(self, body, sender):
+        hops = body.get("to") or []
+        if hops:
+            return ask(hops[0], "relay", {"to": hops[1:], "n": body["n"]}, timeout=body.get("t"))
+        total = 0
+        for i in range(body["n"]):
+            total += i
+        self.spun += 1
+        return {"total": total, "spun": self.spun}
+
+    @on("get")
+    def get(self, body, sender):
+        return {"spun": self.spun}
+
+
+WitWorld = export(Relay)
