@@ -15,13 +15,16 @@ with Sandbox(tools=[add], limits=Limits(timeout=2.0)) as sandbox:
 See docs/sandbox.md for limits, error kinds, tools and the threat model.
 """
 
-from mighty.budget import CancelScope
+from mighty.budget import CancelScope, Progress, RunContext, current_context
 from mighty.sandbox._api import (
     ERROR_KINDS,
+    MAX_STARTED_RUNS,
     Artifact,
+    Busy,
     Limits,
     OutputListener,
     RunError,
+    RunHandle,
     RunResult,
     RunUsage,
     Sandbox,
@@ -40,14 +43,19 @@ from mighty.wasi import DirGrant, MemoryDir
 
 __all__ = [
     "ERROR_KINDS",
+    "MAX_STARTED_RUNS",
     "Artifact",
+    "Busy",
     "CancelScope",
     "DirGrant",
     "Limits",
     "MemoryDir",
     "OutputListener",
     "PackageError",
+    "Progress",
+    "RunContext",
     "RunError",
+    "RunHandle",
     "RunResult",
     "RunUsage",
     "Sandbox",
@@ -58,5 +66,6 @@ __all__ = [
     "SnapshotTooLarge",
     "Tool",
     "ToolHost",
+    "current_context",
     "interpreter_component",
 ]

@@ -29,6 +29,11 @@ UTF-8 JSON data (finite numbers, no lone surrogates) within ``Limits.output``; t
 traceback are cut to ``MAX_ERROR_TEXT`` each (and ``Limits.output`` together, see
 ``_error_text_limit``). Runs started from inside a tool nest at most ``MAX_NESTED_RUNS`` deep.
 
+Every run has a ``mighty.budget.RunContext`` (``RunContext.top("run")``): the child of the
+caller's current context when there is one (a run started by a tool is cancelled with the
+tool's run and ends by its deadline), its cancel scope the run's. ``Sandbox.start`` returns a
+``RunHandle`` on it (id, status, cancel, result).
+
 Rejected: checking the output limit after the run (a flood would run to its deadline), and one
 instance reset between runs (CPython state cannot be reset reliably from inside).
 """
@@ -66,7 +71,8 @@ from mighty._errors import (
     OutOfMemory,
     WrongType,
 )
-from mighty.budget import Budget, CancelScope, Usage
+from mighty.budget import Budget, CancelScope, RunContext, Usage, using_context
+from mighty.budget import Progress as RunProgress
 from mighty.engine import Component, MemoryState, state_from_pages
 from mighty.gate import CallHook, Gate
 from mighty.instance import Instance
@@ -99,10 +105,13 @@ from mighty.wasi import DirGrant, MemoryDir, OutputPolicy, Policy, WasiProvider
 __all__ = [
     "ERROR_KINDS",
     "MAX_ERROR_TEXT",
+    "MAX_STARTED_RUNS",
     "Artifact",
+    "Busy",
     "Limits",
     "OutputListener",
     "RunError",
+    "RunHandle",
     "RunResult",
     "RunUsage",
     "Sandbox",
@@ -134,7 +143,97 @@ _log = logging.getLogger("mighty.sandbox")
 OutputListener = Callable[[str, str], None]
 """``on_output(stream, text)``: ``stream`` is ``"stdout"`` or ``"stderr"``, ``text`` what the code
 just wrote to it (decoded as UTF-8, a character split across writes is delivered whole with the
-next one, invalid bytes as U+FFFD)."""
+next one, invalid bytes as U+FFFD); or ``"progress"``, a line a tool reported with
+``ctx.progress(...)`` (``message`` or ``message (done/total)``)."""
+MAX_STARTED_RUNS = 64
+"""Most runs of one sandbox started with ``Sandbox.start`` and not yet finished."""
+
+
+class Busy(HostError):
+    """Too many runs of this sandbox were started and are still running."""
+
+    kind = "busy"
+
+
+def _progress_to(on_output: OutputListener | None) -> Callable[[RunProgress], None] | None:
+    """A tool's ``ctx.progress`` as the run's ``"progress"`` output stream."""
+    if on_output is None:
+        return None
+    listener = on_output
+
+    def tell(report: RunProgress) -> None:
+        text = report.message
+        if report.done is not None:
+            count = (
+                f"{report.done:g}" if report.total is None else f"{report.done:g}/{report.total:g}"
+            )
+            text = f"{text} ({count})"
+        listener("progress", text)
+
+    return tell
+
+
+class RunHandle:
+    """A run started by :meth:`Sandbox.start`: ``id``, ``status``, ``cancel()``, ``result()``.
+
+    ``status`` is ``"running"`` until the run ends, then ``"ok"``, ``"cancelled"`` or
+    ``"failed"`` (the result's error kind says how)."""
+
+    __slots__ = ("_done", "_error", "_result", "context")
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+        self._done = threading.Event()
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def id(self) -> str:
+        return self.context.id
+
+    @property
+    def status(self) -> str:
+        if not self._done.is_set():
+            return "running"
+        result = self._result
+        if result is None:
+            return "failed"
+        if result.ok:
+            return "ok"
+        return (
+            "cancelled"
+            if result.error is not None and result.error.kind == "cancelled"
+            else "failed"
+        )
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self, reason: str = "cancelled by its handle") -> None:
+        """Stop the run (and the tools and runs it started); any thread, any time."""
+        self.context.stop(reason)
+
+    def result(self, timeout: float | None = None) -> RunResult:
+        """Wait for the run's result; ``TimeoutError`` if it is not done within ``timeout``.
+        A host failure of the run (not a failure of the code) is raised here."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"run {self.id} is still running")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def _run(self, work: Callable[[], RunResult], then: Callable[[], None]) -> None:
+        try:
+            self._result = work()
+        except BaseException as exc:  # noqa: BLE001 -- handed to whoever asks for the result
+            self._error = exc
+        finally:
+            then()
+            self._done.set()
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id}, {self.status})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,14 +612,17 @@ class _Live:
         self,
         code: str,
         payload: bytes,
-        cancel: CancelScope | None,
+        context: RunContext | None,
         loop: asyncio.AbstractEventLoop | None,
         on_output: OutputListener | None = None,
         limits: Limits | None = None,
     ) -> RunResult:
-        """One run; ``limits`` (at most the instance's, see ``_check_run_limits``) are this
-        run's, else the instance's."""
-        self.host.begin(loop)
+        """One run in ``context`` (its cancel scope stops the run; its tools' contexts are
+        children of it); ``limits`` (at most the instance's, see ``_check_run_limits``) are
+        this run's, else the instance's."""
+        if context is None:
+            context = RunContext.top("run")
+        self.host.begin(loop, context)
         limits = limits or self.limits
         self.run_limits = limits
         # Set for every run: a pooled instance's previous run may have had lower ones.
@@ -529,9 +631,10 @@ class _Live:
         self.host.concurrency = limits.tool_concurrency
         self.output.reset(on_output, (limits.output, limits.artifact))
         try:
-            outcome, usage = self.instance.call_with_usage(
-                "run", code, payload, budget=limits.budget(), cancel=cancel
-            )
+            with using_context(context):
+                outcome, usage = self.instance.call_with_usage(
+                    "run", code, payload, budget=limits.budget(), cancel=context.cancel
+                )
         except GuestError as exc:
             self.host.end()
             self.output.finish()
@@ -990,6 +1093,7 @@ class Sandbox:
         spec = json.dumps([t.spec() for t in self.tools.values()])
         self._tools_digest = hashlib.sha256(spec.encode()).hexdigest()
         self._closed = False
+        self._started = threading.BoundedSemaphore(MAX_STARTED_RUNS)
         weakref.finalize(self, _Pool.close, self._pool)
         if self._spares is not None:
             weakref.finalize(self, _Spares.close, self._spares)
@@ -1028,10 +1132,11 @@ class Sandbox:
         this way); like a recorded run, a run with hooks gets a fresh instance of its own, not
         a warmed one from the pool.
         """
+        context = RunContext.top("run", cancel=cancel, on_progress=_progress_to(on_output))
         return self._run(
             code,
             inputs,
-            cancel=cancel,
+            context=context,
             record=record,
             loop=None,
             on_output=on_output,
@@ -1052,13 +1157,13 @@ class Sandbox:
         """``run`` for asyncio hosts: runs on a worker thread; async tools run on this loop.
         Cancelling the awaiting task cancels the run. ``on_output`` is called on the worker
         thread (hand its text to the loop with ``call_soon_threadsafe``)."""
-        scope = cancel or CancelScope()
+        context = RunContext.top("run", cancel=cancel, on_progress=_progress_to(on_output))
         loop = asyncio.get_running_loop()
         work = functools.partial(
             self._run,
             code,
             inputs,
-            cancel=scope,
+            context=context,
             record=record,
             loop=loop,
             on_output=on_output,
@@ -1069,9 +1174,59 @@ class Sandbox:
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            scope.cancel("the awaiting task was cancelled")
+            context.stop("the awaiting task was cancelled")
             await asyncio.wait([future])
             raise
+
+    def start(
+        self,
+        code: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        cancel: CancelScope | None = None,
+        record: str | Path | None = None,
+        on_output: OutputListener | None = None,
+        limits: Limits | None = None,
+    ) -> RunHandle:
+        """Start ``run`` on a thread of its own and return its handle at once: ``handle.id``,
+        ``handle.status``, ``handle.cancel()``, ``handle.result()``.
+
+        The run is made in the caller's context (a run started by a tool is cancelled with
+        the tool's run). At most :data:`MAX_STARTED_RUNS` started runs of one sandbox run at
+        once; past it, ``Busy``."""
+        if self._closed:
+            raise Closed("sandbox is closed")
+        if not isinstance(code, str):
+            raise BadInput(f"code must be a str, got {type(code).__name__}")
+        if not self._started.acquire(blocking=False):
+            raise Busy(
+                f"this sandbox already has {MAX_STARTED_RUNS} started runs in flight; "
+                "wait for one (handle.result()) or cancel one"
+            )
+        context = RunContext.top("run", cancel=cancel, on_progress=_progress_to(on_output))
+        handle = RunHandle(context)
+        work = functools.partial(
+            self._run,
+            code,
+            inputs,
+            context=context,
+            record=record,
+            loop=None,
+            on_output=on_output,
+            limits=limits,
+        )
+        thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(handle._run, work, self._started.release),
+            name=f"mighty-{context.id}",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except BaseException:
+            self._started.release()
+            raise
+        return handle
 
     def session(self) -> Session:
         """A REPL-style session: one interpreter whose globals persist across runs."""
@@ -1114,7 +1269,7 @@ class Sandbox:
         code: str,
         inputs: Mapping[str, Any] | None,
         *,
-        cancel: CancelScope | None,
+        context: RunContext,
         record: str | Path | None,
         loop: asyncio.AbstractEventLoop | None,
         on_output: OutputListener | None = None,
@@ -1131,7 +1286,7 @@ class Sandbox:
         run_limits = limits or self.limits
         payload = _encode_inputs(inputs, keep=False, max_value=run_limits.output)
         with self._instance(record, hooks) as live:
-            return live.execute(code, payload, cancel, loop, on_output, limits)
+            return live.execute(code, payload, context, loop, on_output, limits)
 
     @contextmanager
     def _instance(
@@ -1411,12 +1566,13 @@ class Session:
             raise BadInput(f"code must be a str, got {type(code).__name__}")
         _check_nesting()
         payload = _encode_inputs(inputs, keep=True, max_value=self._sandbox.limits.output)
+        context = RunContext.top("run", cancel=cancel)
         with self._lock:
             if self._live is None:
                 self._live = self._begin(None)
             live = self._live
             self._frozen = None
-            result = live.execute(code, payload, cancel, None)
+            result = live.execute(code, payload, context, None)
             if live.dead:
                 live.close()
                 self._live = None

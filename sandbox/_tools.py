@@ -53,6 +53,7 @@ import pydantic_core
 
 from mighty._errors import BadInput, WrongType
 from mighty.abi import Err, Ok
+from mighty.budget import RunContext, current_context, using_context
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Scope, Slot
 
 __all__ = [
@@ -113,6 +114,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _NESTING: contextvars.ContextVar[int] = contextvars.ContextVar("mighty_sandbox_nesting", default=0)
 _Arguments = tuple[tuple[Any, ...], dict[str, Any]]
 """A call's validated ``(args, kwargs)``."""
+_Site = tuple[int, RunContext]
+"""Where a tool call runs: how deep in tool calls (``nesting_depth``) and its context."""
 
 
 def nesting_depth() -> int:
@@ -311,6 +314,11 @@ class Tool:
         init=False, repr=False, compare=False
     )
     is_async: bool = field(init=False, repr=False, compare=False)
+    context_param: str | None = field(init=False, repr=False, compare=False)
+    """The parameter annotated :class:`~mighty.budget.RunContext`, filled by the host with the
+    call's context (never by the code): the first parameter, or a keyword-only one."""
+    context_first: bool = field(init=False, repr=False, compare=False)
+    """The context goes first, by position (else by keyword)."""
     positional: tuple[str, ...] | None = field(init=False, repr=False, compare=False)
     """The parameter names when every one can be passed by position (no ``*args``,
     keyword-only or ``**kwargs``): a call passing them all by position binds without
@@ -335,6 +343,16 @@ class Tool:
             hints = typing.get_type_hints(self.fn, include_extras=True)
         except Exception:  # noqa: BLE001 - unresolvable hints: validate nothing rather than fail
             hints = {}
+        context_param = _context_param(name, signature, hints)
+        context_first = (
+            context_param is not None
+            and signature.parameters[context_param].kind is not inspect.Parameter.KEYWORD_ONLY
+        )
+        if context_param is not None:
+            # The code sees (and may pass) only the other parameters.
+            signature = signature.replace(
+                parameters=[p for p in signature.parameters.values() if p.name != context_param]
+            )
         adapters: dict[str, pydantic.TypeAdapter[Any] | None] = {}
         for pname in signature.parameters:
             hint = hints.get(pname)
@@ -343,6 +361,8 @@ class Tool:
         object.__setattr__(self, "signature", signature)
         object.__setattr__(self, "adapters", adapters)
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
+        object.__setattr__(self, "context_param", context_param)
+        object.__setattr__(self, "context_first", context_first)
         by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         object.__setattr__(
             self,
@@ -425,6 +445,37 @@ class Tool:
                 lines[-1] += '"""'
         lines.append("    ...")
         return "\n".join(lines)
+
+
+def _context_param(name: str, signature: inspect.Signature, hints: Mapping[str, Any]) -> str | None:
+    """The parameter a tool takes its :class:`RunContext` by, if any (checked: at most one,
+    the first parameter or keyword-only)."""
+    found = [p for p in signature.parameters.values() if hints.get(p.name) is RunContext]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise BadInput(f"tool {name}: only one parameter may take the RunContext")
+    param = found[0]
+    first = next(iter(signature.parameters.values()))
+    if param.kind is inspect.Parameter.KEYWORD_ONLY or (
+        param is first and param.kind is not inspect.Parameter.VAR_POSITIONAL
+    ):
+        return param.name
+    raise BadInput(
+        f"tool {name}: the RunContext parameter {param.name!r} must be the first parameter "
+        "or keyword-only"
+    )
+
+
+def _with_context(tool: Tool, bound: _Arguments, ctx: RunContext) -> _Arguments:
+    """The call's ``(args, kwargs)`` with the context put where the tool takes it."""
+    name = tool.context_param
+    if name is None:
+        return bound
+    args, kwargs = bound
+    if tool.context_first:
+        return (ctx, *args), kwargs
+    return args, {**kwargs, name: ctx}
 
 
 def _format_signature(signature: inspect.Signature) -> str:
@@ -515,6 +566,7 @@ class ToolHost:
         self.timeouts = 0
         self.stopped: StopRun | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.context: RunContext | None = None
         self._cond = threading.Condition(threading.Lock())
         self._handles = 0  # unique for the life of the instance (a session's runs too)
         self._flights: dict[int, _Flight] = {}
@@ -533,14 +585,19 @@ class ToolHost:
         if bell is not None:
             _WORKERS.close_bell(bell)
 
-    def begin(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """Reset the counters for a new run (its cancel scope is the call's: ``ctx.scope``)."""
+    def begin(
+        self, loop: asyncio.AbstractEventLoop | None, context: RunContext | None = None
+    ) -> None:
+        """Reset the counters for a new run (its cancel scope is the call's: ``ctx.scope``).
+
+        ``context`` is the run's (default: the current one): each call gets a child of it."""
         self.end()
         self.calls = 0
         self.tool_time = 0.0
         self.timeouts = 0
         self.stopped = None
         self.loop = loop
+        self.context = context if context is not None else current_context()
 
     def end(self) -> None:
         """The run is over: cancel its calls still queued or in flight, drop undelivered ones."""
@@ -553,7 +610,7 @@ class ToolHost:
             self._running = 0
             self._held = 0
         for flight in flights:
-            flight.abandon()
+            flight.abandon("was cancelled (its run ended)")
 
     def stop(self, kind: str, message: str) -> StopRun:
         """Remember why the run must end, and return the exception that ends it."""
@@ -614,11 +671,11 @@ class ToolHost:
         timeout: float,
         scope: Scope,
     ) -> Ok | Err:
-        depth = _NESTING.get() + 1
+        site = (_NESTING.get() + 1, self._context(tool, timeout))
         if tool.is_async:
             loop = self.loop if self.loop is not None else self._background_loop()
-            future = asyncio.run_coroutine_threadsafe(_run_async(tool, bound, depth), loop)
-            return self._wait_future(tool, future, timeout, scope)
+            future = asyncio.run_coroutine_threadsafe(_run_async(tool, bound, site), loop)
+            return self._wait_future(tool, future, timeout, scope, site[1])
         with self._cond:
             if self._threads >= MAX_RUN_THREADS:
                 return self._busy(tool)
@@ -626,20 +683,22 @@ class ToolHost:
         bell = self._bell
         if bell is None:
             bell = self._bell = _Bell()
-        job = _WORKERS.submit(tool, bound, depth, self._thread_done, bell=bell)
+        job = _WORKERS.submit(tool, bound, site, self._thread_done, bell=bell)
         if job is None:
             self._thread_done()
             return self._busy(tool)
         # A cancel or a Ctrl-C while the tool works is noticed now, not when it returns: the
-        # scope raises the run's stop, and the tool is left to finish on its thread.
+        # scope raises the run's stop, the tool's context is cancelled (a tool that checks
+        # ``ctx.cancelled`` stops; a run it started is cancelled), and the tool is left to
+        # finish on its thread.
         try:
             done = scope.wait(job.wait, timeout)
-        except BaseException:
-            self._abandoned(job)  # wakes the job's thread too if no wait did
+        except BaseException as exc:
+            self._abandoned(job, _why(exc))  # wakes the job's thread too if no wait did
             raise
         if done:
             return job.outcome
-        self._abandoned(job)
+        self._abandoned(job, "timed out")
         return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
 
     def _busy(self, tool: Tool) -> Err:
@@ -654,13 +713,25 @@ class ToolHost:
             self._threads -= 1
             self._cond.notify_all()
 
-    def _abandoned(self, job: _Job) -> None:
+    def _context(self, tool: Tool, timeout: float) -> RunContext:
+        """A new call's context: inside the run's, ending by the tool's timeout."""
+        run = self.context
+        if run is None:
+            return RunContext.top("tool", timeout=timeout)
+        return run.child("tool", id=f"{run.id}/{tool.name}#{self.calls}", timeout=timeout)
+
+    def _abandoned(self, job: _Job, why: str) -> None:
+        """The caller gave up on a sync call (``why``: "timed out", "cancelled", ...): its
+        context is cancelled, and a call still running is counted and logged as stuck."""
+        job.site[1].stop(f"{job.tool.name}() {why}")
         if _WORKERS.abandon(job):
-            self.timeouts += 1
+            if why == "timed out":
+                self.timeouts += 1
             _log.warning(
-                "sandbox tool %s() timed out and is still running on its thread "
+                "sandbox tool %s() %s and is still running on its thread "
                 "(%d of %d tool threads are stuck)",
                 job.tool.name,
+                why,
                 _WORKERS.stuck(),
                 MAX_TOOL_THREADS,
             )
@@ -671,13 +742,16 @@ class ToolHost:
         future: concurrent.futures.Future[Ok | Err],
         timeout: float,
         scope: Scope,
+        ctx: RunContext,
     ) -> Ok | Err:
         try:
             done = scope.wait(future, timeout)
-        except BaseException:
+        except BaseException as exc:
+            ctx.stop(f"{tool.name}() {_why(exc)}")
             future.cancel()  # the run was stopped while the tool worked
             raise
         if not done:
+            ctx.stop(f"{tool.name}() timed out")
             future.cancel()
             return _err("timeout", f"{tool.name}() did not return within {timeout:g} s")
         try:
@@ -709,7 +783,13 @@ class ToolHost:
                     ),
                 )
                 return handle
-            flight = _Flight(self, handle, tool, bound, _NESTING.get() + 1)
+            flight = _Flight(
+                self,
+                handle,
+                tool,
+                bound,
+                (_NESTING.get() + 1, self._context(tool, self._timeout(tool))),
+            )
             flight.size = len(payload)
             self._held += flight.size
             self._flights[handle] = flight
@@ -730,7 +810,7 @@ class ToolHost:
             elif flight.started is not None:
                 self._running -= 1
             launch = self._pump()
-        flight.abandon()
+        flight.abandon("was cancelled by the code")
         self._launch(launch)
 
     def wait(self, ctx: GuestContext, timeout_ns: int | None) -> list[dict[str, Any]]:
@@ -805,7 +885,7 @@ class ToolHost:
         for flight in late:
             message = f"{flight.tool.name}() did not return within {flight.timeout:g} s"
             self._finish(flight, _err("timeout", message))  # first: abandoning may finish it
-            flight.abandon()
+            flight.abandon("timed out")
 
     def _finish(self, flight: _Flight, outcome: Ok | Err) -> None:
         """A call ended (from any thread): hand its outcome to the guest's next wait."""
@@ -851,14 +931,14 @@ class ToolHost:
         for flight in flights:
             if flight.tool.is_async:
                 loop = self.loop if self.loop is not None else self._background_loop()
-                coro = _run_async(flight.tool, flight.bound, flight.depth)
+                coro = _run_async(flight.tool, flight.bound, flight.site)
                 future = asyncio.run_coroutine_threadsafe(coro, loop)
                 flight.future = future
                 future.add_done_callback(flight.async_done)
             else:
                 # `then` is set before the job is handed over: it may finish at once.
                 job = _WORKERS.submit(
-                    flight.tool, flight.bound, flight.depth, self._thread_done, flight.sync_done
+                    flight.tool, flight.bound, flight.site, self._thread_done, flight.sync_done
                 )
                 if job is None:
                     self._thread_done()
@@ -873,24 +953,24 @@ class _Flight:
     __slots__ = (
         "bound",
         "deadline",
-        "depth",
         "future",
         "handle",
         "host",
         "job",
+        "site",
         "size",
         "started",
         "tool",
     )
 
     def __init__(
-        self, host: ToolHost, handle: int, tool: Tool, bound: _Arguments, depth: int
+        self, host: ToolHost, handle: int, tool: Tool, bound: _Arguments, site: _Site
     ) -> None:
         self.host = host
         self.handle = handle
         self.tool = tool
         self.bound = bound
-        self.depth = depth
+        self.site = site
         self.started: float | None = None
         self.deadline = math.inf
         self.future: concurrent.futures.Future[Ok | Err] | None = None
@@ -901,11 +981,13 @@ class _Flight:
     def timeout(self) -> float:
         return self.host._timeout(self.tool)
 
-    def abandon(self) -> None:
+    def abandon(self, why: str) -> None:
+        if self.job is not None:
+            self.host._abandoned(self.job, why)
+        else:
+            self.site[1].stop(f"{self.tool.name}() {why}")
         if self.future is not None:
             self.future.cancel()  # cancels the tool's task on its loop
-        if self.job is not None:
-            self.host._abandoned(self.job)
 
     def async_done(self, future: concurrent.futures.Future[Ok | Err]) -> None:
         if future.cancelled():
@@ -929,10 +1011,13 @@ def _weight(outcome: Ok | Err) -> int:
     return len(outcome.value["message"]) * 4 + 64
 
 
-async def _run_async(tool: Tool, bound: _Arguments, depth: int) -> Ok | Err:
+async def _run_async(tool: Tool, bound: _Arguments, site: _Site) -> Ok | Err:
+    depth, ctx = site
     _NESTING.set(depth)  # the task runs in its own copy of the context
+    args, kwargs = _with_context(tool, bound, ctx)
     try:
-        value = await tool.fn(*bound[0], **bound[1])
+        with using_context(ctx):
+            value = await tool.fn(*args, **kwargs)
     except BaseException as exc:  # every failure of the tool goes to the code (see below)
         if isinstance(exc, asyncio.CancelledError) or _is_process_exit(exc):
             raise
@@ -956,12 +1041,15 @@ def _is_process_exit(exc: BaseException) -> bool:
     )
 
 
-def _call_sync(tool: Tool, bound: _Arguments, depth: int) -> Ok | Err:
+def _call_sync(tool: Tool, bound: _Arguments, site: _Site) -> Ok | Err:
     """The tool's call and its result's encoding, on a worker thread; never raises."""
+    depth, ctx = site
     token = _NESTING.set(depth)
+    args, kwargs = _with_context(tool, bound, ctx)
     try:
         try:
-            value = tool.fn(*bound[0], **bound[1])
+            with using_context(ctx):
+                value = tool.fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - SystemExit too: a ToolError for the code
             return _failure(exc)
         return _encode_result(tool.name, value)
@@ -1142,20 +1230,20 @@ class _Job:
     job was handed to, rung by the caller's first :meth:`wait` (so that the caller gives up the
     GIL before the thread wakes) or by :meth:`kick`."""
 
-    __slots__ = ("bell", "bound", "depth", "outcome", "release", "state", "then", "tool", "wake")
+    __slots__ = ("bell", "bound", "outcome", "release", "site", "state", "then", "tool", "wake")
 
     def __init__(
         self,
         tool: Tool,
         bound: _Arguments,
-        depth: int,
+        site: _Site,
         release: Callable[[], None],
         then: Callable[[Ok | Err], None] | None,
         bell: _BellLike | None,
     ) -> None:
         self.tool = tool
         self.bound = bound
-        self.depth = depth
+        self.site = site
         self.release = release
         self.outcome: Ok | Err = _NOT_RUN  # read only once "over": the worker's, or this
         self.then = then
@@ -1216,7 +1304,7 @@ class _Workers:
         self,
         tool: Tool,
         bound: _Arguments,
-        depth: int,
+        site: _Site,
         release: Callable[[], None],
         then: Callable[[Ok | Err], None] | None = None,
         *,
@@ -1226,7 +1314,7 @@ class _Workers:
 
         With a ``bell`` the caller must :meth:`_Job.wait` (or :meth:`_Job.kick`): the first
         wait wakes the thread. Without one the thread is woken here."""
-        job = _Job(tool, bound, depth, release, then, bell)
+        job = _Job(tool, bound, site, release, then, bell)
         with self._lock:
             if self._stuck >= self.size:
                 return None
@@ -1293,7 +1381,7 @@ class _Workers:
                 ring = None
                 job, slot[1] = slot[1], None
                 assert job is not None
-            outcome = _call_sync(job.tool, job.bound, job.depth)
+            outcome = _call_sync(job.tool, job.bound, job.site)
             job.release()  # first: the caller may start its next call as soon as it wakes
             done = job
             with self._lock:
@@ -1418,6 +1506,16 @@ def _encode_result(name: str, value: Any) -> Ok | Err:
 
 TOOL_HOST: Slot[ToolHost] = Slot("sandbox.tools")
 """The slot of a sandbox instance's :class:`ToolHost` (filled by the sandbox once it exists)."""
+
+
+def _why(exc: BaseException) -> str:
+    """How a run stopped while a tool worked, for the tool's context and the log."""
+    kind = getattr(exc, "kind", "")
+    if kind == "deadline_exceeded":
+        return "was stopped (the run's deadline passed)"
+    if isinstance(exc, KeyboardInterrupt | SystemExit) or kind == "cancelled":
+        return "was cancelled"
+    return f"was stopped ({type(exc).__name__})"
 
 
 def _sleep(most: float) -> bool:
