@@ -1,7 +1,7 @@
 """``mty serve``: requests/s and latency of a hello-world proxy component, against baselines
 measured in the same run by the same load generator.
 
-Run: .venv/bin/python benchmarks/bench_serve.py [--json] [--quick]
+Run: .venv/bin/python benchmarks/bench_serve.py [--json] [--quick] [--agents]
 
 The component is examples/serve/handler.py (``GET /`` answers 23 bytes with a content-length).
 Each server runs in its own process on 127.0.0.1; the load generator (this process: asyncio,
@@ -26,6 +26,13 @@ v1 answers to requests that started after the reload returned (target 0), the p9
 swap and the longest request around it (the added latency), the reload call's time (it
 compiles the new component: cached here beforehand) and the swap's own pause.
 
+Then an agent behind an HTTP route (``[http]`` in mighty.toml, ``mty run --http``): the WAT
+echo agent asked ``POST /echo/{key}`` with a JSON body over one keep-alive connection (the
+client in a process of its own, as a real one is), against the same ask made directly with
+``Runtime.ask`` in the serving process, interleaved in rounds so both see the same load:
+p50/p99 of each, the overhead (HTTP p50 minus direct p50) and the ratio. ``--agents`` runs
+only this case.
+
 The machine has 2 cores shared by the load generator and the server: compare rows of one run,
 not across runs. The load average is printed with them.
 """
@@ -33,6 +40,7 @@ not across runs. The load average is printed with them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -47,6 +55,7 @@ from _common import ROOT, p, report
 
 Row = dict[str, object]
 QUICK = "--quick" in sys.argv
+AGENTS_ONLY = "--agents" in sys.argv
 DURATION = 3.0 if QUICK else 8.0
 WARMUP = 1.0 if QUICK else 2.0
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
@@ -311,7 +320,121 @@ def _parts(component: Path) -> list[Row]:
     ]
 
 
+_AGENT_MANIFEST = """
+[agents.echo]
+component = "{wasm}"
+
+[supervisor]
+children = [ {{ name = "echo", type = "echo" }} ]
+
+[http]
+routes = [ {{ route = "POST /echo/{{key}}", to = "echo", message = "echo" }} ]
+"""
+
+
+_AGENT_CLIENT = textwrap.dedent(
+    """
+    import json, re, socket, sys, time
+
+    BODY = b'{"value": 1, "text": "hello"}'
+    REQUEST = (b"POST /echo/k HTTP/1.1\\r\\nHost: bench\\r\\nContent-Type: application/json"
+               b"\\r\\nContent-Length: " + str(len(BODY)).encode() + b"\\r\\n\\r\\n" + BODY)
+    sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reader = sock.makefile("rb")
+    for line in sys.stdin:
+        out = []
+        for _ in range(int(line)):
+            started = time.perf_counter()
+            sock.sendall(REQUEST)
+            head = b""
+            while not head.endswith(b"\\r\\n\\r\\n"):
+                head += reader.readline()
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(re.search(rb"(?i)content-length: *(\\d+)", head).group(1))
+            reply = json.loads(reader.read(length))
+            assert reply == {"value": 1, "text": "hello", "key": "k"}, reply
+            out.append(time.perf_counter() - started)
+        print(json.dumps(out), flush=True)
+    """
+)
+
+
+def _agent_rows() -> list[Row]:
+    """A routed ask over HTTP (one keep-alive connection from a client process) against
+    ``Runtime.ask`` of the same message and body from this process, in interleaved rounds."""
+    from _common import assemble
+
+    from mighty.agents import Application
+
+    work = Path(tempfile.mkdtemp())
+    wasm = work / "echo.wasm"
+    wasm.write_bytes(assemble("echo_agent"))
+    manifest = work / "mighty.toml"
+    manifest.write_text(_AGENT_MANIFEST.format(wasm=wasm))
+    load_before = os.getloadavg()[0]
+    rounds, per_round = (5, 100) if QUICK else (10, 300)
+    direct: list[float] = []
+    http: list[float] = []
+    with Application.from_manifest(manifest, telemetry=None) as app:
+        app.start()
+        front = app.serve_http("127.0.0.1:0")
+        assert front.address is not None
+        runtime = app.runtime
+        client = subprocess.Popen(
+            [sys.executable, "-c", _AGENT_CLIENT, str(front.address[1])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdin is not None and client.stdout is not None
+
+        def over_http(count: int) -> list[float]:
+            assert client.stdin is not None and client.stdout is not None
+            client.stdin.write(f"{count}\n")
+            client.stdin.flush()
+            return [float(x) for x in json.loads(client.stdout.readline())]
+
+        def asked() -> object:
+            return runtime.ask("echo", "echo", {"value": 1, "text": "hello", "key": "k"})
+
+        try:
+            assert asked() == {"value": 1, "text": "hello", "key": "k"}
+            over_http(50)  # warm both paths
+            for _ in range(50):
+                asked()
+            for _ in range(rounds):
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    asked()
+                    direct.append(time.perf_counter() - t0)
+                http += over_http(per_round)
+        finally:
+            client.stdin.close()
+            client.wait(timeout=60)
+            client.stdout.close()
+    direct_p50, http_p50 = p(direct, 0.5), p(http, 0.5)
+    return [
+        {
+            "name": "routed agent ask over HTTP vs Runtime.ask (1 connection, interleaved)",
+            "direct_p50_us": round(direct_p50 * 1e6, 1),
+            "direct_p99_us": round(p(direct, 0.99) * 1e6, 1),
+            "http_p50_us": round(http_p50 * 1e6, 1),
+            "http_p99_us": round(p(http, 0.99) * 1e6, 1),
+            "overhead_p50_us": round((http_p50 - direct_p50) * 1e6, 1),
+            "ratio_p50": round(http_p50 / direct_p50, 2),
+            "http_req_per_s": round(len(http) / sum(http)),
+            "asks_each": len(direct),
+            "load_before": round(load_before, 2),
+            "load_after": round(os.getloadavg()[0], 2),
+        }
+    ]
+
+
 def main() -> None:
+    if AGENTS_ONLY:
+        report([{"name": "load average", "1min": round(os.getloadavg()[0], 2)}, *_agent_rows()])
+        return
     component = _build()
     rows: list[Row] = [{"name": "load average", "1min": round(os.getloadavg()[0], 2)}]
     rows += _parts(component)
@@ -365,6 +488,7 @@ def main() -> None:
         finally:
             _stop(process)
     rows.append(_swap_row(component, _build("v2")))
+    rows += _agent_rows()
     report(rows)
 
 
