@@ -50,3 +50,51 @@ def test_anything_else_is_404(client: httpx.Client) -> None:
     """Another path or method is the handler's own 404."""
     assert client.get("/nothing").status_code == 404
     assert client.put("/echo", content=b"x").status_code == 404
+
+
+def test_the_http_agents_example_answers_its_readme_curls(tmp_path: Path) -> None:
+    """examples/http-agents under `mty run --http 127.0.0.1:0`: the README's curl steps, sent
+    as curl sends them (a form content-type, a bare JSON body)."""
+    import os
+    import re
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    for name in ("http-agents", "agents"):
+        shutil.copytree(ROOT / "examples" / name, tmp_path / name, ignore=_no_builds)
+    manifest = str(tmp_path / "http-agents" / "mighty.toml")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mighty.cli", "run", manifest, "--http", "127.0.0.1:0", "-q"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stderr is not None
+    try:
+        address = None
+        for line in process.stderr:
+            found = re.search(r"serving \[http\] on (http://\S+)", line)
+            if found:
+                address = found.group(1)
+                break
+        assert address is not None, "mty run never said where it serves"
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        with httpx.Client(base_url=address, timeout=60.0) as curl:
+            assert curl.put("/kv/answer", content=b"42", headers=form).json() == {"ok": True}
+            assert curl.get("/kv/answer").json() == {"value": 42}
+            assert curl.get("/kv").json() == {"size": 1}
+            wrong = curl.post("/kv/answer")
+            assert (wrong.status_code, wrong.json()) == (405, {"error": "method_not_allowed"})
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def _no_builds(_directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if n in (".mighty", "__pycache__") or n.endswith(".wasm")]
