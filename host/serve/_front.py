@@ -261,7 +261,9 @@ class AgentFront(HttpServer):
         if found.route is None:
             if found.allowed:
                 allow = ", ".join(found.allowed).encode()
-                return await self._error(conn, writer, 405, "method_not_allowed", allow=allow)
+                return await self._error(
+                    conn, writer, 405, "method_not_allowed", allow=allow, head_only=method == "HEAD"
+                )
             return await self._refuse(conn, writer, 404, "no_route")
         agent_route = self._routes[found.route]
         counts = self.route_stats[str(found.route)]
@@ -325,13 +327,14 @@ class AgentFront(HttpServer):
         kind: str,
         *,
         allow: bytes,
+        head_only: bool = False,
     ) -> int:
         self.stats.failures[kind] += 1
         data = json.dumps({"error": kind}).encode() + b"\n"
         headers = [(b"allow", allow)]
         if conn.their_state not in (h11.DONE, h11.IDLE):
             headers.append((b"connection", b"close"))  # the body was not read
-        return await self._reply(conn, writer, status, data, headers)
+        return await self._reply(conn, writer, status, data, headers, head_only=head_only)
 
     # -- on a worker thread -------------------------------------------------------------------
 
@@ -363,6 +366,9 @@ class AgentFront(HttpServer):
         except (TypeError, ValueError) as exc:
             self.log(f"  {route.route}: the reply is not JSON: {exc}")
             return _error_answer(500, "bad_reply")
+        if len(data) > self.limits.max_response_bytes:
+            self.log(f"  {route.route}: the reply is {len(data)} bytes, past max_response_bytes")
+            return _error_answer(500, "too_large")
         return _Answer(200, data)
 
     def _failed(self, route: AgentRoute, to: str, exc: Exception) -> _Answer:
@@ -462,11 +468,17 @@ def serve_application(
         token = read_token(base / settings.token_file, "[http] token_file")
     if token is None and not is_loopback(host):
         raise BadInput(f"[http] on {where} is off loopback: set [http] token_file")
-    size = settings.max_request_bytes
+    sizes = {
+        name: value if isinstance(value, int) else _size(value)
+        for name, value in (
+            ("max_request_bytes", settings.max_request_bytes),
+            ("max_response_bytes", settings.max_response_bytes),
+        )
+    }
     limits = ServeLimits(
         max_concurrent=settings.max_concurrent,
         max_connections=settings.max_connections,
-        max_request_bytes=size if isinstance(size, int) else _size(size),
+        **sizes,
         header_timeout=settings.header_timeout,
         body_timeout=settings.body_timeout,
         idle_timeout=settings.idle_timeout,

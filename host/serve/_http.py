@@ -175,8 +175,11 @@ class HttpServer:
         status: int,
         data: bytes,
         headers: list[tuple[bytes, bytes]] | None = None,
+        *,
+        head_only: bool = False,
     ) -> int:
-        """Answer ``status`` with ``data`` (JSON) as one write; ``_Closed`` if it could not."""
+        """Answer ``status`` with ``data`` (JSON) as one write (its head alone for a HEAD
+        request); ``_Closed`` if it could not."""
         self.stats.statuses[status] += 1
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             raise _Closed
@@ -187,7 +190,8 @@ class HttpServer:
         ]
         try:
             out = conn.send(h11.Response(status_code=status, headers=head, reason=_reason(status)))
-            out = (out or b"") + (conn.send(h11.Data(data=data)) or b"")
+            if not head_only:
+                out = (out or b"") + (conn.send(h11.Data(data=data)) or b"")
             out += conn.send(h11.EndOfMessage()) or b""
         except h11.LocalProtocolError:
             raise _Closed from None

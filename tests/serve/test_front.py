@@ -21,6 +21,7 @@ ROUTES = """
 [http]
 listen = "127.0.0.1:0"
 max_concurrent = {max_concurrent}
+{limits}
 routes = [
   {{ route = "POST /kv/{{key}}", to = "front", message = "put", body = {{ key = "{{key}}", value = "$body.value" }} }},
   {{ route = "GET /kv/{{key}}", to = "front", message = "get" }},
@@ -64,9 +65,13 @@ children = [
 """
 
 
-def manifest_text(wasm: Path, *, max_concurrent: int = 32, routes: str | None = None) -> str:
-    """The test system: the front agent behind the routes above (or ``routes``)."""
-    return AGENTS.format(wasm=wasm) + (routes or ROUTES.format(max_concurrent=max_concurrent))
+def manifest_text(
+    wasm: Path, *, max_concurrent: int = 32, limits: str = "", routes: str | None = None
+) -> str:
+    """The test system: the front agent behind the routes above (or ``routes``); ``limits``:
+    more keys of [http]."""
+    http = routes or ROUTES.format(max_concurrent=max_concurrent, limits=limits)
+    return AGENTS.format(wasm=wasm) + http
 
 
 @pytest.fixture(autouse=True)
@@ -285,3 +290,14 @@ def test_the_front_reports_json_for_every_status(serve: Serve) -> None:
     for response in (client.post("/echo", json=1), client.get("/none"), client.post("/fail")):
         assert response.headers["content-length"] == str(len(response.content))
         json.loads(response.content)
+
+
+def test_head_is_405_with_no_body_and_a_reply_past_the_limit_is_500(serve: Serve) -> None:
+    """HEAD (never routed) answers 405's head alone, and the connection goes on; a reply
+    bigger than max_response_bytes is 500 too_large, not sent."""
+    _, _, client = serve(limits="max_response_bytes = 1000")
+    head = client.head("/kv/a")
+    assert (head.status_code, head.content, head.headers["allow"]) == (405, b"", "GET, POST")
+    assert client.post("/echo", json="x" * 100).status_code == 200
+    big = client.post("/echo", json="x" * 2000)
+    assert (big.status_code, big.json()) == (500, {"error": "too_large"})
