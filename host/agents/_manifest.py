@@ -223,15 +223,16 @@ class HttpModel(_Model):
     max_concurrent: int = Field(32, ge=1)
     max_connections: int = Field(1024, ge=1)
     max_request_bytes: int | str = 1 << 20
+    max_response_bytes: int | str = 16 << 20
     header_timeout: float = Field(10.0, gt=0)
     body_timeout: float = Field(30.0, gt=0)
     idle_timeout: float = Field(5.0, gt=0)
     shutdown_timeout: float = Field(30.0, gt=0)
     routes: list[HttpRouteModel] = Field(min_length=1)
 
-    @field_validator("max_request_bytes")
+    @field_validator("max_request_bytes", "max_response_bytes")
     @classmethod
-    def _max_request_bytes(cls, value: int | str) -> int | str:
+    def _max_bytes(cls, value: int | str) -> int | str:
         _size(value)  # a positive size is checked by ServeLimits when it serves
         return value
 
