@@ -74,6 +74,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from mighty.telemetry._config import TelemetryConfig
 
@@ -551,13 +552,23 @@ class Telemetry:
 
     # -- HTTP (mighty.serve's agent front) ---------------------------------------------------
 
-    def http_begin(self, method: str, route: str, attributes: Mapping[str, Any]) -> Span:
+    def http_begin(
+        self,
+        method: str,
+        route: str,
+        attributes: Mapping[str, Any],
+        traceparent: str | None = None,
+    ) -> Span:
         """An ``http.server`` span for one routed request (OpenTelemetry's HTTP semantic
-        conventions: named ``METHOD ROUTE``, a root span); end it with :meth:`http_end`."""
+        conventions: named ``METHOD ROUTE``), the child of the request's W3C ``traceparent``
+        when it has a valid one, else a root; end it with :meth:`http_end`."""
         try:
+            parent = otel_context.Context()
+            if traceparent is not None:
+                parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
             return self.tracer.start_span(
                 f"{method} {route}",
-                context=otel_context.Context(),
+                context=parent,
                 kind=SpanKind.SERVER,
                 attributes={"http.request.method": method, "http.route": route, **attributes},
             )
