@@ -16,8 +16,9 @@ Per route the front counts requests, those in flight and responses by status
 (:meth:`AgentFront.snapshot`, which ``mty top`` and ``mty inspect`` show through the control
 socket). With telemetry on, each routed request is an OpenTelemetry ``http.server`` span
 (``http.request.method``, ``url.path``, ``http.route``, ``http.response.status_code``,
-``server.address``/``server.port``) made current on the thread that asks, so the
-``agent.ask`` span and the handler's ``agent.handle`` are its children: one trace per request.
+``server.address``/``server.port``), the child of the request's ``traceparent`` header when
+it has one, made current on the thread that asks, so the ``agent.ask`` span and the
+handler's ``agent.handle`` are its children: one trace from the client to the handler.
 
 The front knows the runtime only as an ``ask`` callable and the agent errors only by their
 ``code`` (the WIT ``agent-error`` case): ``mighty.serve`` sits below ``mighty.agents``,
@@ -267,7 +268,9 @@ class AgentFront(HttpServer):
             return await self._refuse(conn, writer, 404, "no_route")
         agent_route = self._routes[found.route]
         counts = self.route_stats[str(found.route)]
-        span = self._span_begin(method, target, found.route)
+        span = None
+        if self.telemetry is not None:
+            span = self._span_begin(method, target, found.route, head.headers)
         if not self._admit():
             with self._count_lock:
                 counts.requests += 1
@@ -387,10 +390,9 @@ class AgentFront(HttpServer):
 
     # -- telemetry ----------------------------------------------------------------------------
 
-    def _span_begin(self, method: str, target: str, route: Route) -> Any:
-        if self.telemetry is None:
-            return None
+    def _span_begin(self, method: str, target: str, route: Route, headers: Any) -> Any:
         host, port = self.address or ("", 0)
+        parent = next((v.decode("latin-1") for k, v in headers if k == b"traceparent"), None)
         return self.telemetry.http_begin(
             method,
             str(route.template),
@@ -401,6 +403,7 @@ class AgentFront(HttpServer):
                 "server.port": port,
                 "network.protocol.version": "1.1",
             },
+            parent,
         )
 
     def _span_end(self, span: Any, answer: _Answer | None) -> None:

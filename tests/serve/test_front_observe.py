@@ -99,7 +99,8 @@ def test_each_routed_request_is_an_http_server_span_parent_of_the_ask(
     front_agent_wasm: Path, tmp_path: Path
 ) -> None:
     """http.server span with the semantic conventions' attributes; agent.ask its child,
-    agent.handle the ask's; a failed ask's span has the status and error.type."""
+    agent.handle the ask's; a failed ask's span has the status and error.type; a request's
+    traceparent is continued."""
     spans = InMemorySpanExporter()
     telemetry = Telemetry(span_exporter=spans, batch=False)
     manifest = tmp_path / "mighty.toml"
@@ -114,6 +115,8 @@ def test_each_routed_request_is_an_http_server_span_parent_of_the_ask(
             assert client.post("/kv/k1?x=1", json={"value": 3}).status_code == 200
             assert client.post("/fail").status_code == 500
             assert client.get("/nowhere").status_code == 404
+            remote = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            assert client.get("/kv/k1", headers={"traceparent": remote}).status_code == 200
     finally:
         app.shutdown()
     finished = spans.get_finished_spans()
@@ -147,6 +150,9 @@ def test_each_routed_request_is_an_http_server_span_parent_of_the_ask(
     assert fail.attributes["error.type"] == "failed"
     assert fail.status.status_code.name == "ERROR"
     assert not [s for s in finished if "nowhere" in s.name]  # no route: no route span
+    (continued,) = [s for s in finished if s.name == "GET /kv/{key}"]
+    assert continued.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert continued.parent is not None and continued.parent.span_id == 0xB7AD6B7169203331
 
 
 def test_mty_run_http_answers_a_client_and_stops_on_sigterm(
