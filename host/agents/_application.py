@@ -6,7 +6,9 @@ optionally a recorder and telemetry. ``start()`` registers the types and starts 
 tree, ``send_start()`` sends the ``[[start]]`` messages in order (waiting for each ask),
 ``wait()`` runs until every accepted message is handled, and ``shutdown()`` stops the tree in
 reverse start order within its deadline. ``run()`` does all four and returns a ``RunReport``:
-the replies, the failures and the per-agent summary that `mty run` prints.
+the replies, the failures and the per-agent summary that `mty run` prints. ``serve_http()``
+puts the manifest's ``[http]`` routes on the network (``mighty.serve.AgentFront``, stopped
+first at shutdown), as `mty run --http` does.
 
 Waiting never blocks for long: every wait is in short slices that look at ``interrupted`` (a
 callable), so a caller that notes signals in a handler (as `mty run` does: a handler may not

@@ -140,7 +140,9 @@ def run_command(
 
     Each agent's log() lines and print() output (its stdout and stderr) are shown on stderr as
     they are written, prefixed with the agent's address; --json also carries each agent's last
-    lines (at most 200 lines and 64 KiB per agent) in the summary.
+    lines (at most 200 lines and 64 KiB per agent) in the summary. With an [http] block that
+    has a listen address, or --http HOST:PORT, its routes are served (docs/serve.md) until
+    Ctrl-C.
     """
     from mighty.agents import (
         Application,
