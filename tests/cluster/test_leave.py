@@ -18,6 +18,8 @@ from mighty.cluster import ClusterChild, ClusterSupervisor, NatsServer
 from mighty.control import request
 from tests.cluster.conftest import ECHO_WAT, Mty, Nodes
 
+pytestmark = pytest.mark.timing  # .ci/stress runs it beside busy loops
+
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
@@ -31,9 +33,12 @@ def test_a_closed_node_is_reported_left_and_its_child_stopped(
 ) -> None:
     """b closes: t hears "left" (has_left, no "dead"), its child restarts off b as "stopped:
     node b left"; b back under its name is live again and no longer "left"."""
-    _, node_a = nodes("a")
-    b, node_b = nodes("b")
-    _, node_t = nodes("t")
+    # A silence must last 30 s to count as a death: a loaded machine never declares one here,
+    # and a node that left is reported at once (before: "dead" 30 s later).
+    slow = {"dead_after": 30.0}
+    _, node_a = nodes("a", **slow)
+    b, node_b = nodes("b", **slow)
+    _, node_t = nodes("t", **slow)
     assert node_t.wait_for(["a", "b", "t"], 60)
     supervisor = ClusterSupervisor(node_t, [ClusterChild("e", "echo", node="b")]).start()
     assert (node_t.whereis("e") or "").startswith("b:")
@@ -60,7 +65,7 @@ def test_a_closed_node_is_reported_left_and_its_child_stopped(
     supervisor.stop()
 
     # Back under the same name: live again, and not "left" any more.
-    _, node_b2 = nodes("b")
+    _, node_b2 = nodes("b", **slow)
     assert node_t.wait_for(["b"], 60) and node_b2.wait_for(["t"], 60)
     assert not node_t.has_left("b")
 
@@ -75,7 +80,7 @@ def test_a_node_stopped_with_ctrl_c_is_reported_left_by_its_peer(
     manifest = tmp_path / "mighty.toml"
     manifest.write_text(
         f'[agents.echo]\ncomponent = "{echo}"\n\n'
-        f'[cluster]\nservers = ["{nats_server.url}"]\nheartbeat = 0.2\ndead_after = 1.0\n'
+        f'[cluster]\nservers = ["{nats_server.url}"]\nheartbeat = 0.2\ndead_after = 30.0\n'
         "[cluster.peers]\na = {}\nb = {}\n"
     )
     with tempfile.TemporaryDirectory(prefix="mty-leave-", dir="/tmp") as sockets:
