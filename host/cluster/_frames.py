@@ -5,7 +5,8 @@ A request frame goes to its node's subject, which also names the sender
 ``send`` (put a message in a mailbox; the reply acknowledges it), ``ask`` (request/reply;
 ``ttl`` is the asker's deadline in milliseconds left when it sent, so clocks need not agree),
 ``spawn``, ``stop``, ``migrate`` (an agent's state and mailbox moving in) and ``hb`` (a
-heartbeat, published to ``<prefix>.hb.<sender>``). Every answer is a reply frame: ``ok`` with a
+heartbeat, published to ``<prefix>.hb.<sender>``; the last one of a node that leaves carries
+``leaving: true`` in ``x``). Every answer is a reply frame: ``ok`` with a
 body, or ``err`` with the ``agent-error`` code (``noproc``, ``timeout``, ``refused``,
 ``mailbox-full``, ``circuit-open``, ``failed``, ``cycle``, ``bad-spawn``) and a message.
 
