@@ -18,6 +18,7 @@ from mighty.agents import (
     Runtime,
 )
 from mighty.budget import RunContext, using_context
+from mighty.wasi import Policy
 
 pytestmark = pytest.mark.slow
 
@@ -189,3 +190,39 @@ def test_an_ask_made_in_a_context_is_its_child(relay: Component) -> None:
         with using_context(request), pytest.raises(Exception, match="went away"):
             rt.ask(address, "relay", {"n": FOREVER}, timeout=600.0)
         assert parents == [request.id]
+
+
+def test_an_http_request_in_flight_stops_with_its_handler(relay: Component) -> None:
+    """The handler waits on a loopback server that never answers: the asker's deadline stops
+    the handler, and the server sees the request's connection closed."""
+    import http.server
+
+    seen, closed = threading.Event(), threading.Event()
+
+    class Stall(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.set()
+            self.rfile.read(1)  # b"" once the client closes the connection
+            closed.set()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stall)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    events = Events()
+    try:
+        with Runtime(workers=2, on_event=events) as rt:
+            policy = Policy().with_http(origin)
+            rt.register(AgentType("relay", relay, budget=SPIN, policy=policy))
+            address = rt.spawn("relay")
+            with pytest.raises(AskTimeout):
+                rt.ask(address, "fetch", {"url": f"{origin}/slow"}, timeout=2.0)
+            assert seen.is_set()
+            assert "cancel" in events.wait_for(crashed(address)).data["reason"]
+            assert closed.wait(WAIT), "the request's connection was never closed"
+    finally:
+        server.shutdown()
+        server.server_close()

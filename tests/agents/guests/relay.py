@@ -1,6 +1,6 @@
 """A test agent that passes an ask down a chain of agents; the last one spins."""
 
-from mighty_agent import Agent, ask, export, on
+from mighty_agent import Agent, ask, export, http, on
 
 
 class Relay(Agent):
@@ -16,6 +16,10 @@ class Relay(Agent):
             total += i
         self.spun += 1
         return {"total": total, "spun": self.spun}
+
+    @on("fetch")
+    def fetch(self, body, sender):
+        return http.get(body["url"], timeout=600).text()
 
     @on("get")
     def get(self, body, sender):
