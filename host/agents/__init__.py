@@ -11,6 +11,15 @@ from mighty.agents._application import (
 )
 from mighty.agents._compose import broadcast, pipe
 from mighty.agents._hibernate import HibernationStats, Hibernator
+from mighty.agents._history import (
+    AgentHistory,
+    ForkRefused,
+    HistoryEntry,
+    JournalCorrupt,
+    UnknownAgent,
+    fork_agent,
+    read_history,
+)
 from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION, jsonable
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
 from mighty.agents._manifest import (
@@ -84,6 +93,7 @@ __all__ = [
     "AgentCrashed",
     "AgentError",
     "AgentEvent",
+    "AgentHistory",
     "AgentOutput",
     "AgentProcess",
     "AgentStats",
@@ -99,10 +109,13 @@ __all__ = [
     "CircuitOpen",
     "CircuitOpenError",
     "Envelope",
+    "ForkRefused",
     "Grants",
     "HandlerFailed",
     "HibernationStats",
     "Hibernator",
+    "HistoryEntry",
+    "JournalCorrupt",
     "LineSplitter",
     "Mailbox",
     "MailboxClosed",
@@ -132,16 +145,19 @@ __all__ = [
     "SupervisorFailed",
     "SupervisorSpec",
     "SupervisorStartFailed",
+    "UnknownAgent",
     "WorkerStats",
     "agent_types",
     "broadcast",
     "capabilities",
     "decode_body",
     "encode_body",
+    "fork_agent",
     "jsonable",
     "level_number",
     "load_manifest",
     "pipe",
+    "read_history",
     "run_manifest",
     "run_summary",
     "send_start_messages",

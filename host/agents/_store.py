@@ -31,6 +31,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "SnapshotStore",
     "StoreError",
     "StoreUnavailable",
+    "StoreView",
     "StoredSnapshot",
 ]
 
@@ -207,6 +209,46 @@ class SnapshotStore:
                 self._db.execute(
                     "DELETE FROM inbox WHERE address = ? AND seq = ?", (snapshot.address, done)
                 )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def put_forked(self, snapshot: StoredSnapshot, messages: list[tuple[str, str, bytes]]) -> None:
+        """A new durable agent's row and its journaled messages ``(sender, name, body)``
+        (numbered from 1), in one fsynced transaction (``mty fork``): a crash leaves the whole
+        fork or none of it. StoreError if the address is taken."""
+        if len(snapshot.state) > MAX_SNAPSHOT_BYTES:
+            raise StoreError(
+                f"{snapshot.address}: snapshot over the {MAX_SNAPSHOT_BYTES} byte limit"
+            )
+        digest = hashlib.sha256(snapshot.state).digest()
+        row = (
+            snapshot.address,
+            snapshot.type,
+            snapshot.name,
+            snapshot.component,
+            snapshot.schema,
+            int(snapshot.durable),
+            snapshot.state,
+            digest,
+        )
+        with self._writing(True):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                taken = self._db.execute(
+                    "SELECT 1 FROM snapshots WHERE address = ? UNION ALL "
+                    "SELECT 1 FROM inbox WHERE address = ? LIMIT 1",
+                    (snapshot.address, snapshot.address),
+                ).fetchone()
+                if taken is not None:
+                    raise StoreError(f"{snapshot.address} is already stored")
+                self._db.execute("INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?)", row)
+                for seq, (sender, name, body) in enumerate(messages, 1):
+                    self._db.execute(
+                        "INSERT INTO inbox VALUES (?,?,?,?,?)",
+                        (snapshot.address, seq, sender, name, body),
+                    )
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -511,3 +553,195 @@ def _take_lock(directory: Path) -> int:
 
 def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+class StoreView:
+    """A read-only look at the store under ``state_dir`` (``mty history``): it takes no lock
+    and writes nothing, so it reads a store a live runtime holds (SQLite WAL lets a reader
+    see the last committed state beside the writer). Every row read is checked as
+    :meth:`SnapshotStore.get` checks it; sizes are checked in SQL before a row is read.
+    :class:`BadStateDir` when there is no store to read or it is damaged."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        directory = Path(state_dir)
+        self.directory = directory
+        self.path = directory / DB_NAME
+        if not directory.is_dir():
+            why = "no such directory" if not directory.exists() else "not a directory"
+            raise BadStateDir(f"state_dir {directory}: {why}")
+        if not os.access(directory, os.R_OK | os.X_OK):
+            raise BadStateDir(f"state_dir {directory}: not readable")
+        if not self.path.is_file():
+            raise BadStateDir(f"state_dir {directory}: no snapshot store ({DB_NAME}) in it")
+        _check_owned(directory)
+        self._lock = threading.Lock()
+        uri = f"file:{urllib.request.pathname2url(str(self.path.resolve()))}?mode=ro"
+        try:
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5.0)
+            _bound_heap(self._db)
+            checked = self._db.execute("PRAGMA quick_check").fetchall()
+            if [tuple(r) for r in checked] != [("ok",)]:
+                first = " ".join(str(checked[0][0]).split()) if checked else "no answer"
+                raise BadStateDir(
+                    f"state_dir {directory}: {self.path.name} is damaged ({first[:160]})"
+                )
+            tables = {
+                r[0]
+                for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error, AttributeError):
+                self._db.close()
+            raise BadStateDir(f"state_dir {directory}: {self.path.name}: {exc}") from None
+        except BadStateDir:
+            self._db.close()
+            raise
+        if not {"snapshots", "inbox"} <= tables:
+            self._db.close()
+            raise BadStateDir(
+                f"state_dir {directory}: {self.path.name} holds no snapshot store tables"
+            )
+
+    def durable(self, limit: int) -> list[tuple[str, str | None]]:
+        """Up to ``limit`` durable agents stored: ``(address, name)``, by address."""
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT address, name FROM snapshots WHERE durable = 1 ORDER BY address LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [
+            (a, n if isinstance(n, str) else None)
+            for a, n in rows
+            if isinstance(a, str) and len(a) <= _MAX_TEXT
+        ]
+
+    def find(self, agent: str) -> str | None:
+        """The address of the durable agent named or addressed ``agent`` (None: none)."""
+        with self._reading():
+            row = self._db.execute(
+                "SELECT address FROM snapshots WHERE durable = 1 AND (name = ? OR address = ?) "
+                "ORDER BY name = ? DESC LIMIT 1",
+                (agent, agent, agent),
+            ).fetchone()
+        return row[0] if row is not None and isinstance(row[0], str) else None
+
+    def get(self, address: str) -> StoredSnapshot | None:
+        """The checked row of ``address``, as :meth:`SnapshotStore.get` reads it (its sizes
+        checked in SQL first)."""
+        with self._reading():
+            sizes = self._db.execute(
+                "SELECT ifnull(length(type), 0) + ifnull(length(name), 0) "
+                "+ ifnull(length(component), 0) + ifnull(length(schema), 0) "
+                "+ ifnull(length(digest), 0), length(state) FROM snapshots WHERE address = ?",
+                (address,),
+            ).fetchone()
+            if sizes is None:
+                return None
+            texts, state = sizes
+            if (texts is not None and texts > 8 * _MAX_TEXT) or (
+                state is not None and state > MAX_SNAPSHOT_BYTES
+            ):
+                raise SnapshotCorrupt(
+                    f"{address}: stored snapshot is corrupt: a column is over its size limit"
+                )
+            row = self._db.execute(
+                "SELECT address, type, name, component, schema, durable, state, digest "
+                "FROM snapshots WHERE address = ?",
+                (address,),
+            ).fetchone()
+        return None if row is None else _check_row(address, row)
+
+    def inbox_count(self, address: str) -> int:
+        with self._reading():
+            row = self._db.execute(
+                "SELECT count(*) FROM inbox WHERE address = ?", (address,)
+            ).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def inbox_heads(
+        self, address: str, limit: int, head: int = 256
+    ) -> list[tuple[int, str, str, int, bytes]]:
+        """Up to ``limit`` of ``address``'s journaled messages, oldest first: ``(seq, sender,
+        name, body length, the body's first head bytes)``; never a whole body in memory.
+        A damaged row raises SnapshotCorrupt."""
+        with self._reading():
+            over = self._db.execute(
+                "SELECT ifnull(max(length(sender) + length(name)), 0) FROM inbox WHERE address = ?",
+                (address,),
+            ).fetchone()
+            if over is not None and int(over[0] or 0) > 2 * _MAX_TEXT:
+                raise SnapshotCorrupt(f"{address}: a journaled message row is over its bounds")
+            rows = self._db.execute(
+                "SELECT seq, sender, name, length(body), ifnull(substr(body, 1, ?), x'') FROM inbox "
+                "WHERE address = ? ORDER BY seq LIMIT ?",
+                (head, address, limit),
+            ).fetchall()
+        checked: list[tuple[int, str, str, int, bytes]] = []
+        for seq, sender, name, size, first in rows:
+            if not (
+                isinstance(seq, int)
+                and isinstance(sender, str)
+                and isinstance(name, str)
+                and isinstance(size, int)
+                and isinstance(first, bytes)
+                and size <= MAX_INBOX_BODY
+            ):
+                raise SnapshotCorrupt(f"{address}: a journaled message row is damaged")
+            checked.append((seq, sender, name, size, first))
+        return checked
+
+    def inbox_rows(self, address: str, upto: int) -> list[tuple[int, str, str, bytes]]:
+        """``address``'s journaled messages with ``seq <= upto``, whole (``mty fork`` copies
+        them), checked as :meth:`SnapshotStore.inbox` checks them."""
+        with self._reading():
+            over = self._db.execute(
+                "SELECT count(*), ifnull(max(length(body)), 0), "
+                "ifnull(max(length(sender) + length(name)), 0) FROM inbox "
+                "WHERE address = ? AND seq <= ?",
+                (address, upto),
+            ).fetchone()
+            count, body, texts = over if over is not None else (0, 0, 0)
+            if count > MAX_INBOX_ROWS or body > MAX_INBOX_BODY or texts > 2 * _MAX_TEXT:
+                raise SnapshotCorrupt(f"{address}: the journaled inbox is over its bounds")
+            rows = self._db.execute(
+                "SELECT seq, sender, name, body FROM inbox WHERE address = ? AND seq <= ? "
+                "ORDER BY seq",
+                (address, upto),
+            ).fetchall()
+        checked: list[tuple[int, str, str, bytes]] = []
+        for seq, sender, name, data in rows:
+            if not (
+                isinstance(seq, int)
+                and isinstance(sender, str)
+                and isinstance(name, str)
+                and isinstance(data, bytes)
+            ):
+                raise SnapshotCorrupt(f"{address}: a journaled message row is damaged")
+            checked.append((seq, sender, name, data))
+        return checked
+
+    def close(self) -> None:
+        with self._lock, contextlib.suppress(sqlite3.Error):
+            self._db.close()
+
+    def __enter__(self) -> StoreView:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield
+            except MemoryError:
+                raise SnapshotCorrupt(
+                    f"snapshot store {self.path}: a row is larger than the store allows"
+                ) from None
+            except sqlite3.DatabaseError as exc:
+                if "malformed" in str(exc) or "not a database" in str(exc):
+                    raise SnapshotCorrupt(f"snapshot store {self.path}: {exc}") from None
+                raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None
+            except sqlite3.ProgrammingError as exc:
+                raise StoreUnavailable(f"snapshot store {self.path}: {exc}") from None

@@ -4,6 +4,7 @@ from mighty.cli._cache import cache_command
 from mighty.cli._capabilities import capabilities_command
 from mighty.cli._debug import trace_export_command
 from mighty.cli._eval import eval_command
+from mighty.cli._history import fork_command, history_command
 from mighty.cli._inspect import compile_command, inspect_command
 from mighty.cli._main import main, parse_size
 from mighty.cli._mcp import sandbox_group
@@ -33,5 +34,7 @@ main.add_command(cache_command, "cache")
 main.add_command(capabilities_command, "capabilities")
 main.commands["trace"].add_command(trace_export_command, "export")  # type: ignore[attr-defined]
 main.add_command(serve_command, "serve")
+main.add_command(history_command, "history")
+main.add_command(fork_command, "fork")
 
 __all__ = ["main", "parse_size"]

@@ -1,0 +1,520 @@
+"""History as data: what a durable agent's stored state says happened, and forks of it.
+
+A durable agent's stored state (docs/durability.md) is its checkpoint (the snapshot row of the
+store, written after every handled message), its journaled messages (inbox rows accepted and
+not yet checkpointed, oldest first) and the import log of the first of them
+(``state_dir/journal/ADDRESS.trace``, a trace file). :func:`read_history` lists that as
+numbered entries: position 0 is the checkpoint, then each pending message, the first one
+followed by the imports its log holds, in the order they were answered. A healthy agent between
+messages has only its checkpoint: the runtime deletes a message's log and inbox row when it
+checkpoints the message, so there is no older history to read (``--record`` traces keep that).
+
+:func:`fork_agent` starts a new durable agent from position N: the checkpoint copied under a
+new address and name, the messages up to N copied into the fork's inbox, and the log copied
+up to N (a position inside the in-flight message keeps the imports up to it). Nothing runs
+here: the next runtime on the ``state_dir`` that registers the agent's type recovers the fork
+as it recovers a crash, re-running its messages from the checkpoint with the copied log's
+answers (a :class:`mighty.trace.TraceAnswers` replay) and going live after them, as Golem's
+fork continues a worker from an oplog index.
+
+Bounds on a hostile or huge store or log: at most ``limit`` entries are kept, inbox bodies are
+read as their first bytes only (their size is asked of SQL), and the log is decoded only up to
+``READ_BYTES``; past either bound the rest of the log is counted by its frame prefixes (12
+bytes each), never decoded, and reported as "N more". Damage is a typed one-line error:
+:class:`JournalCorrupt` for the log, the store's own errors for the store.
+
+Rejected: keeping every message's log and every snapshot forever so any past position could
+be listed and forked (the runtime's checkpoint-per-message design deletes them, and changing
+what it keeps is a decision of the runtime, not of a reader); forking by running the agent here
+(a fork would then need the agent's capabilities and component in this process; the runtime's
+recovery already replays a log exactly, with its divergence checks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mighty._errors import BadInput, HostError
+from mighty.agents._journal import _file_name
+from mighty.agents._store import StoreView
+from mighty.trace import MAX_FRAME, Recorder, TraceError, TraceReader
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "READ_BYTES",
+    "AgentHistory",
+    "ForkRefused",
+    "ForkResult",
+    "HistoryEntry",
+    "JournalCorrupt",
+    "UnknownAgent",
+    "fork_agent",
+    "read_history",
+]
+
+HISTORY_LIMIT = 1000
+"""Entries :func:`read_history` lists by default; the rest are counted."""
+READ_BYTES = 64 << 20
+"""Bytes of an import log decoded at most (with the one frame that crosses the bound)."""
+_SUMMARY = 100
+_PREFIX = struct.Struct(">III")
+_BLOB_HEAD = b"\xa3\x61k\x64blob"  # a frame {"k": "blob", ...}: the trace writer's own frames
+
+
+class JournalCorrupt(HostError):
+    """A durable agent's import log is damaged (not a torn tail: that is what a crash
+    leaves, and the records before it are read)."""
+
+    kind = "journal_corrupt"
+
+
+class UnknownAgent(BadInput):
+    """No durable agent by that name or address in the ``state_dir``."""
+
+    kind = "unknown_agent"
+
+
+class ForkRefused(BadInput):
+    """``mty fork`` cannot start a new agent from that position (or under that name)."""
+
+    kind = "fork_refused"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One entry of an agent's history: ``kind`` is ``checkpoint``, ``message`` or
+    ``import`` (or ``end``: the message's handler returned, not yet checkpointed)."""
+
+    position: int
+    kind: str
+    summary: str
+    time: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "kind": self.kind,
+            "summary": self.summary,
+            "time": self.time,
+            **self.detail,
+        }
+
+
+@dataclass(slots=True)
+class AgentHistory:
+    """What :func:`read_history` found for one agent."""
+
+    address: str
+    name: str | None
+    type: str
+    state_dir: Path
+    log: Path | None
+    entries: list[HistoryEntry]
+    more: int = 0
+    """Entries past the limit (or past ``READ_BYTES`` of the log), counted, not listed."""
+    torn: bool = False
+    """The log ends inside a record (a crash mid-write): the records before it are whole."""
+    stale: bool = False
+    """The log's message was already checkpointed (a crash between the two): no recovery
+    reads it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agent": self.address,
+            "name": self.name,
+            "type": self.type,
+            "state_dir": str(self.state_dir),
+            "log": None if self.log is None else str(self.log),
+            "entries": [e.to_json() for e in self.entries],
+            "more": self.more,
+            "torn": self.torn,
+            "stale": self.stale,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ForkResult:
+    """What :func:`fork_agent` stored: the fork's address and name, and what it holds."""
+
+    address: str
+    name: str
+    source: str
+    at: int
+    messages: int
+    imports: int
+    log: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "name": self.name,
+            "from": self.source,
+            "at": self.at,
+            "messages": self.messages,
+            "imports": self.imports,
+            "log": None if self.log is None else str(self.log),
+        }
+
+
+def log_path(state_dir: Path, address: str) -> Path:
+    """Where the runtime keeps ``address``'s import log (mighty.agents._journal)."""
+    return state_dir / "journal" / _file_name(address)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    if isinstance(value, bytes | bytearray):
+        data = bytes(value[: limit * 4])
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = f"<{len(value)} bytes>"
+        else:
+            text = text if len(value) <= len(data) else text + "…"
+    elif isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, list | tuple):
+        text = (
+            "["
+            + ", ".join(_short(v, limit) for v in value[:4])
+            + (", …]" if len(value) > 4 else "]")
+        )
+    elif isinstance(value, dict):
+        items = list(value.items())[:4]
+        text = "{" + ", ".join(f"{_short(k, 12)}: {_short(v, limit)}" for k, v in items)
+        text += ", …}" if len(value) > 4 else "}"
+    else:
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _body_text(size: int, head: bytes) -> str:
+    from mighty.agents._runtime import decode_body
+
+    if size == 0:
+        return "null"
+    if size == len(head):
+        with contextlib.suppress(Exception):  # a body is the sender's bytes; else its size
+            return _short(decode_body(head), 60)
+    return f"<{size} bytes>"
+
+
+def _import_entry(position: int, record: dict[str, Any], count: int) -> HistoryEntry:
+    interface = str(record.get("if", "?"))
+    function = str(record.get("fn", "?"))
+    args = record.get("args")
+    short_if = interface.partition("@")[0].rpartition("/")[2] or interface
+    if function == "call" and isinstance(args, list) and len(args) == 2:
+        call = f"{short_if}.call {_short(args[0], 30)} {_short(args[1], 50)}"
+    else:
+        call = f"{short_if}.{function}({_short(args, 50)[1:-1] if isinstance(args, list) else ''})"
+    outcome = str(record.get("out", "ok"))
+    summary = f"{call} -> {_short(record.get('res'), 40)}"
+    if outcome != "ok":
+        summary += f" ({outcome})"
+    return HistoryEntry(
+        position,
+        "import",
+        summary[: 2 * _SUMMARY],
+        None,
+        {"import": count, "interface": interface, "function": function, "outcome": outcome},
+    )
+
+
+class _Log:
+    """The records of one import log, read lazily; ``JournalCorrupt`` for damage."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.reader = TraceReader(path)
+        except TraceError as exc:
+            raise JournalCorrupt(f"{path}: {exc}") from None
+        except OSError as exc:
+            raise JournalCorrupt(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        self.created = self.reader.header.get("created")
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        try:
+            yield from self.reader.records(schema=True)
+        except TraceError as exc:
+            raise JournalCorrupt(f"{self.path}: {exc}") from None
+        except OSError as exc:
+            raise JournalCorrupt(f"{self.path}: cannot read it: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _count_frames(path: Path, start: int) -> int:
+    """Records (frames that are not blobs) of ``path`` from byte ``start``, by their prefixes
+    alone: 12 bytes and the payload's first 8 read per frame, so a log of any size is counted
+    in constant memory. A damaged prefix is JournalCorrupt; a torn or zeroed tail ends it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise JournalCorrupt(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        size = os.fstat(fd).st_size
+        pos, count = start, 0
+        while pos + _PREFIX.size <= size:
+            prefix = os.pread(fd, _PREFIX.size, pos)
+            if prefix.count(0) == len(prefix):
+                break  # a zeroed tail (the reader stops there too)
+            length, _crc, prefix_crc = _PREFIX.unpack(prefix)
+            if zlib.crc32(prefix[:8]) != prefix_crc or length > MAX_FRAME:
+                raise JournalCorrupt(f"{path}: frame at byte {pos}: its prefix is damaged")
+            if pos + _PREFIX.size + length > size:
+                break  # torn
+            if os.pread(fd, len(_BLOB_HEAD), pos + _PREFIX.size) != _BLOB_HEAD:
+                count += 1
+            pos += _PREFIX.size + length
+        return count
+    finally:
+        os.close(fd)
+
+
+def _chosen_log(state_dir: Path, address: str) -> Path | None:
+    """The log recovery would answer from: the current one, or the one a crash during a
+    recovery left beside it (``.prev``) when that holds more imports (mighty.agents._journal)."""
+    current = log_path(state_dir, address)
+    previous = current.with_name(current.name + ".prev")
+    if not previous.is_file():
+        return current if current.is_file() else None
+    if not current.is_file():
+        return previous
+
+    def imports(path: Path) -> int:
+        log = _Log(path)
+        try:
+            return sum(1 for r in log.records() if r.get("k") == "import")
+        except JournalCorrupt:
+            return -1
+        finally:
+            log.close()
+
+    return current if imports(current) >= imports(previous) else previous
+
+
+def _open_agent(view: StoreView, agent: str) -> tuple[str, Any]:
+    address = view.find(agent)
+    row = None if address is None else view.get(address)
+    if address is None or row is None:
+        known = view.durable(11)
+        names = ", ".join(a + (f" ({n})" if n else "") for a, n in known[:10]) or "none"
+        if len(known) > 10:
+            names += ", …"
+        raise UnknownAgent(
+            f"no durable agent {agent!r} in state_dir {view.directory} (stored: {names})"
+        )
+    return address, row
+
+
+def read_history(
+    state_dir: str | os.PathLike[str], agent: str, *, limit: int = HISTORY_LIMIT
+) -> AgentHistory:
+    """The history of durable agent ``agent`` (a name or an address) under ``state_dir``:
+    at most ``limit`` entries, the rest counted in ``more``. Reads only (a live runtime may
+    hold the store)."""
+    directory = Path(state_dir)
+    with StoreView(directory) as view:
+        address, row = _open_agent(view, agent)
+        pending = view.inbox_count(address)
+        heads = view.inbox_heads(address, max(limit, 1))
+    history = AgentHistory(address, row.name, row.type, directory, None, [])
+    entries = history.entries
+
+    def add(entry: HistoryEntry) -> bool:
+        if len(entries) < limit:
+            entries.append(entry)
+            return True
+        history.more += 1
+        return False
+
+    add(
+        HistoryEntry(
+            0,
+            "checkpoint",
+            f"snapshot of {len(row.state)} bytes (component {row.component[:12]})",
+            None,
+            {"component": row.component, "schema": row.schema, "bytes": len(row.state)},
+        )
+    )
+    log = _chosen_log(directory, address)
+    history.log = log
+    position = 1
+    rest = list(heads)
+    if log is not None:
+        position = _read_log(history, log, rest.pop(0) if rest else None, add, position)
+    for seq, sender, name, size, head in rest:
+        add(_message(position, seq, sender, name, size, head, None, in_flight=False))
+        position += 1
+    history.more += max(0, pending - len(heads))
+    return history
+
+
+def _read_log(
+    history: AgentHistory,
+    log: Path,
+    first: tuple[int, str, str, int, bytes] | None,
+    add: Callable[[HistoryEntry], bool],
+    position: int,
+) -> int:
+    """The in-flight message ``first`` and the entries of its log, from ``position``; the
+    next position."""
+    stopped_at = -1
+    reader = _Log(log)
+    try:
+        created = reader.created if isinstance(reader.created, str) else None
+        if first is None:
+            history.stale = True
+        else:
+            seq, sender, name, size, head = first
+            add(_message(position, seq, sender, name, size, head, created, in_flight=True))
+            position += 1
+        count = 0
+        for record in reader.records():
+            kind = record.get("k")
+            if kind == "import":
+                count += 1
+                entry = _import_entry(position, record, count)
+            elif kind == "export" and record.get("fn") == "handle":
+                ok = bool(record.get("ok"))
+                said = "handle returned" if ok else f"handle failed: {_short(record.get('error'))}"
+                entry = HistoryEntry(position, "end", said, None, {"ok": ok})
+            else:
+                continue
+            position += 1
+            if not add(entry) or reader.reader.readable_bytes >= READ_BYTES:
+                stopped_at = reader.reader.readable_bytes
+                break
+        history.torn = reader.reader.truncated
+    finally:
+        reader.close()
+    if stopped_at >= 0:
+        # The rest of the log, counted by its frames, never decoded (see the module doc).
+        history.more += _count_frames(log, stopped_at)
+    return position
+
+
+def _message(
+    position: int,
+    seq: int,
+    sender: str,
+    name: str,
+    size: int,
+    head: bytes,
+    time: str | None,
+    *,
+    in_flight: bool,
+) -> HistoryEntry:
+    state = "in flight" if in_flight else "pending"
+    who = f"{_short(name, 40)[1:-1]} from {_short(sender, 40)[1:-1]}"
+    summary = f"{who}: {_body_text(size, head)} ({state})"
+    return HistoryEntry(
+        position,
+        "message",
+        summary,
+        time,
+        {"seq": seq, "message": name, "sender": sender, "bytes": size, "in_flight": in_flight},
+    )
+
+
+def fork_agent(state_dir: str | os.PathLike[str], agent: str, at: int, new_name: str) -> ForkResult:
+    """Store a new durable agent ``new_name`` whose state is ``agent``'s at position ``at``
+    (see the module doc). Takes the store's lock: not while a runtime holds the ``state_dir``
+    (BadStateDir). ForkRefused for a position past the history or inside a stale log, or a
+    name already stored."""
+    from mighty.agents._store import SnapshotStore, StoredSnapshot
+
+    directory = Path(state_dir)
+    if not new_name or len(new_name) > 200 or ":" in new_name:
+        raise ForkRefused(f"fork name {new_name!r}: give a name without ':' (at most 200 chars)")
+    history = read_history(directory, agent, limit=max(at + 1, 1))
+    last = len(history.entries) - 1 + history.more
+    if at < 0 or at >= len(history.entries):
+        raise ForkRefused(
+            f"{history.address} has no position {at}: its history runs from 0 (its "
+            f"checkpoint) to {last}"
+        )
+    entry = history.entries[at]
+    if history.stale and entry.kind != "checkpoint":
+        raise ForkRefused(
+            f"{history.address}: position {at} is in a log whose message was already "
+            "checkpointed; fork at 0 (the checkpoint)"
+        )
+    messages = [e for e in history.entries[: at + 1] if e.kind == "message"]
+    imports = sum(1 for e in history.entries[: at + 1] if e.kind == "import")
+    upto = int(messages[-1].detail["seq"]) if messages else 0
+    store = SnapshotStore(directory)
+    try:
+        if store.address_of(new_name) is not None:
+            raise ForkRefused(f"the name {new_name!r} is already a durable agent's in {directory}")
+        with StoreView(directory) as view:
+            row = view.get(history.address)
+            rows = view.inbox_rows(history.address, upto) if messages else []
+        if row is None:
+            raise UnknownAgent(f"{history.address} left state_dir {directory} meanwhile")
+        address = f"{row.type}:{store.max_pid() + 1}"
+        log = None
+        if messages and history.log is not None and messages[0].detail.get("in_flight"):
+            log = log_path(directory, address)
+            # Past the in-flight message's entries, its whole log; inside them, up to ``at``.
+            whole = entry.kind == "message" and not entry.detail.get("in_flight")
+            _copy_log(history.log, log, address, new_name, imports, whole=whole)
+        snapshot = StoredSnapshot(
+            address, row.type, new_name, row.component, row.schema, True, row.state
+        )
+        try:
+            store.put_forked(snapshot, [(s, n, b) for _q, s, n, b in rows])
+        except BaseException:
+            if log is not None:
+                log.unlink(missing_ok=True)
+            raise
+    finally:
+        store.close()
+    return ForkResult(address, new_name, history.address, at, len(rows), imports, log)
+
+
+def _copy_log(
+    source: Path, target: Path, address: str, name: str, imports: int, *, whole: bool
+) -> None:
+    """The log at ``source`` written to ``target`` (the fork's own), keeping its records up to
+    its ``imports``-th import (all of them with ``whole``); the records name the fork."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        raise ForkRefused(f"{target} exists already; the fork would share it")
+    reader = _Log(source)
+    header = {k: v for k, v in reader.reader.header.items() if k not in _FILLED}
+    recorder = Recorder(target, flush="call", positions=False, **header)
+    count = 0
+    try:
+        for record in reader.records():
+            if record.get("k") == "import":
+                if not whole and count >= imports:
+                    break
+                count += 1
+            copied = dict(record)
+            if "a" in copied:
+                copied["a"] = address
+            if copied.get("k") == "instance" and "name" in copied:
+                copied["name"] = name
+            recorder.append(copied)
+    except BaseException:
+        recorder.close(sync=False)
+        target.unlink(missing_ok=True)
+        raise
+    finally:
+        reader.close()
+    recorder.close()
+
+
+_FILLED = frozenset({"format", "mighty", "wasmtime", "created", "engine"})
