@@ -345,7 +345,13 @@ class Server(HttpServer):
                 break
             await _first(changed, guest, *([] if pump.done() else [pump]))
         failure = pump.result() if pump.done() else None
-        if failure is not None and not served.answered:
+        if failure is not None:
+            # The body failed before any of the response was sent: the request is answered
+            # for its body, even if the guest answered after its read failed (a guest that
+            # reads the whole body, then answers, is woken by that failure and may answer
+            # before this task runs: which one came first was the machine's speed).
+            if served.body is not None:
+                served.body.close()  # what the guest writes now goes nowhere
             cancel.cancel(f"the request body failed: {failure}")
             if failure == "gone":
                 self.stats.failures[failure] += 1
