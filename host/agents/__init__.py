@@ -17,6 +17,7 @@ from mighty.agents._history import (
     HistoryEntry,
     JournalCorrupt,
     UnknownAgent,
+    export_trace,
     fork_agent,
     read_history,
 )
@@ -152,6 +153,7 @@ __all__ = [
     "capabilities",
     "decode_body",
     "encode_body",
+    "export_trace",
     "fork_agent",
     "jsonable",
     "level_number",

@@ -55,6 +55,7 @@ __all__ = [
     "HistoryEntry",
     "JournalCorrupt",
     "UnknownAgent",
+    "export_trace",
     "fork_agent",
     "read_history",
 ]
@@ -517,4 +518,139 @@ def _copy_log(
     recorder.close()
 
 
-_FILLED = frozenset({"format", "mighty", "wasmtime", "created", "engine"})
+_FILLED = frozenset({"format", "mighty", "wasmtime", "engine"})
+
+
+def export_trace(state_dir: str | os.PathLike[str], agent: str, out: str | os.PathLike[str]) -> int:
+    """Write ``agent``'s message in flight as a trace `mty replay` and `mty debug` run: a new
+    instance of its component restored from the checkpoint (instantiation and ``restore``
+    recorded live here: the import log leaves them out, they are recomputed), then the
+    message's ``handle`` call with the logged imports, ended as interrupted where the log ends
+    (replay stops there, as for a cancelled call). Returns the imports copied.
+
+    ForkRefused-style :class:`BadInput` when there is nothing to replay (no message in flight:
+    the runtime keeps no log of checkpointed messages) or the component is not found."""
+    from mighty.engine import Component
+
+    directory, target = Path(state_dir), Path(out)
+    history = read_history(directory, agent, limit=1)
+    if history.log is None or history.stale:
+        raise BadInput(
+            f"{history.address} has no message in flight, so no log to replay: a checkpointed "
+            "message's log is deleted (record the system with --record to keep every call)"
+        )
+    with StoreView(directory) as view:
+        row = view.get(history.address)
+    if row is None:
+        raise UnknownAgent(f"{history.address} left state_dir {directory} meanwhile")
+    reader = _Log(history.log)
+    try:
+        records = reader.records()
+        head = next(records, None)
+        if head is None or head.get("k") != "instance" or head.get("component") != row.component:
+            raise JournalCorrupt(f"{history.log}: its first record is not the agent's instance")
+        path = Path(str(head.get("path", "")))
+        try:
+            component = Component.load(path)
+        except (OSError, BadInput) as exc:
+            raise BadInput(
+                f"{history.address}: its component {path} cannot be loaded: {exc}"
+            ) from None
+        if component.sha256 != row.component:
+            raise BadInput(
+                f"{history.address}: {path} is component {component.sha256[:12]} now, the log "
+                f"was written by {row.component[:12]}"
+            )
+        if target.exists():
+            raise BadInput(f"{target} exists already")
+        restored = _restored(component, row.state, history, target)
+        recorder = Recorder(target, flush="call", positions=False)
+        try:
+            steps = 0
+            for record in restored:
+                steps = max(steps, int(record.get("s", 0)))
+                recorder.append(record)
+            imports = _append_log(recorder, records, steps, history.address)
+        except BaseException:
+            recorder.close(sync=False)
+            target.unlink(missing_ok=True)
+            raise
+        recorder.close()
+    finally:
+        reader.close()
+    return imports
+
+
+def _restored(
+    component: Any, state: bytes, history: AgentHistory, target: Path
+) -> list[dict[str, Any]]:
+    """The records of a new instance of ``component`` restored from ``state``, recorded live
+    (into a scratch trace beside ``target``, deleted), without its ``close`` record."""
+    import tempfile
+
+    from mighty.abi import Ok
+    from mighty.budget import Budget
+    from mighty.instance import Instance
+    from mighty.trace import answer_gate
+
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        path = Path(scratch) / "restore.trace"
+        budget = Budget(fuel=10**10)
+        with Recorder(path, flush="call", positions=False) as recorder:
+            instance = Instance(
+                component,
+                budget=budget,
+                gate=answer_gate(component),
+                record=recorder,
+                agent=history.address,
+                agent_name=history.name,
+            )
+            try:
+                result = instance.call("restore", state, budget=budget)
+            finally:
+                instance.close()
+        if result != Ok(None):
+            raise BadInput(f"{history.address}: restore from its checkpoint failed: {result}")
+        with TraceReader(path) as reader:
+            return [r for r in reader.records() if r.get("k") != "close"]
+
+
+def _append_log(
+    recorder: Recorder, records: Iterator[dict[str, Any]], steps: int, address: str
+) -> int:
+    """The log's call and imports after step ``steps`` of instance 1, then an end that says
+    the call was interrupted where the log ends (an ``end`` the log holds is kept)."""
+    imports, ended, budget = 0, False, None
+    for record in records:
+        kind = record.get("k")
+        if kind not in ("call", "import", "export"):
+            continue
+        if kind == "call" and budget is not None:
+            break  # a second call: the log's message ended and the snapshot began
+        steps += 1
+        copied = {**record, "i": 1, "s": steps, "a": address}
+        if kind == "call":
+            budget = record.get("budget")
+        elif kind == "import":
+            imports += 1
+        else:
+            ended = True
+        recorder.append(copied)
+        if ended:
+            break
+    if budget is not None and not ended:
+        recorder.append(
+            {
+                "k": "export",
+                "i": 1,
+                "s": steps + 1,
+                "fn": "handle",
+                "res": None,
+                "ok": False,
+                "error": {"kind": "cancelled", "message": "in flight where the log ends"},
+                "fuel": None,
+                "memory_peak": None,
+                "a": address,
+            }
+        )
+    return imports

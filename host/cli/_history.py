@@ -1,6 +1,7 @@
 """`mty history` and `mty fork`: a durable agent's stored history, and a new agent from it.
 
     mty history AGENT [MANIFEST] [--state-dir DIR] [--limit N] [--json]
+    mty history AGENT [MANIFEST] [--state-dir DIR] --trace OUT.trace   # for replay / debug
     mty fork AGENT --at N --as NEWNAME [MANIFEST] [--state-dir DIR] [--json]
 
 AGENT is a durable agent's registered name or its address (``orders:1``). The state_dir is
@@ -23,16 +24,28 @@ history is what is stored, and a crashed system, the case that matters most, has
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from mighty._errors import BadInput
-from mighty.cli._main import _errors, escape_control
+from mighty.cli._main import _errors, _fail, escape_control
 
 __all__ = ["fork_command", "history_command"]
 
 _STATE_HELP = "The state_dir (default: the manifest's [runtime] state_dir)."
+
+
+@contextmanager
+def _typed(as_json: bool) -> Iterator[None]:
+    """Bad input reported with its own kind (``unknown_agent``, ``bad_state_dir``,
+    ``fork_refused``), where `mty`'s common handler says ``bad_input`` for all of them."""
+    try:
+        yield
+    except BadInput as exc:
+        _fail(exc.message, as_json=as_json, kind=exc.kind)
 
 
 def _state_dir(manifest: Path | None, state_dir: Path | None) -> Path:
@@ -60,14 +73,38 @@ def _state_dir(manifest: Path | None, state_dir: Path | None) -> Path:
     show_default=True,
     help="Most entries listed; the rest are counted.",
 )
+@click.option(
+    "--trace",
+    "trace_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Instead, write the message in flight as a trace `mty replay` and `mty debug` run"
+    " (the checkpoint restored, then the logged imports).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 def history_command(
-    agent: str, manifest: Path | None, state_dir: Path | None, limit: int, as_json: bool
+    agent: str,
+    manifest: Path | None,
+    state_dir: Path | None,
+    limit: int,
+    trace_out: Path | None,
+    as_json: bool,
 ) -> None:
     """List durable AGENT's checkpoint, journaled messages and logged imports."""
-    with _errors(as_json):
-        from mighty.agents import read_history
+    with _errors(as_json), _typed(as_json):
+        from mighty.agents import export_trace, read_history
 
+        if trace_out is not None:
+            imports = export_trace(_state_dir(manifest, state_dir), agent, trace_out)
+            if as_json:
+                click.echo(json.dumps({"ok": True, "trace": str(trace_out), "imports": imports}))
+            else:
+                click.echo(
+                    escape_control(
+                        f"wrote {trace_out}: {agent} restored from its checkpoint, then its "
+                        f"message in flight with {imports} logged import(s)"
+                    )
+                )
+            return
         history = read_history(_state_dir(manifest, state_dir), agent, limit=limit)
         if as_json:
             click.echo(json.dumps({"ok": True, **history.to_json()}))
@@ -78,7 +115,7 @@ def history_command(
             line = f"{entry.position:>5}  {entry.kind:<10}  {entry.summary}"
             click.echo(escape_control(line + (f"  [{entry.time}]" if entry.time else "")))
         if history.more:
-            click.echo(f"    … {history.more} more (past --limit {limit}, not listed)")
+            click.echo(f"    … {history.more} more, not listed (past --limit or the read bound)")
         if history.torn:
             click.echo("    (the log ends inside a record: a crash mid-write; the rest is whole)")
         if history.stale:
@@ -101,7 +138,7 @@ def fork_command(
     as_json: bool,
 ) -> None:
     """Store a new durable agent NEWNAME with AGENT's state at history position N."""
-    with _errors(as_json):
+    with _errors(as_json), _typed(as_json):
         from mighty.agents import fork_agent
 
         fork = fork_agent(_state_dir(manifest, state_dir), agent, at, new_name)
