@@ -44,7 +44,7 @@ from typing import Any
 from mighty._errors import BadInput, HostError
 from mighty.agents._journal import _file_name
 from mighty.agents._store import StoreView
-from mighty.trace import MAX_FRAME, Recorder, TraceError, TraceReader
+from mighty.trace import MAX_FRAME, Recorder, TraceError, TraceReader, TraceTruncated
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -235,15 +235,34 @@ class _Log:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.reader: TraceReader | None = None
+        self.empty = False
+        """The log ends inside its header (a crash as it was created): no records."""
         try:
             self.reader = TraceReader(path)
+        except TraceTruncated:
+            self.empty = True
         except TraceError as exc:
             raise JournalCorrupt(f"{path}: {exc}") from None
         except OSError as exc:
             raise JournalCorrupt(f"{path}: cannot read it: {exc.strerror or exc}") from None
-        self.created = self.reader.header.get("created")
+        self.created = None if self.reader is None else self.reader.header.get("created")
+
+    @property
+    def truncated(self) -> bool:
+        return self.empty or (self.reader is not None and self.reader.truncated)
+
+    @property
+    def readable_bytes(self) -> int:
+        return 0 if self.reader is None else self.reader.readable_bytes
+
+    @property
+    def header(self) -> dict[str, Any]:
+        return {} if self.reader is None else self.reader.header
 
     def records(self) -> Iterator[dict[str, Any]]:
+        if self.reader is None:
+            return
         try:
             yield from self.reader.records(schema=True)
         except TraceError as exc:
@@ -252,7 +271,8 @@ class _Log:
             raise JournalCorrupt(f"{self.path}: cannot read it: {exc.strerror or exc}") from None
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def _count_frames(path: Path, start: int) -> int:
@@ -394,10 +414,10 @@ def _read_log(
             else:
                 continue
             position += 1
-            if not add(entry) or reader.reader.readable_bytes >= READ_BYTES:
-                stopped_at = reader.reader.readable_bytes
+            if not add(entry) or reader.readable_bytes >= READ_BYTES:
+                stopped_at = reader.readable_bytes
                 break
-        history.torn = reader.reader.truncated
+        history.torn = reader.truncated
     finally:
         reader.close()
     if stopped_at >= 0:
@@ -494,7 +514,7 @@ def _copy_log(
     if target.exists():
         raise ForkRefused(f"{target} exists already; the fork would share it")
     reader = _Log(source)
-    header = {k: v for k, v in reader.reader.header.items() if k not in _FILLED}
+    header = {k: v for k, v in reader.header.items() if k not in _FILLED}
     recorder = Recorder(target, flush="call", positions=False, **header)
     count = 0
     try:

@@ -1,11 +1,12 @@
 """A process running the durable worker of tests/agents/guests/journaled.py, for
 tests/agents/test_history.py (killed with -9 in ``crash``).
 
-``python -m tests.agents._history_script MODE WASM STATE_DIR COUNTER MARKER [NAME]``. Tools:
+``python -m tests.agents._history_script MODE WASM STATE_DIR COUNTER MARKER [NAME...]``. Tools:
 ``count(step)`` appends the step to COUNTER; ``pause()`` writes MARKER and waits to be killed
 in ``crash``, returns at once otherwise. ``clean`` spawns ``w`` and asks it ``work`` twice;
 ``crash`` brings ``w`` back, sends ``work``, ``status``, ``work`` and waits in the first;
-``status`` asks agent NAME (recovered, or brought back by name) its status and prints it.
+``status`` asks each agent NAME... (recovered, or brought back by name) its status and
+prints them as one JSON object.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def main() -> None:
                 runtime.send(address, message)
             time.sleep(3600)
         else:
-            name = sys.argv[6]
-            try:
-                status = runtime.ask(name, "status", timeout=600)
-            except NoProc:
-                runtime.spawn("worker", name=name)
-                status = runtime.ask(name, "status", timeout=600)
-            print(json.dumps({"status": status}))
+            found = {}
+            for name in sys.argv[6:]:
+                try:
+                    found[name] = runtime.ask(name, "status", timeout=600)
+                except NoProc:  # not recovered (no pending messages): brought back by name
+                    runtime.spawn("worker", name=name)
+                    found[name] = runtime.ask(name, "status", timeout=600)
+            print(json.dumps(found))
 
 
 if __name__ == "__main__":
