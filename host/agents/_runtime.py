@@ -1626,7 +1626,18 @@ class Runtime:
         telemetry = self.telemetry
         if telemetry is None:
             future, breaker = self._deliver_ask(
-                process, name, body, sender, chain, timeout, None, here, Reply, within, cancel
+                process,
+                name,
+                body,
+                sender,
+                chain,
+                timeout,
+                None,
+                here,
+                Reply,
+                within,
+                cancel,
+                time.monotonic() + timeout,
             )
             if breaker is None and future.done():  # answered in place: nothing to wait for
                 return future.result() if wait is None else wait(future, timeout)
@@ -1645,6 +1656,7 @@ class Runtime:
                 Reply,
                 within,
                 cancel,
+                time.monotonic() + timeout,
             )
             result = self._await_reply(local, name, future, breaker, timeout, wait)
         except BaseException as exc:
@@ -1690,8 +1702,12 @@ class Runtime:
         timeout: float | None = None,
         trace: Any = None,
         here: bool = False,
+        deadline: float | None = None,
     ) -> tuple[Future[bytes | None], Any]:
         """Put an ask in a local agent's mailbox: (the reply's future, the target's breaker).
+
+        ``deadline`` (``time.monotonic()``): when the asker stops waiting; the handler of a
+        ``cancellable`` type ends by then (a remote asker's time to live, for the cluster).
 
         The asker records the outcome in the breaker (if any) when it has waited for it.
         ``trace`` is the asker's span context (mighty.telemetry), carried in the envelope.
@@ -1700,7 +1716,16 @@ class Runtime:
         return, and an ask answered later than ``timeout`` is an AskTimeout all the same.
         """
         return self._deliver_ask(
-            self.process(to), name, body, sender, chain, timeout, trace, here, Future
+            self.process(to),
+            name,
+            body,
+            sender,
+            chain,
+            timeout,
+            trace,
+            here,
+            Future,
+            deadline=deadline,
         )
 
     def _deliver_ask(
@@ -1716,9 +1741,12 @@ class Runtime:
         reply: Callable[[], Future[bytes | None]],
         within: float | None = None,
         cancel: CancelScope | None = None,
+        deadline: float | None = None,
     ) -> tuple[Future[bytes | None], Any]:
         """``deliver_ask`` to ``process``, its future made by ``reply`` (``Reply`` for the
-        runtime's own asks, whose futures never leave it); ``within`` as in ``_ask``."""
+        runtime's own asks, whose futures never leave it); ``within`` as in ``_ask``;
+        ``deadline`` when the asker stops waiting (``timeout`` bounds only the wait for space
+        in the mailbox, or, run in place, the turn)."""
         if chain and process.address in chain and name != INSPECT:
             path = " -> ".join((*chain, process.address))
             raise AskCycle(f"ask cycle: {path}")
@@ -1733,7 +1761,7 @@ class Runtime:
             asker_chain=chain,
             trace=trace,
             parent=current_context(),
-            deadline=None if timeout is None else now + timeout,
+            deadline=deadline,
             cancel=cancel,
         )
         if within is None:

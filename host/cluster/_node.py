@@ -917,10 +917,18 @@ class Node:
         local = self._local(frame.to)
         chain = tuple(self.localize(c) for c in frame.chain)
         wait = frame.ttl / 1000
+        # The remote asker stops waiting then: a cancellable handler ends by it too.
+        deadline = time.monotonic() + wait
 
         def deliver(timeout: float) -> None:
             future, breaker = self.runtime.deliver_ask(
-                local, frame.name, frame.body, sender=frame.sender, chain=chain, timeout=timeout
+                local,
+                frame.name,
+                frame.body,
+                sender=frame.sender,
+                chain=chain,
+                timeout=timeout,
+                deadline=deadline,
             )
             future.add_done_callback(lambda f: self._replied(msg, f, breaker))
 
