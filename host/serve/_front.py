@@ -501,7 +501,10 @@ def serve_application(
         log=log,
     )
     serving = ExitStack()
-    serving.enter_context(front.background(host, port))
+    try:
+        serving.enter_context(front.background(host, port))
+    except OSError as exc:  # the address is taken, or not this machine's
+        raise BadInput(f"[http] cannot listen on {where}: {exc.strerror or exc}") from None
     return front, serving.close
 
 

@@ -199,3 +199,22 @@ def test_mty_run_http_without_an_http_block_is_refused(
     done = _mty("run", str(manifest), "--http", "127.0.0.1:0", "-q")
     assert done.returncode == 2, done.stderr
     assert "no [http] block" in done.stderr
+
+
+def test_a_taken_address_is_refused_in_one_line(front_agent_wasm: Path, tmp_path: Path) -> None:
+    """serve_http on an address another socket holds: BadInput naming it, not an OSError."""
+    import socket
+
+    from mighty._errors import BadInput
+
+    manifest = tmp_path / "mighty.toml"
+    manifest.write_text(manifest_text(front_agent_wasm))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with Application.from_manifest(manifest, telemetry=None) as app:
+            app.start()
+            with pytest.raises(BadInput, match=f"cannot listen on 127.0.0.1:{port}"):
+                app.serve_http(f"127.0.0.1:{port}")
+            assert app.http is None
