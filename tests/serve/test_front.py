@@ -301,3 +301,24 @@ def test_head_is_405_with_no_body_and_a_reply_past_the_limit_is_500(serve: Serve
     assert client.post("/echo", json="x" * 100).status_code == 200
     big = client.post("/echo", json="x" * 2000)
     assert (big.status_code, big.json()) == (500, {"error": "too_large"})
+
+
+def test_a_token_file_makes_every_request_carry_the_token(serve: Serve, tmp_path: Path) -> None:
+    """[http] token_file (relative to the manifest): 401 without the bearer token, the route
+    with it; off loopback without one, serve_http refuses to start."""
+    (tmp_path / "token").write_text("s3cret-token-of-16+\n")
+    _, _, client = serve(limits='token_file = "token"')
+    denied = client.post("/echo", json=1)
+    assert (denied.status_code, denied.json()) == (401, {"error": "unauthorized"})
+    auth = {"authorization": "Bearer s3cret-token-of-16+"}
+    assert client.post("/echo", json=1, headers=auth).json() == {"got": 1}
+
+
+def test_off_loopback_needs_a_token(front_agent_wasm: Path, tmp_path: Path) -> None:
+    """A listen address off loopback with no token_file is refused before anything listens."""
+    path = tmp_path / "mighty.toml"
+    path.write_text(manifest_text(front_agent_wasm))
+    with Application.from_manifest(path, telemetry=None) as app:
+        app.start()
+        with pytest.raises(BadInput, match="off loopback: set \\[http\\] token_file"):
+            app.serve_http("0.0.0.0:0")
