@@ -144,7 +144,7 @@ OutputListener = Callable[[str, str], None]
 """``on_output(stream, text)``: ``stream`` is ``"stdout"`` or ``"stderr"``, ``text`` what the code
 just wrote to it (decoded as UTF-8, a character split across writes is delivered whole with the
 next one, invalid bytes as U+FFFD); or ``"progress"``, a line a tool reported with
-``ctx.progress(...)`` (``message`` or ``message (done/total)``)."""
+``ctx.progress(...)`` (``message`` or ``message (done/total)``, and a newline)."""
 MAX_STARTED_RUNS = 64
 """Most runs of one sandbox started with ``Sandbox.start`` and not yet finished."""
 
@@ -168,7 +168,7 @@ def _progress_to(on_output: OutputListener | None) -> Callable[[RunProgress], No
                 f"{report.done:g}" if report.total is None else f"{report.done:g}/{report.total:g}"
             )
             text = f"{text} ({count})"
-        listener("progress", text)
+        listener("progress", text + "\n")
 
     return tell
 

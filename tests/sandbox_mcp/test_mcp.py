@@ -100,7 +100,8 @@ def test_load_tools_list_and_errors() -> None:
     """`MODULE:ATTR` imports a list of callables; a bad spec or value is a BadInput naming it."""
     from tests.sandbox_mcp import tools
 
-    assert load_tools("tests.sandbox_mcp.tools:TOOLS") == [tools.add, tools.shout, tools.note]
+    listed = load_tools("tests.sandbox_mcp.tools:TOOLS")
+    assert listed == [tools.add, tools.shout, tools.note, tools.steps]
     with pytest.raises(BadInput, match="MODULE:ATTR"):
         load_tools("tests.sandbox_mcp.tools")
     with pytest.raises(BadInput, match="cannot import"):
@@ -312,6 +313,16 @@ def test_serve_lists_and_runs(tmp_path: Path) -> None:
                 assert called.structured_content["stdout"] == "calling\n"
                 assert called.structured_content["usage"]["tool_calls"] == 2
                 assert _text(called) == '[5, "HI"]\n--- stdout ---\ncalling'
+
+                # A tool's ctx.progress reaches the client as progress, in order.
+                heard.clear()
+                stepped = await session.call_tool(
+                    RUN_PYTHON, {"code": "steps(2)"}, progress_callback=progress
+                )
+                assert _value(stepped) == 2
+                said = "".join(heard).removeprefix("progress: ")
+                assert said == "step (1/2)\nstep (2/2)\n", heard
+                assert "ctx" not in description
 
                 await session.call_tool(RUN_PYTHON, {"code": "leftover = 1"})
                 fresh = await session.call_tool(RUN_PYTHON, {"code": "'leftover' in globals()"})

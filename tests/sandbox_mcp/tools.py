@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from mighty.sandbox import RunContext
+
 
 def add(a: int, b: int) -> int:
     """Add two integers."""
@@ -20,7 +22,14 @@ def note(text: str) -> None:
     print(text, end="")
 
 
-TOOLS = [add, shout, note]
+def steps(ctx: RunContext, n: int) -> int:
+    """Take n steps, reporting each as progress."""
+    for i in range(n):
+        ctx.progress("step", done=i + 1, total=n)
+    return n
+
+
+TOOLS = [add, shout, note, steps]
 
 
 _MEETINGS: dict[str, threading.Barrier] = {}
