@@ -314,13 +314,21 @@ def _chosen_log(state_dir: Path, address: str) -> Path | None:
         return previous
 
     def imports(path: Path) -> int:
-        log = _Log(path)
         try:
-            return sum(1 for r in log.records() if r.get("k") == "import")
+            log = _Log(path)
+        except JournalCorrupt:
+            return -1
+        count = 0
+        try:
+            for record in log.records():
+                count += record.get("k") == "import"
+                if log.readable_bytes >= READ_BYTES:
+                    break  # a log this long wins; its length past here is not needed
         except JournalCorrupt:
             return -1
         finally:
             log.close()
+        return count
 
     return current if imports(current) >= imports(previous) else previous
 

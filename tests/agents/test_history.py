@@ -339,3 +339,33 @@ def test_a_huge_log_is_listed_in_bounded_memory(crashed: dict[str, Any], tmp_pat
     assert listed == 5
     assert more == 20_000 - 3 + 2  # the calls not listed, and the two pending messages
     assert grown_mb < 40, f"grew {grown_mb} MB reading a 160 MB log"
+
+
+def test_a_log_left_beside_a_recovery_is_read_as_recovery_reads_it(
+    crashed: dict[str, Any], tmp_path: Path
+) -> None:
+    """A crash during a recovery leaves the first log as ``.prev``: history reads the longer."""
+    state = _copy(crashed, tmp_path)
+    log = state / "journal" / "worker_1.trace"
+    log.rename(log.with_name(log.name + ".prev"))
+    found = read_history(state, "w")
+    assert [e.kind for e in found.entries] == KINDS
+    assert found.log == log.with_name(log.name + ".prev")
+
+
+def test_a_log_whose_message_was_checkpointed_is_stale_and_not_forked(
+    crashed: dict[str, Any], tmp_path: Path
+) -> None:
+    """A log with no journaled message (a crash between the checkpoint and the log's deletion)
+    is listed as stale; a fork inside it is refused, one at the checkpoint is not."""
+    state = _copy(crashed, tmp_path)
+    with sqlite3.connect(state / "agents.sqlite3") as db:
+        db.execute("DELETE FROM inbox")
+    found = read_history(state, "w")
+    assert found.stale
+    assert [e.kind for e in found.entries] == ["checkpoint", "import", "import", "import"]
+    refused = mty("fork", "w", "--at", "2", "--as", "x", "--state-dir", state, "--json")
+    assert json.loads(refused.stdout)["error"]["kind"] == "fork_refused"
+    assert "already checkpointed" in json.loads(refused.stdout)["error"]["message"]
+    assert mty("fork", "w", "--at", "0", "--as", "x", "--state-dir", state).returncode == 0
+    assert not (state / "journal" / "worker_2.trace").exists()
