@@ -382,7 +382,13 @@ def read_history(
     position = 1
     rest = list(heads)
     if log is not None:
+        before = history.more
         position = _read_log(history, log, rest.pop(0) if rest else None, add, position)
+        if history.more > before:
+            # The log was cut short: later messages are counted, not numbered (their
+            # positions would depend on the bound).
+            history.more += len(rest)
+            rest = []
     for seq, sender, name, size, head in rest:
         add(_message(position, seq, sender, name, size, head, None, in_flight=False))
         position += 1
@@ -469,10 +475,15 @@ def fork_agent(state_dir: str | os.PathLike[str], agent: str, at: int, new_name:
         raise ForkRefused(f"fork name {new_name!r}: give a name without ':' (at most 200 chars)")
     history = read_history(directory, agent, limit=max(at + 1, 1))
     last = len(history.entries) - 1 + history.more
-    if at < 0 or at >= len(history.entries):
+    if at > last:
         raise ForkRefused(
             f"{history.address} has no position {at}: its history runs from 0 (its "
             f"checkpoint) to {last}"
+        )
+    if at >= len(history.entries):
+        raise ForkRefused(
+            f"{history.address}: position {at} is past the {READ_BYTES >> 20} MiB of its log "
+            f"that is read; fork at {len(history.entries) - 1} or before"
         )
     entry = history.entries[at]
     if history.stale and entry.kind != "checkpoint":
