@@ -17,6 +17,12 @@ as it recovers a crash, re-running its messages from the checkpoint with the cop
 answers (a :class:`mighty.trace.TraceAnswers` replay) and going live after them, as Golem's
 fork continues a worker from an oplog index.
 
+:func:`export_trace` (``mty history --trace``) writes the message in flight as a trace that
+``mty replay`` and ``mty debug`` run: the log alone is not replayable (it begins at ``handle``
+of an instance restored from a snapshot it does not hold, and that call never ended), so a new
+instance is restored from the checkpoint here, its instantiation and ``restore`` recorded live,
+and the log's call and imports follow it, ended as interrupted where the log ends.
+
 Bounds on a hostile or huge store or log: at most ``limit`` entries are kept, inbox bodies are
 read as their first bytes only (their size is asked of SQL), and the log is decoded only up to
 ``READ_BYTES``; past either bound the rest of the log is counted by its frame prefixes (12
@@ -27,7 +33,9 @@ Rejected: keeping every message's log and every snapshot forever so any past pos
 be listed and forked (the runtime's checkpoint-per-message design deletes them, and changing
 what it keeps is a decision of the runtime, not of a reader); forking by running the agent here
 (a fork would then need the agent's capabilities and component in this process; the runtime's
-recovery already replays a log exactly, with its divergence checks).
+recovery already replays a log exactly, with its divergence checks); teaching ``mty replay``
+to start from a checkpoint it is handed (a new input to every replay path, for what one
+written trace gives).
 """
 
 from __future__ import annotations
@@ -165,7 +173,7 @@ class ForkResult:
         }
 
 
-def log_path(state_dir: Path, address: str) -> Path:
+def _log_path(state_dir: Path, address: str) -> Path:
     """Where the runtime keeps ``address``'s import log (mighty.agents._journal)."""
     return state_dir / "journal" / _file_name(address)
 
@@ -306,7 +314,7 @@ def _count_frames(path: Path, start: int) -> int:
 def _chosen_log(state_dir: Path, address: str) -> Path | None:
     """The log recovery would answer from: the current one, or the one a crash during a
     recovery left beside it (``.prev``) when that holds more imports (mighty.agents._journal)."""
-    current = log_path(state_dir, address)
+    current = _log_path(state_dir, address)
     previous = current.with_name(current.name + ".prev")
     if not previous.is_file():
         return current if current.is_file() else None
@@ -506,7 +514,7 @@ def fork_agent(state_dir: str | os.PathLike[str], agent: str, at: int, new_name:
         address = f"{row.type}:{store.max_pid() + 1}"
         log = None
         if messages and history.log is not None and messages[0].detail.get("in_flight"):
-            log = log_path(directory, address)
+            log = _log_path(directory, address)
             # Past the in-flight message's entries, its whole log; inside them, up to ``at``.
             whole = entry.kind == "message" and not entry.detail.get("in_flight")
             _copy_log(history.log, log, address, new_name, imports, whole=whole)
@@ -567,8 +575,8 @@ def export_trace(state_dir: str | os.PathLike[str], agent: str, out: str | os.Pa
     message's ``handle`` call with the logged imports, ended as interrupted where the log ends
     (replay stops there, as for a cancelled call). Returns the imports copied.
 
-    ForkRefused-style :class:`BadInput` when there is nothing to replay (no message in flight:
-    the runtime keeps no log of checkpointed messages) or the component is not found."""
+    :class:`BadInput` when there is nothing to replay (no message in flight: the runtime keeps
+    no log of checkpointed messages), the component is not found, or ``out`` exists."""
     from mighty.engine import Component
 
     directory, target = Path(state_dir), Path(out)

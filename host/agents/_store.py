@@ -18,6 +18,10 @@ fsynced before the commit returns); the other writes with ``NORMAL`` (they survi
 dying, and may be lost if the machine loses power, which only matters for agents that are not
 durable: those do not outlive their runtime anyway).
 
+:class:`StoreView` reads the same store without the lock and without writing (``mty history``,
+beside a live runtime: SQLite WAL lets a reader see the last commit); ``put_forked`` writes a
+new agent's row and its journaled messages in one transaction (``mty fork``).
+
 Rejected: one file per agent (100,000 small files, a rename per write for atomicity, no cheap
 "which schemas are stored" query); a key-value store outside the standard library (a new
 native dependency for what SQLite, in every Python, does well).
