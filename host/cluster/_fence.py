@@ -204,7 +204,8 @@ class Fence:
         node = self.node
         for name in names:
             with node._lock:
-                node._claims.pop(name, None)
+                if node._claims.pop(name, None) is None:
+                    continue  # yielded already (the watcher and the check on return both saw it)
                 value = node._names.get(name)
                 if value is not None and value.partition(":")[0] == node.name:
                     node._names.pop(name, None)
