@@ -250,12 +250,12 @@ class Node:
         self._handoffs: dict[str, str] = {}
         self._trees: list[Supervisor] = []
         self._owners: dict[str, str] = {}
+        """Every name's latest owner seen, kept after its entry is deleted (see last_owner)."""
         # Each name's revision in the names bucket as the watcher last saw it; and per node,
         # those of its names when it was last declared dead or left: the fencing tokens
         # forget_names_of deletes by (a node that came back and claimed them again keeps them).
         self._revisions: dict[str, int] = {}
         self._dead_revisions: dict[str, dict[str, int]] = {}
-        """Every name's latest owner seen, kept after its entry is deleted (see last_owner)."""
         self.relocated: dict[tuple[str, str], Any] = {}
         """Supervised agents that migrated away, by (supervisor, child): see _moved."""
         self._moving: dict[str, threading.Event] = {}
@@ -1140,12 +1140,14 @@ class Node:
                 owner = _address_value(entry.value) or ""
                 if owner.partition(":")[0] == node:
                     # The revision seen when the node was declared dead, not the latest: a
-                    # node that came back has claimed the name again since, and keeps it.
+                    # node that came back (heard again) has claimed the name again since, and
+                    # keeps it. One still silent loses it whatever the revision (a names
+                    # watcher that fell behind must not keep a dead node's children dead).
                     token = tokens.get(name, entry.revision)
-                    if entry.revision != token:
+                    if entry.revision != token and node not in self._dead:
                         kept.append(name)
                         continue
-                    await kv.delete(name, last=token)
+                    await kv.delete(name, last=entry.revision)
             except nats.js.errors.KeyWrongLastSequenceError:
                 kept.append(name)
                 continue

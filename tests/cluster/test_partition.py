@@ -330,6 +330,7 @@ def test_a_takeover_that_comes_after_the_return_leaves_the_name_to_its_owner(
             single_owner,
             "b back, unfenced, its copy resumed",
         )
+        _watching(lambda: "b" in node_a.live_nodes(), single_owner, "a hears b again")
         assert node_b.fence.yielded == []
         gate.set()  # now a's supervisor hears of b's death
         _watching(after.is_set, single_owner, "a's listeners are done with b's death")
