@@ -131,21 +131,7 @@ def body_view(body: bytes) -> Any:
 
 
 def _state(process: AgentProcess) -> str:
-    if process._retired:
-        return "retired"
-    if process._exiting:
-        return "restarting"
-    if not process.alive:
-        return "stopped"
-    if process.current is not None:
-        return "running"
-    if process.hibernated:
-        return "hibernated"  # asleep in the snapshot store; its next message wakes it
-    if process.mailbox.paused:
-        return "paused"
-    if process._scheduled:
-        return "queued"
-    return "idle"
+    return str(process.state)
 
 
 def agent_snapshot(

@@ -101,6 +101,7 @@ from mighty.agents._types import (
     AgentCrashed,
     AgentError,
     AgentEvent,
+    AgentState,
     AgentType,
     AskCycle,
     AskTimeout,
@@ -242,6 +243,8 @@ class AgentProcess:
     _exiting: bool = False
     # Buried: out of the registry for good; ``start`` refuses.
     _retired: bool = False
+    # Stopped by ``stop``/``halt`` (not a crash): not alive, and not starting either.
+    _halted: bool = False
     # The thread holding ``_run`` (while it runs a batch), so that ``stop`` from inside the
     # agent's own turn (a reply callback, a hook) never waits on itself.
     _owner: int | None = None
@@ -260,6 +263,26 @@ class AgentProcess:
     _log: Any = None
     _staged_log: Any = None
     _recovery: Recovery | None = None
+
+    @property
+    def state(self) -> AgentState:
+        """Where the agent is in its life, read from its fields in this one place (racy by
+        nature: a snapshot of a moment, for inspection and tests)."""
+        if self._retired:
+            return AgentState.STOPPED
+        if self._exiting:
+            return AgentState.CRASHED
+        if not self.alive:
+            return AgentState.STOPPED if self._halted else AgentState.STARTING
+        if self.current is not None:
+            return AgentState.RUNNING
+        if self.instance is None:
+            return AgentState.HIBERNATED  # asleep in the snapshot store; a message wakes it
+        if self.mailbox.paused:
+            return AgentState.SWAPPING
+        if self._scheduled:
+            return AgentState.SCHEDULED
+        return AgentState.IDLE
 
     @property
     def hibernated(self) -> bool:
@@ -306,6 +329,7 @@ class AgentProcess:
                 self.instance = instance
                 self.alive = True
                 self._exiting = False
+                self._halted = False
         if refused:
             instance.close()
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
@@ -451,6 +475,7 @@ class AgentProcess:
             # Set first, so that a batch in progress ends after its current message.
             self.alive = False
             self._exiting = False
+            self._halted = True
         if self._owner == threading.get_ident():
             return False  # our own turn: run_batch closes the instance when it returns
         if not self._run.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import itertools
 import time
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ __all__ = [
     "AgentCrashed",
     "AgentError",
     "AgentEvent",
+    "AgentState",
     "AgentType",
     "AskCycle",
     "AskTimeout",
@@ -213,6 +215,29 @@ class AgentType:
             raise BadInput(f"agent type names are non-empty and have no ':', got {self.name!r}")
         if self.hibernate_after is not None and not self.hibernate_after > 0:
             raise BadInput(f"hibernate_after must be > 0 seconds, got {self.hibernate_after}")
+
+
+class AgentState(enum.StrEnum):
+    """Where an agent is in its life (``AgentProcess.state``; ``mty inspect``'s ``state``).
+
+    starting -> idle <-> scheduled <-> running; idle <-> hibernated (its state in the store);
+    idle -> swapping -> idle (a hot swap holds its mailbox); running -> crashed (reported to its
+    supervisor) -> starting (revived) or stopped; any -> stopped (for good: buried, or the
+    runtime shut down).
+    """
+
+    STARTING = "starting"
+    """Made, its instance not yet running ``init`` through (or being revived)."""
+    IDLE = "idle"
+    SCHEDULED = "scheduled"
+    """Messages wait and a worker (or an asker, in place) will run its turn."""
+    RUNNING = "running"
+    """A handler runs now (``inspect``'s ``in_flight``)."""
+    HIBERNATED = "hibernated"
+    SWAPPING = "swapping"
+    CRASHED = "crashed"
+    """It crashed; its supervisor has not yet revived, stopped or retired it."""
+    STOPPED = "stopped"
 
 
 @dataclass(eq=False, slots=True)
