@@ -29,7 +29,8 @@ agent elsewhere only once the link is back (its membership listener ran late, a 
 its time). Two things close that. A name found still ours is claimed again by compare-and-set
 (a new revision), and a peer deletes a dead node's names only by the revisions it saw when it
 declared the node dead (the fencing token, ``Node._note_tokens``): a late takeover finds the
-name moved on and leaves it (the cluster supervisor then restarts nothing). And the node
+name moved on by a node it hears again and leaves it (the cluster supervisor then restarts
+nothing); a node still silent loses its names whatever their revision. And the node
 watches: the names watcher compares every change of a name this node claims with the revision
 of its claim; a change with a later revision that deletes the name or gives it to another node
 takes the name away wherever this node is, fenced or not: the local agent is paused on the spot
