@@ -104,6 +104,10 @@ class Hibernator:
         self._timer = clock is None
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, AgentProcess]] = []
+        # The idle timer's bookkeeping, per agent (under ``_cond``): when it last became idle,
+        # and whether it has an entry in the heap.
+        self._idle_since: dict[AgentProcess, float] = {}
+        self._armed: set[AgentProcess] = set()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -120,10 +124,10 @@ class Hibernator:
             return
         now = self.clock()
         with self._cond:
-            process._idle_since = now
-            if process._timer_armed or self._stopping:
+            self._idle_since[process] = now
+            if process in self._armed or self._stopping:
                 return
-            process._timer_armed = True
+            self._armed.add(process)
             heapq.heappush(self._heap, (now + after, next(self._seq), process))
             if self._timer:
                 if self._thread is None:
@@ -141,13 +145,15 @@ class Hibernator:
         with self._cond:
             while self._heap and self._heap[0][0] <= now:
                 _, _, process = heapq.heappop(self._heap)
-                process._timer_armed = False
+                self._armed.discard(process)
                 after = process.type.hibernate_after
+                idle_since = self._idle_since.pop(process, now)
                 if after is None or not process.alive or process.instance is None:
                     continue
-                deadline = process._idle_since + after
+                deadline = idle_since + after
                 if deadline > now:  # active again since the entry was pushed
-                    process._timer_armed = True
+                    self._idle_since[process] = idle_since
+                    self._armed.add(process)
                     heapq.heappush(self._heap, (deadline, next(self._seq), process))
                     continue
                 due.append(process)
@@ -206,14 +212,15 @@ class Hibernator:
         """True: asleep now; False: will not (asleep, stopped, failed); None: busy, retry."""
         if process.hibernated or not process.alive:
             return False
-        if not process._run.acquire(blocking=False):
+        turn = process.turn_lock
+        if not turn.acquire(blocking=False):
             return None
         try:
-            if not _idle(process):
+            if not process.may_sleep():
                 return None
             instance = process.instance
             assert instance is not None
-            if not (process.type.durable and process._in_store):
+            if not (process.type.durable and process.in_store):
                 try:
                     self._write(process, instance, durable=process.type.durable)
                 except MightyError as exc:
@@ -222,20 +229,14 @@ class Hibernator:
                         "hibernate.failed", process.address, {"reason": f"{exc.kind}: {exc}"}
                     )
                     return False
-            with process._state:
-                if not _idle(process):
-                    # A message came while the snapshot was taken: stay awake (the row just
-                    # written is a valid snapshot, overwritten at the next hibernation).
-                    return None
-                # Counted before the instance goes: a status read meanwhile (unlocked) that
-                # sees the agent asleep sees it counted. Closing the instance takes a while.
-                process.stats.hibernations += 1
-                self.stats.hibernations += 1
-                process.instance = None
-                process._in_store = True
+            if process.fall_asleep() is None:
+                # A message came while the snapshot was taken: stay awake (the row just
+                # written is a valid snapshot, overwritten at the next hibernation).
+                return None
+            self.stats.hibernations += 1
             instance.close()
         finally:
-            process._run.release()
+            turn.release()
         self.runtime.emit("agent.hibernated", process.address, {})
         return True
 
@@ -263,7 +264,7 @@ class Hibernator:
     def woke(self, process: AgentProcess) -> None:
         """``process`` has its instance again (called once the caller installed it)."""
         if not process.type.durable:
-            process._in_store = False
+            process.in_store = False
         self.runtime.emit("agent.woke", process.address, {})
 
     def _restore(self, process: AgentProcess) -> Instance:
@@ -295,7 +296,7 @@ class Hibernator:
             instance.close()
             raise
         finally:
-            process._flush_output()
+            process.flush_output()
         return instance
 
     def _check_schema(self, process: AgentProcess, row: StoredSnapshot, instance: Any) -> None:
@@ -325,7 +326,7 @@ class Hibernator:
         """Write-ahead: ``process``'s snapshot, fsynced, before its reply is released.
         ``done``: the journaled message it includes, deleted from the inbox with the write."""
         self._write(process, instance, durable=True, done=done)
-        process._in_store = True
+        process.in_store = True
         self.stats.durable_writes += 1
 
     def _write(
@@ -429,16 +430,3 @@ class Hibernator:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
         self.store.close()
-
-
-def _idle(process: AgentProcess) -> bool:
-    """Awake, and nothing to do or doing: may hibernate (``_run`` held)."""
-    return (
-        process.alive
-        and process.instance is not None
-        and not process._scheduled
-        and process.current is None
-        and not process._exiting
-        and not process.mailbox.paused
-        and len(process.mailbox) == 0
-    )

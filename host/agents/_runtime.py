@@ -253,11 +253,9 @@ class AgentProcess:
     output: OutputTail = field(default_factory=OutputTail)
     """The agent's last lines of log(), stdout and stderr, across restarts (bounded)."""
     _splitters: tuple[LineSplitter, ...] = ()
-    # Hibernation (see _hibernate): its state is in the store, so a wake or a restart restores
-    # it instead of running init; the idle timer's bookkeeping.
-    _in_store: bool = False
-    _idle_since: float = 0.0
-    _timer_armed: bool = False
+    in_store: bool = False
+    """Its state is in the snapshot store (asleep, or durable): a wake or a restart restores it
+    instead of running ``init`` (see mighty.agents._hibernate)."""
     # Durable agents (see _journal): the record sink of the current instance (its import
     # log), and the answers of a message being recovered after a crash.
     _log: Any = None
@@ -313,7 +311,7 @@ class AgentProcess:
         if self._retired or self.runtime.closing:
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
         hibernation = self.runtime.hibernation
-        if self._in_store and hibernation is not None:
+        if self.in_store and hibernation is not None:
             # Its state is in the store (hibernated, durable): restore it, not init.
             try:
                 instance = hibernation.wake(self)
@@ -334,7 +332,7 @@ class AgentProcess:
             instance.close()
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
         if hibernation is not None:
-            if self._in_store:
+            if self.in_store:
                 hibernation.woke(self)
             hibernation.touch(self)
         self.mailbox.resume()
@@ -379,6 +377,31 @@ class AgentProcess:
         self._attach_output(instance)
         return instance
 
+    def may_sleep(self) -> bool:
+        """Awake, with nothing to do and doing nothing: may hibernate (turn lock held)."""
+        return (
+            self.alive
+            and self.instance is not None
+            and not self._scheduled
+            and self.current is None
+            and not self._exiting
+            and not self.mailbox.paused
+            and len(self.mailbox) == 0
+        )
+
+    def fall_asleep(self) -> Instance | None:
+        """Give up the instance if the agent still may sleep (its state is stored already;
+        turn lock held): the instance, for the caller to close, else None (a message came)."""
+        with self._state:
+            if not self.may_sleep():
+                return None
+            # Counted before the instance goes: a status read meanwhile (unlocked) that sees
+            # the agent asleep sees it counted. Closing the instance takes a while.
+            self.stats.hibernations += 1
+            instance, self.instance = self.instance, None
+            self.in_store = True
+        return instance
+
     def adopt(self, instance: Instance, agent_type: AgentType) -> None:
         """Make ``instance`` (from ``instantiate(component)``, restored) the agent's, as of
         ``agent_type`` (a hot swap's confirm; the run lock is held by the swap)."""
@@ -407,7 +430,7 @@ class AgentProcess:
             instance.close()
             raise BadSpawn(f"{self.address} failed in init: {exc}") from exc
         finally:
-            self._flush_output()
+            self.flush_output()
         if isinstance(outcome, Err):
             instance.close()
             raise BadSpawn(f"{self.address} refused its init: {outcome.value}")
@@ -449,7 +472,7 @@ class AgentProcess:
         self.runtime.emit("log", self.address, data)
         self.runtime.output(self, "log", f"{context}: {message}" if context else message, level)
 
-    def _flush_output(self) -> None:
+    def flush_output(self) -> None:
         """The turn is over: a partial line of stdout or stderr is a line now."""
         for splitter in self._splitters:
             if splitter._partial:  # most turns write nothing: no call for them
@@ -853,7 +876,7 @@ class AgentProcess:
                 finally:
                     leave_context(token)
                     self.current = None
-                    for splitter in self._splitters:  # _flush_output, inline
+                    for splitter in self._splitters:  # flush_output, inline
                         if splitter._partial:
                             splitter.flush()
                     usage = instance.last_usage
@@ -1316,7 +1339,7 @@ class Runtime:
         """Bring back ``process`` asleep: its state is a durable row of the store."""
         assert self.hibernation is not None
         with process._state:
-            process._in_store = True
+            process.in_store = True
             process.alive = True
         self.hibernation.adopted(process)
 

@@ -102,7 +102,7 @@ def reload_agent_type(
             paused_at[process.address] = time.monotonic()
         deadline = time.monotonic() + drain_timeout
         for process in agents:
-            if not process._run.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if not process.turn_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 raise ReloadFailed(
                     f"{process.address} was still handling a message after the "
                     f"{drain_timeout:g} s drain deadline"
@@ -217,10 +217,10 @@ def _resume(
     report: ReloadReport,
 ) -> None:
     for process in locked:
-        process._run.release()
+        process.turn_lock.release()
     for process in agents:
         process.mailbox.resume()
         started = paused_at.get(process.address)
         if started is not None:
             report.pauses.append(time.monotonic() - started)
-        process._wake()
+        process.wake()
