@@ -86,8 +86,8 @@ def main() -> None:
     from mighty import Component, Instance
     from mighty.budget import Budget
     from mighty.gate import Gate
-    from mighty.wasi import WasiProvider
     from mighty.trace import Recorder
+    from mighty.wasi import WasiProvider
 
     component = Component.load(_component())
     gate = Gate([WasiProvider(), _Host()])

@@ -676,8 +676,8 @@ class StoreView:
             if over is not None and int(over[0] or 0) > 2 * _MAX_TEXT:
                 raise SnapshotCorrupt(f"{address}: a journaled message row is over its bounds")
             rows = self._db.execute(
-                "SELECT seq, sender, name, length(body), ifnull(substr(body, 1, ?), x'') FROM inbox "
-                "WHERE address = ? ORDER BY seq LIMIT ?",
+                "SELECT seq, sender, name, length(body), ifnull(substr(body, 1, ?), x'') "
+                "FROM inbox WHERE address = ? ORDER BY seq LIMIT ?",
                 (head, address, limit),
             ).fetchall()
         checked: list[tuple[int, str, str, int, bytes]] = []
