@@ -23,12 +23,14 @@ control socket (``mighty.control`` builds on agents, so the control layer attach
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,6 +52,7 @@ from mighty.agents._runtime import Runtime, decode_body, encode_body
 from mighty.agents._supervisor import Supervisor
 from mighty.agents._tree import start_tree
 from mighty.agents._types import AgentError, AgentEvent
+from mighty.gate import Scope, Waitable
 from mighty.trace import FlushMode, Recorder
 
 if TYPE_CHECKING:
@@ -397,6 +400,40 @@ def telemetry_from(block: dict[str, Any] | None) -> Telemetry | None:
     return None if config is None else Telemetry(config)
 
 
+class _Interruptible(Scope):
+    """What a start ask waits through on the main thread: in slices, until ``interrupted()``
+    (a Ctrl-C the command caught), which ends the wait with ``_Interrupted``."""
+
+    __slots__ = ("_interrupted",)
+
+    def __init__(self, interrupted: Callable[[], bool]) -> None:
+        self._interrupted = interrupted
+
+    def checkpoint(self) -> None:
+        if self._interrupted():
+            raise _Interrupted
+
+    def paused(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def wait(self, what: Waitable, timeout: float | None) -> bool:
+        if not isinstance(what, Future):
+            raise BadInput(f"a start ask waits for a reply's future, not {what!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.checkpoint()
+            left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+            if left <= 0:
+                return what.done()
+            try:
+                what.exception(left)
+            except FutureTimeout:
+                continue
+            except CancelledError:
+                return True
+            return True
+
+
 def send_start_messages(
     runtime: Runtime,
     items: Sequence[StartModel],
@@ -411,17 +448,7 @@ def send_start_messages(
     replies: list[StartReply] = []
     failures: list[str] = []
 
-    def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
-        deadline = time.monotonic() + timeout
-        while not interrupted():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise FutureTimeout
-            try:
-                return future.result(min(left, _SLICE))
-            except FutureTimeout:
-                continue
-        raise _Interrupted
+    scope = _Interruptible(interrupted)
 
     for item in items:
         if interrupted():
@@ -429,7 +456,7 @@ def send_start_messages(
         try:
             if item.ask:
                 raw = runtime.ask_raw(
-                    item.to, item.message, encode_body(item.body), timeout=item.timeout, wait=wait
+                    item.to, item.message, encode_body(item.body), timeout=item.timeout, scope=scope
                 )
                 reply = StartReply(item.to, item.message, decode_body(raw))
                 replies.append(reply)

@@ -67,8 +67,9 @@ from mighty._errors import (
     HostError,
     MightyError,
 )
-from mighty.abi import Err, Ok, Variant
+from mighty.abi import Err, Ok
 from mighty.agents._hibernate import Hibernator
+from mighty.agents._host import AGENT_PROCESS, AgentHostProvider
 from mighty.agents._introspect import (
     CANCELLED,
     CRASHED,
@@ -103,6 +104,7 @@ from mighty.agents._types import (
     AgentEvent,
     AgentState,
     AgentType,
+    Ask,
     AskCycle,
     AskTimeout,
     BadSpawn,
@@ -118,7 +120,6 @@ from mighty.agents._types import (
 from mighty.budget import (
     DEFAULT_TIMEOUT,
     Budget,
-    CallScope,
     CancelScope,
     RunContext,
     current_context,
@@ -134,7 +135,7 @@ from mighty.capabilities import (
     CapabilityBroker,
 )
 from mighty.engine import Component
-from mighty.gate import Binding, Gate, GuestContext, ResourceKind, Scope, Seed, Slot
+from mighty.gate import Gate, Scope, Seed
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
 from mighty.wasi import IDEMPOTENCY_KEYS, LOG_SINK, CaptureOutput, WasiProvider
@@ -153,8 +154,6 @@ _BATCH = 16
 # fuel: it waits, for I/O, a sleep, an ask): a second worker would not pay (see the scheduler).
 _LIGHT_FUEL = 100_000
 _LIGHT_WALL = 0.0005
-_INTERFACE = "mighty:agent/host"
-_PROCESS: Slot[AgentProcess] = Slot("agent.process")
 """The agent an instance serves: ``mighty:agent/host`` answers as that agent (seeded by
 ``AgentProcess._instantiate``, and by a hot swap for the new version's instance)."""
 _EVENTS_KEPT = 10_000
@@ -340,7 +339,7 @@ class AgentProcess:
 
     def seed(self) -> Seed:
         """The slot that makes an instance serve ``mighty:agent/host`` as this agent."""
-        return _PROCESS.of(self)
+        return AGENT_PROCESS.of(self)
 
     def instantiate(self, component: Component | None = None) -> Instance:
         """A new instance of this agent, not yet init'ed or restored: of its type's component,
@@ -1598,8 +1597,10 @@ class Runtime:
         reply, or the crash when the budget runs out), not a timeout while it still runs; and
         the ask may take the shortest path (:meth:`AgentProcess.run_here`). An agent on
         another node: the default budget's timeout plus a second."""
-        data = self._ask(
-            to, name, b"" if body is None else cbor2.dumps(body), timeout, sender, cancel=cancel
+        data = self.request(
+            Ask(
+                to, name, b"" if body is None else cbor2.dumps(body), sender, timeout, cancel=cancel
+            )
         )
         return loads_untrusted(data) if data else None
 
@@ -1633,41 +1634,30 @@ class Runtime:
         timeout: float,
         sender: str = HOST,
         chain: tuple[str, ...] = (),
-        wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
+        scope: Scope | None = None,
     ) -> bytes | None:
-        return self._ask(to, name, body, timeout, sender, chain, wait)
+        """``ask`` with the body already encoded and the reply left raw (CBOR)."""
+        return self.request(Ask(to, name, body, sender, timeout, chain, scope))
 
-    def _ask(
-        self,
-        to: str,
-        name: str,
-        body: bytes,
-        timeout: float | None,
-        sender: str,
-        chain: tuple[str, ...] = (),
-        wait: Callable[[Future[bytes | None], float], bytes | None] | None = None,
-        within: float | None = None,
-        cancel: CancelScope | None = None,
-    ) -> bytes | None:
-        """``ask_raw``; ``timeout`` None: the target's budget plus a grace (see ``ask``).
-
-        ``within``: how long the target's turn may take when this thread runs it in place
-        (default ``timeout``; a guest's ask without a timeout of its own allows a little past
-        its wait, see ``AgentHostProvider``)."""
+    def request(self, ask: Ask) -> bytes | None:
+        """The one path of an ask that waits for its reply: local or remote, in place or by
+        the mailbox; the raw reply body. ``ask.timeout`` None: the target's budget plus a
+        grace (see ``ask``)."""
+        to, name, body, sender, timeout, chain, scope, within, cancel = ask
         router, local = (None, to) if self.router is None else self._remote(to)
         if router is not None:
             if timeout is None:
                 timeout = DEFAULT_TIMEOUT + _ASK_GRACE
             future = router.ask(local, name, body, sender=sender, timeout=timeout, chain=chain)
-            return self._await_reply(local, name, future, None, timeout, wait)
+            return self._await_reply(local, name, future, None, timeout, scope)
         process = self.process(local)
         if timeout is None:
             timeout = process.type.budget.timeout + _ASK_GRACE
         # The calling thread may run the target's turn itself (AgentProcess.run_here), except
-        # on the main thread, outside any turn, with a wait of the caller's own: that wait
+        # on the main thread, outside any turn, waiting through a scope of its own: that wait
         # watches for signals, which must not interrupt the guest.
         here = (
-            wait is None
+            scope is None
             or _TURNS.depth > 0
             or threading.current_thread() is not threading.main_thread()
         )
@@ -1688,8 +1678,10 @@ class Runtime:
                 time.monotonic() + timeout,
             )
             if breaker is None and future.done():  # answered in place: nothing to wait for
-                return future.result() if wait is None else wait(future, timeout)
-            return self._await_reply(local, name, future, breaker, timeout, wait)
+                if scope is not None:
+                    scope.checkpoint()  # past the asker's own deadline: it stops
+                return future.result()
+            return self._await_reply(local, name, future, breaker, timeout, scope)
         span = telemetry.ask_begin(process.address, name, sender)
         try:
             future, breaker = self._deliver_ask(
@@ -1706,7 +1698,7 @@ class Runtime:
                 cancel,
                 time.monotonic() + timeout,
             )
-            result = self._await_reply(local, name, future, breaker, timeout, wait)
+            result = self._await_reply(local, name, future, breaker, timeout, scope)
         except BaseException as exc:
             telemetry.ask_end(span, exc)
             raise
@@ -1720,10 +1712,10 @@ class Runtime:
         future: Future[bytes | None],
         breaker: Any,
         timeout: float,
-        wait: Callable[[Future[bytes | None], float], bytes | None] | None,
+        scope: Scope | None,
     ) -> bytes | None:
         try:
-            result = wait(future, timeout) if wait is not None else future.result(timeout)
+            result = future.result(timeout) if scope is None else self._wait(future, timeout, scope)
         except FutureTimeout:
             raise AskTimeout(f"no reply from {to} to {name!r} within {timeout:g} s") from None
         except HandlerFailed:
@@ -1738,6 +1730,18 @@ class Runtime:
         if breaker is not None:
             breaker.record_success()
         return result
+
+    def _wait(self, future: Future[bytes | None], timeout: float, scope: Scope) -> bytes | None:
+        """Wait for a reply through the asker's scope (its deadline, cancel and signals apply
+        while it waits); a worker thread waiting is lent to the scheduler meanwhile."""
+        if future.done():  # answered in place (AgentProcess.run_here)
+            scope.checkpoint()  # past the asker's own deadline: it stops, as below
+            return future.result()
+        scheduler = self.scheduler
+        with scheduler.blocking() if scheduler.on_worker() else contextlib.nullcontext():
+            if not scope.wait(future, timeout):
+                raise FutureTimeout
+        return future.result(0)
 
     def deliver_ask(
         self,
@@ -1964,201 +1968,3 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-# -- the mighty:agent/host interface -------------------------------------------------------
-
-
-def _process(ctx: GuestContext) -> AgentProcess:
-    process = ctx.find(_PROCESS)
-    if process is None:
-        raise HostError("mighty:agent/host called by an instance that is not an agent")
-    return process
-
-
-_HERE_GRACE = 0.5
-"""How far past the asker's own deadline the target's turn may end when a guest's ask without
-a timeout of its own runs it in place (so that equal budgets qualify)."""
-
-
-def _guest_ask_wait(scope: Scope, requested: float) -> tuple[float, float]:
-    """(how long a guest's ask waits, how long the target's turn may take in place).
-
-    An asking agent waits no longer than its own deadline (its wait stops there anyway): a
-    ``timeout`` at or beyond it (the SDK's default, none, sends the most ``timeout-ms`` holds)
-    is cut to it, and the target's turn may then run in place if its budget ends within
-    :data:`_HERE_GRACE` of that deadline (the asker stops when the turn returns, its deadline
-    passed). A shorter ``timeout`` is the asker's own: the turn runs in place only when it ends
-    within it, otherwise a worker runs it and the asker stops waiting at its timeout.
-    """
-    # ``type() is``, not isinstance: Scope is an ABC, whose isinstance is a Python frame. A
-    # paused scope's deadline is where it stood when the pause began: the wait is shorter then.
-    if type(scope) is not CallScope:
-        return requested, requested
-    left = max(0.0, scope.deadline - time.monotonic())
-    if requested < left:
-        return requested, requested
-    return left, left + _HERE_GRACE
-
-
-_ANY = frozenset({"*"})
-
-
-def _listed(names: frozenset[str]) -> str:
-    return ", ".join(sorted(names)) or "none"
-
-
-def _target(runtime: Runtime, to: str) -> tuple[str | None, str | None]:
-    """The agent type and registered name behind address ``to`` (None where not known)."""
-    address = runtime.whereis(to)
-    name = to if address is not None else None
-    address = address or to
-    parts = address.split(":")
-    if len(parts) >= 2 and parts[-1].isdigit():
-        return parts[-2], name
-    return None, name
-
-
-def _may_message(runtime: Runtime, process: AgentProcess, to: str, message: str) -> Err | None:
-    """None when ``process`` may send ``message`` to ``to``; the refusal otherwise."""
-    grants = process.type.grants
-    agent_type, name = _target(runtime, to)
-    if not grants.may_message(agent_type, name if name is not None else to):
-        return Err(
-            Variant(
-                "refused",
-                f"{process.address} may not message {to[:200]!r} (its type "
-                f"{process.type.name!r} is granted messages to: {_listed(grants.message)})",
-            )
-        )
-    if message == INSPECT and not (runtime.introspect is False or grants.may_inspect(agent_type)):
-        return Err(
-            Variant(
-                "refused",
-                f"{process.address} may not inspect {to[:200]!r} (its type "
-                f"{process.type.name!r} is granted inspect of: {_listed(grants.inspect)})",
-            )
-        )
-    return None
-
-
-def _agent_error(exc: AgentError) -> Err:
-    if isinstance(exc, AskTimeout):
-        return Err(Variant("timeout"))
-    return Err(Variant(exc.code, exc.message))
-
-
-class AgentHostProvider:
-    """The host side of ``mighty:agent/host``, bound to one runtime."""
-
-    name = "agent"
-    type_interfaces = ("mighty:agent/types",)
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
-    def resources(self) -> list[ResourceKind]:
-        return []
-
-    def setup(self, ctx: GuestContext) -> None:
-        return None
-
-    def bindings(self) -> list[Binding]:
-        runtime = self.runtime
-
-        def self_address(ctx: GuestContext) -> str:
-            return _process(ctx).address
-
-        def send_raw(ctx: GuestContext, to: str, msg: dict[str, Any]) -> Any:
-            process = _process(ctx)
-            denied = _may_message(runtime, process, to, msg["name"])
-            if denied is not None:
-                return denied
-            try:
-                runtime.send_raw(to, msg["name"], bytes(msg["body"]), sender=process.address)
-            except AgentError as exc:
-                return _agent_error(exc)
-            return Ok(None)
-
-        def ask(ctx: GuestContext, to: str, msg: dict[str, Any], timeout_ms: int) -> Any:
-            process = ctx.find(_PROCESS)  # _process, inline: a frame less a guest's ask
-            if process is None:
-                return _process(ctx)  # raises
-            grants = process.type.grants
-            if grants.message != _ANY or msg["name"] == INSPECT:
-                denied = _may_message(runtime, process, to, msg["name"])
-                if denied is not None:
-                    return denied
-            current = process.current
-            chain = (*(current.asker_chain if current is not None else ()), process.address)
-            scope = ctx.scope
-
-            def wait(future: Future[bytes | None], timeout: float) -> bytes | None:
-                if future.done():  # answered in place (AgentProcess.run_here)
-                    scope.checkpoint()  # past the asker's own deadline: it stops, as below
-                    return future.result()
-                # Through the call's scope, so the asking agent's own deadline and cancellation
-                # apply while it waits.
-                scheduler = runtime.scheduler
-                with scheduler.blocking() if scheduler.on_worker() else contextlib.nullcontext():
-                    if not scope.wait(future, timeout):
-                        raise FutureTimeout
-                return future.result(0)
-
-            timeout, within = _guest_ask_wait(scope, timeout_ms / 1000)
-            try:
-                reply = runtime._ask(
-                    to,
-                    msg["name"],
-                    bytes(msg["body"]),
-                    timeout,
-                    process.address,
-                    chain,
-                    wait,
-                    within,
-                )
-            except AgentError as exc:
-                if isinstance(exc, AskTimeout):
-                    scope.checkpoint()  # the asker's own deadline passed: that is what stops it
-                return _agent_error(exc)
-            return Ok({"name": "reply", "body": reply or b""})
-
-        def spawn(ctx: GuestContext, agent_type: str, init: bytes) -> Any:
-            process = _process(ctx)
-            if not process.type.grants.may_spawn(agent_type):
-                return Err(
-                    Variant(
-                        "refused",
-                        f"{process.address} may not spawn agents of type {agent_type[:100]!r}"
-                        f" (its type {process.type.name!r} is granted spawn of: "
-                        f"{_listed(process.type.grants.spawn)})",
-                    )
-                )
-            try:
-                return Ok(
-                    runtime.spawn_process(agent_type, bytes(init), parent=process.address).address
-                )
-            except AgentError as exc:
-                return _agent_error(exc)
-
-        def log(ctx: GuestContext, level: str, text: str) -> None:
-            process = _process(ctx)
-            level, text = level[:16], text[:8192]
-            runtime.emit("log", process.address, {"level": level, "text": text})
-            runtime.output(process, "log", text, level)
-
-        def emit(ctx: GuestContext, name: str, body: bytes) -> None:
-            try:
-                data = decode_body(bytes(body))
-            except (ValueError, cbor2.CBORDecodeError):
-                data = bytes(body)
-            runtime.emit(f"agent.{name[:64]}", _process(ctx).address, {"body": data})
-
-        return [
-            Binding(_INTERFACE, "self-address", self_address),
-            Binding(_INTERFACE, "send", send_raw),
-            Binding(_INTERFACE, "ask", ask),
-            Binding(_INTERFACE, "spawn", spawn),
-            Binding(_INTERFACE, "log", log),
-            Binding(_INTERFACE, "emit", emit),
-        ]

@@ -8,13 +8,14 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
 from mighty._errors import BadInput, GuestError, HostError, MightyError
 from mighty.budget import Budget, CancelScope, RunContext
 from mighty.engine import Component
+from mighty.gate import Scope
 from mighty.wasi import Policy
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "AgentEvent",
     "AgentState",
     "AgentType",
+    "Ask",
     "AskCycle",
     "AskTimeout",
     "BadSpawn",
@@ -238,6 +240,32 @@ class AgentState(enum.StrEnum):
     CRASHED = "crashed"
     """It crashed; its supervisor has not yet revived, stopped or retired it."""
     STOPPED = "stopped"
+
+
+class Ask(NamedTuple):
+    """One ask, as data: what ``Runtime.request``, the one path of an ask that waits for its
+    reply, takes. Host code (``Runtime.ask``), a guest's ``ask`` import and a manifest's
+    ``[[start]]`` asks all make one.
+
+    Immutable (a tuple: 0.3 us to make, where a frozen dataclass takes 1.6 us on every ask).
+    """
+
+    to: str
+    name: str
+    body: bytes
+    sender: str = "host"
+    timeout: float | None = None
+    """How long the asker waits (None: the target's per-message budget plus a grace)."""
+    chain: tuple[str, ...] = ()
+    """The addresses waiting on this reply, innermost last (cycle detection)."""
+    scope: Scope | None = None
+    """What the asker waits through: the asking guest call's scope (its deadline, cancel and
+    signals apply while it waits), or a host caller's own; None: a plain wait."""
+    within: float | None = None
+    """How long the target's turn may take when the asking thread runs it in place (default
+    ``timeout``)."""
+    cancel: CancelScope | None = None
+    """A scope of the asker's own that cancels the message."""
 
 
 @dataclass(eq=False, slots=True)

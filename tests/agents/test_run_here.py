@@ -29,8 +29,8 @@ from mighty.agents import (
     SupervisorSpec,
     start_tree,
 )
-from mighty.agents import _runtime as runtime_module
-from mighty.agents._runtime import _HERE_GRACE, _guest_ask_wait
+from mighty.agents import _host as host_module
+from mighty.agents._host import _HERE_GRACE, _guest_ask_wait
 from mighty.budget import Budget, CallScope
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,7 +245,7 @@ def test_a_guest_ask_waits_no_longer_than_its_own_deadline(
     scope.deadline = clock.now + budget - spent * budget  # part (or more than all) is spent
     left = max(0.0, scope.deadline - clock.now)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runtime_module, "time", clock)
+        patch.setattr(host_module, "time", clock)
         wait, within = _guest_ask_wait(scope, requested)
     assert wait <= requested
     assert wait <= left
