@@ -100,7 +100,15 @@ from mighty.sandbox._tools import (
     tools_from,
 )
 from mighty.trace import Recorder
-from mighty.wasi import DirGrant, MemoryDir, OutputPolicy, Policy, WasiProvider
+from mighty.wasi import (
+    STDERR_SINK,
+    STDOUT_SINK,
+    DirGrant,
+    MemoryDir,
+    OutputPolicy,
+    Policy,
+    WasiProvider,
+)
 
 __all__ = [
     "ERROR_KINDS",
@@ -425,10 +433,6 @@ class _Output:
         self.to_stdout = _Output.Sink(self, "stdout")
         self.to_stderr = _Output.Sink(self, "stderr")
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Output:
-        # A trace describes the policy with dataclasses.asdict, which deep-copies the sinks.
-        return self
-
     def reset(
         self,
         listener: OutputListener | None = None,
@@ -507,9 +511,6 @@ class _Output:
             self.output = output
             self.stream = stream
 
-        def __deepcopy__(self, memo: dict[int, Any]) -> _Output.Sink:
-            return self
-
         def __call__(self, chunk: bytes, /) -> None:
             self.output.write(self.stream, chunk)
 
@@ -567,9 +568,7 @@ class _Live:
         # bytes, and replay checks them against every byte the replayed run writes.
         keep = self.output.keep
         policy = Policy(
-            stdout=OutputPolicy(cap=keep, sink=self.output.to_stdout),
-            stderr=OutputPolicy(cap=keep, sink=self.output.to_stderr),
-            dirs=config.files,
+            stdout=OutputPolicy(cap=keep), stderr=OutputPolicy(cap=keep), dirs=config.files
         )
         self.instance = Instance(
             config.component,
@@ -581,6 +580,7 @@ class _Live:
             # A code-mode instance works at once: copy the pages a run writes in one go.
             prefault=True,
             memory=memory,
+            slots=[STDOUT_SINK.of(self.output.to_stdout), STDERR_SINK.of(self.output.to_stderr)],
         )
         self.instance.context.put(TOOL_HOST, self.host)
 

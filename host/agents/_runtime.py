@@ -138,7 +138,7 @@ from mighty.engine import Component
 from mighty.gate import Gate, Scope, Seed
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
-from mighty.wasi import IDEMPOTENCY_KEYS, LOG_SINK, CaptureOutput, WasiProvider
+from mighty.wasi import IDEMPOTENCY_KEYS, LOG_SINK, STDERR_SINK, STDOUT_SINK, WasiProvider
 
 if TYPE_CHECKING:
     from mighty.telemetry import Telemetry
@@ -252,6 +252,7 @@ class AgentProcess:
     output: OutputTail = field(default_factory=OutputTail)
     """The agent's last lines of log(), stdout and stderr, across restarts (bounded)."""
     _splitters: tuple[LineSplitter, ...] = ()
+    _staged_splitters: tuple[LineSplitter, ...] = ()
     in_store: bool = False
     """Its state is in the snapshot store (asleep, or durable): a wake or a restart restores it
     instead of running ``init`` (see mighty.agents._hibernate)."""
@@ -350,7 +351,20 @@ class AgentProcess:
         # message (a tight per-message fuel must not make the agent unable to start).
         record = self.runtime.recorder
         journal = self.runtime.journal
-        slots = self._slots()
+        splitters = (
+            LineSplitter(functools.partial(self.runtime.output, self, "stdout")),
+            LineSplitter(functools.partial(self.runtime.output, self, "stderr")),
+        )
+        if component is None:
+            self._splitters = splitters
+        else:  # the agent's until the swap is confirmed (``adopt``)
+            self._staged_splitters = splitters
+        # Its stdout and stderr, line by line, to the runtime's output.
+        slots = (
+            *self._slots(),
+            STDOUT_SINK.of(splitters[0].feed),
+            STDERR_SINK.of(splitters[1].feed),
+        )
         recovery = self._recovery
         if journal is not None and self.type.durable:
             sink = journal.sink(self.address, record)
@@ -362,7 +376,7 @@ class AgentProcess:
             slots = (*slots, IDEMPOTENCY_KEYS.of(sink.keys))
             if recovery is not None:
                 slots = (*slots, *recovery.seeds)
-        instance = Instance(
+        return Instance(
             self.type.component if component is None else component,
             budget=Budget(memory=self.type.budget.memory),
             policy=self.type.policy,
@@ -373,8 +387,6 @@ class AgentProcess:
             agent=self.address,
             agent_name=self.name,
         )
-        self._attach_output(instance)
-        return instance
 
     def may_sleep(self) -> bool:
         """Awake, with nothing to do and doing nothing: may hibernate (turn lock held)."""
@@ -408,6 +420,8 @@ class AgentProcess:
         self.type = agent_type
         if self._staged_log is not None:
             self._log, self._staged_log = self._staged_log, None
+        if self._staged_splitters:
+            self._splitters, self._staged_splitters = self._staged_splitters, ()
 
     def _slots(self) -> tuple[Seed, ...]:
         seeds = (self.seed(), LOG_SINK.of(self._wasi_log))
@@ -441,26 +455,6 @@ class AgentProcess:
                 instance.close()
                 raise BadSpawn(f"{self.address}: cannot store its state: {exc}") from exc
         return instance
-
-    def _attach_output(self, instance: Instance) -> None:
-        """Stream the instance's stdout and stderr, line by line, to the runtime's output.
-
-        A sink the type's policy already has keeps receiving every byte.
-        """
-        splitters = []
-        streams: tuple[tuple[Stream, CaptureOutput], ...] = (
-            ("stdout", instance.stdout),
-            ("stderr", instance.stderr),
-        )
-        for stream, capture in streams:
-            splitter = LineSplitter(functools.partial(self.runtime.output, self, stream))
-            splitters.append(splitter)
-            previous = capture.sink
-            if previous is None:
-                capture.sink = splitter.feed
-            else:
-                capture.sink = functools.partial(_both, previous, splitter.feed)
-        self._splitters = tuple(splitters)
 
     def _wasi_log(self, level: str, context: str, message: str) -> None:
         """A ``wasi:logging`` line: the agent's log, as its SDK's ``log()`` would be."""
@@ -1107,11 +1101,6 @@ class _Exit:
     def run_batch(self) -> tuple[int, bool]:
         self.process._exit(self.reason)
         return 0, False
-
-
-def _both(first: Callable[[bytes], None], second: Callable[[bytes], None], data: bytes) -> None:
-    first(data)
-    second(data)
 
 
 def _settle(

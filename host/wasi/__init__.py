@@ -1,6 +1,6 @@
 """WASI 0.2 implemented in Python behind the gate, driven by a frozen Policy."""
 
-from mighty.wasi._cli import outputs
+from mighty.wasi._cli import STDERR_SINK, STDOUT_SINK, OutputSink, outputs
 from mighty.wasi._http import (
     HTTP_RESPONDER,
     RequestBody,
@@ -21,6 +21,8 @@ __all__ = [
     "HTTP_RESPONDER",
     "IDEMPOTENCY_KEYS",
     "LOG_SINK",
+    "STDERR_SINK",
+    "STDOUT_SINK",
     "WASI_POLICY",
     "CaptureOutput",
     "DirGrant",
@@ -33,6 +35,7 @@ __all__ = [
     "MemoryDir",
     "Origin",
     "OutputPolicy",
+    "OutputSink",
     "Policy",
     "PreparedRequest",
     "RequestBody",

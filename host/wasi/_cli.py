@@ -11,6 +11,7 @@ after the call whatever the guest dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,12 @@ from mighty.wasi._policy import Policy
 from mighty.wasi._streams import INPUT_STREAM, OUTPUT_STREAM, InputStream, StreamClosed
 
 __all__ = [
+    "STDERR_SINK",
+    "STDOUT_SINK",
     "TERMINAL_INPUT",
     "TERMINAL_OUTPUT",
     "BytesInput",
+    "OutputSink",
     "bindings",
     "outputs",
     "resources",
@@ -33,6 +37,15 @@ __all__ = [
 TERMINAL_INPUT = ResourceKind("wasi:cli/terminal-input", "terminal-input")
 TERMINAL_OUTPUT = ResourceKind("wasi:cli/terminal-output", "terminal-output")
 _STATE: Slot[_CliState] = Slot("wasi.cli")
+
+OutputSink = Callable[[bytes], None]
+"""Who hears an output stream as it is written: ``sink(chunk)`` for every write."""
+STDOUT_SINK: Slot[OutputSink] = Slot("wasi.cli.stdout")
+"""Seeded by an embedder (``Instance(slots=[STDOUT_SINK.of(fn)])``): every write to stdout
+also goes to it. A slot, not a field of the policy: a policy is data (compared, recorded in a
+trace), a sink is a live object of the embedder's."""
+STDERR_SINK: Slot[OutputSink] = Slot("wasi.cli.stderr")
+"""As :data:`STDOUT_SINK`, for stderr."""
 
 
 class BytesInput(InputStream):
@@ -78,8 +91,8 @@ def setup(ctx: GuestContext, policy: Policy) -> None:
         _CliState(
             policy=policy,
             stdin=BytesInput(policy.stdin),
-            stdout=CaptureOutput.from_policy(policy.stdout),
-            stderr=CaptureOutput.from_policy(policy.stderr),
+            stdout=CaptureOutput(policy.stdout.cap, ctx.find(STDOUT_SINK)),
+            stderr=CaptureOutput(policy.stderr.cap, ctx.find(STDERR_SINK)),
         ),
     )
 

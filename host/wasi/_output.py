@@ -38,7 +38,6 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from mighty._errors import BadInput
-from mighty.wasi._policy import OutputPolicy
 from mighty.wasi._streams import OutputStream
 
 __all__ = ["LIFT_LIMIT", "WRITE_PERMIT", "CaptureOutput", "LimitedSink"]
@@ -88,11 +87,6 @@ class CaptureOutput(OutputStream):
         """Bytes written, kept or not."""
         self._kept = 0
         self._chunks: list[bytes] = []
-
-    @classmethod
-    def from_policy(cls, policy: OutputPolicy) -> CaptureOutput:
-        """A capture following one stream's policy."""
-        return cls(policy.cap, policy.sink)
 
     def write(self, data: bytes) -> None:
         data = bytes(data)

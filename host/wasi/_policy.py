@@ -6,7 +6,7 @@ shared by many instances and threads, and a trace can record exactly the policy 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -35,11 +35,11 @@ class OutputPolicy:
     """Where one output stream (stdout or stderr) goes.
 
     Captured into memory up to ``cap`` bytes (the rest is counted, not kept, and the capture is
-    marked truncated); and, when ``sink`` is given, also passed to ``sink(chunk)`` as written.
+    marked truncated). Who else hears it as it is written is not policy but the embedder's:
+    ``Instance(slots=[STDOUT_SINK.of(fn)])`` (mighty.wasi).
     """
 
     cap: int = DEFAULT_OUTPUT_CAP
-    sink: Callable[[bytes], None] | None = None
 
     def __post_init__(self) -> None:
         if self.cap < 0:

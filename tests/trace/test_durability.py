@@ -28,7 +28,7 @@ from pathlib import Path
 
 from mighty import Budget, Component, Instance
 from mighty.trace import Recorder
-from mighty.wasi import OutputPolicy, Policy
+from mighty.wasi import STDOUT_SINK
 
 wasm, trace, mode, interval = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 
@@ -39,8 +39,8 @@ def show(chunk: bytes) -> None:
 
 
 recorder = Recorder(Path(trace), flush=mode, flush_interval=interval)
-policy = Policy(stdout=OutputPolicy(sink=show))
-instance = Instance(Component.load(wasm), record=recorder, policy=policy, budget=Budget(timeout=120))
+sink = STDOUT_SINK.of(show)
+instance = Instance(Component.load(wasm), record=recorder, slots=[sink], budget=Budget(timeout=120))
 instance.call("run", "print('one')")
 print("first call done", flush=True)
 instance.call("run", "print('A')\nprint('B')\ntime.sleep(100)")

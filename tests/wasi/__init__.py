@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import wasmtime
 
 from mighty.budget import CallScope
 from mighty.engine import get_engine
-from mighty.gate import UNSCOPED, Binding, Gate, GuestContext, Handle, ResourceKind
+from mighty.gate import UNSCOPED, Binding, Gate, GuestContext, Handle, ResourceKind, Seed
 from mighty.wasi import _cli, _clocks, _http, _io, _random, _sockets
 from mighty.wasi._policy import Policy
 
@@ -30,9 +31,10 @@ class _Modules:
             m.setup(ctx, self.policy)
 
 
-def make_ctx(policy: Policy | None = None) -> GuestContext:
-    """A real GuestContext with every module of ours set up under ``policy``."""
-    return Gate([_Modules(policy or Policy())]).context(wasmtime.Store(get_engine()))
+def make_ctx(policy: Policy | None = None, seed: Iterable[Seed] = ()) -> GuestContext:
+    """A real GuestContext with every module of ours set up under ``policy`` (``seed``: slots
+    filled before setup, e.g. an output sink)."""
+    return Gate([_Modules(policy or Policy())]).context(wasmtime.Store(get_engine()), seed=seed)
 
 
 def call(ctx: GuestContext, interface: str, name: str, *args: Any) -> Any:

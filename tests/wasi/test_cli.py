@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from mighty.abi import Err, Ok, Variant
 from mighty.gate import GuestExitRequest
-from mighty.wasi import _cli
+from mighty.wasi import STDOUT_SINK, _cli
 from mighty.wasi._output import CaptureOutput
 from mighty.wasi._policy import OutputPolicy, Policy
 from mighty.wasi._streams import INPUT_STREAM, OUTPUT_STREAM
@@ -61,7 +61,7 @@ def test_stdin_gives_policy_bytes_then_eof() -> None:
 def test_stdout_and_stderr_are_captured() -> None:
     """Writes to stdout and stderr land in the captures that outputs() returns."""
     chunks: list[bytes] = []
-    ctx = make_ctx(Policy(stdout=OutputPolicy(cap=4, sink=chunks.append)))
+    ctx = make_ctx(Policy(stdout=OutputPolicy(cap=4)), seed=[STDOUT_SINK.of(chunks.append)])
     out = call(ctx, "wasi:cli/stdout", "get-stdout")
     err = call(ctx, "wasi:cli/stderr", "get-stderr")
     assert out.kind is OUTPUT_STREAM and err.kind is OUTPUT_STREAM

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mighty import Budget, Component, Err, GuestExit, Instance, Ok
-from mighty.wasi import OutputPolicy, Policy
+from mighty.gate import Seed
+from mighty.wasi import STDOUT_SINK, OutputPolicy, Policy
 
 pytestmark = pytest.mark.slow
 
@@ -21,9 +23,11 @@ def probe(probe_wasm: Path) -> Component:
     return Component.load(probe_wasm)
 
 
-def run(probe: Component, code: str, policy: Policy | None = None) -> tuple[Any, Instance]:
+def run(
+    probe: Component, code: str, policy: Policy | None = None, slots: Iterable[Seed] = ()
+) -> tuple[Any, Instance]:
     """Run a snippet in a fresh probe instance; return (Ok/Err value, instance)."""
-    instance = Instance(probe, policy=policy, budget=Budget(timeout=30))
+    instance = Instance(probe, policy=policy, budget=Budget(timeout=30), slots=slots)
     return instance.call("run", code), instance
 
 
@@ -86,8 +90,8 @@ def test_output_cap_keeps_a_prefix_and_flags_truncation(probe: Component) -> Non
 def test_output_sink_streams_every_chunk(probe: Component) -> None:
     """A sink receives all output as it is written, even beyond the cap."""
     chunks: list[bytes] = []
-    policy = Policy(stdout=OutputPolicy(cap=10, sink=chunks.append))
-    run(probe, "for i in range(50): print(i)\nresult = 0", policy)
+    policy = Policy(stdout=OutputPolicy(cap=10))
+    run(probe, "for i in range(50): print(i)\nresult = 0", policy, [STDOUT_SINK.of(chunks.append)])
     assert b"".join(chunks) == "".join(f"{i}\n" for i in range(50)).encode()
 
 
