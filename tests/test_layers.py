@@ -308,3 +308,50 @@ def reach(thing, typed: Thing):
 def test_no_private_attribute_of_another_package() -> None:
     """No module reaches a private attribute or name that only another package defines."""
     assert _private_attribute_crossings() == set()
+
+
+# -- inside the agents package --------------------------------------------------------------
+
+AGENTS_ORDER = [
+    # leaves: data and mechanisms that know no agent
+    "_types",
+    "_mailbox",
+    "_reply",
+    "_output",
+    "_introspect",
+    "_scheduler",
+    "_store",
+    "_journal",
+    "_swap",
+    # the host interface, hibernation, then the process and the runtime
+    "_host",
+    "_hibernate",
+    "_runtime",
+    # what is built on a runtime
+    "_supervisor",
+    "_tree",
+    "_manifest",
+    "_compose",
+    "_history",
+    "_application",
+]
+"""The layers inside mighty.agents, lowest first: a module imports (when it loads) only
+modules before it. A new module takes its place here; a move up or down is a decision."""
+
+
+def test_the_agents_package_keeps_its_layer_order() -> None:
+    """Each module of mighty.agents imports, at load, only modules below it in AGENTS_ORDER."""
+    found = {name for name in _modules() if name.startswith("mighty.agents._")}
+    assert {name.rsplit(".", 1)[1] for name in found} == set(AGENTS_ORDER)
+    rank = {name: i for i, name in enumerate(AGENTS_ORDER)}
+    wrong = []
+    for importer, imported, top in _imports():
+        if not (top and importer.startswith("mighty.agents._")):
+            continue
+        if not imported.startswith("mighty.agents._"):
+            continue
+        here = importer.rsplit(".", 1)[1]
+        there = imported.split(".")[2]
+        if rank[there] >= rank[here]:
+            wrong.append(f"{here} imports {there}")
+    assert wrong == []
