@@ -35,10 +35,10 @@ def test_a_closed_node_is_reported_left_and_its_child_stopped(
     node b left"; b back under its name is live again and no longer "left"."""
     # A silence must last 30 s to count as a death: a loaded machine never declares one here,
     # and a node that left is reported at once (before: "dead" 30 s later).
-    slow = {"dead_after": 30.0}
-    _, node_a = nodes("a", **slow)
-    b, node_b = nodes("b", **slow)
-    _, node_t = nodes("t", **slow)
+    slow = 30.0
+    _, node_a = nodes("a", dead_after=slow)
+    b, node_b = nodes("b", dead_after=slow)
+    _, node_t = nodes("t", dead_after=slow)
     assert node_t.wait_for(["a", "b", "t"], 60)
     supervisor = ClusterSupervisor(node_t, [ClusterChild("e", "echo", node="b")]).start()
     assert (node_t.whereis("e") or "").startswith("b:")
@@ -65,7 +65,7 @@ def test_a_closed_node_is_reported_left_and_its_child_stopped(
     supervisor.stop()
 
     # Back under the same name: live again, and not "left" any more.
-    _, node_b2 = nodes("b", **slow)
+    _, node_b2 = nodes("b", dead_after=slow)
     assert node_t.wait_for(["b"], 60) and node_b2.wait_for(["t"], 60)
     assert not node_t.has_left("b")
 

@@ -357,10 +357,10 @@ def test_a_name_deleted_or_given_away_later_is_yielded_at_once(
 
     import nats
 
-    slow = {"dead_after": 60.0}  # no partition here: nobody fences, even on a loaded machine
-    runtime_a, node_a, _ = cluster.node("a", **slow)
-    runtime_b, node_b, _ = cluster.node("b", **slow)
-    runtime_t, node_t, _ = cluster.node("t", **slow)
+    slow = 60.0  # dead_after: no partition here, nobody fences, even on a loaded machine
+    runtime_a, node_a, _ = cluster.node("a", dead_after=slow)
+    runtime_b, node_b, _ = cluster.node("b", dead_after=slow)
+    runtime_t, node_t, _ = cluster.node("t", dead_after=slow)
     caplog.set_level(logging.WARNING, logger="mighty.cluster")
     assert node_b.wait_for(["a", "t"], 60)
     old = runtime_b.spawn("echo", name="ledger")
