@@ -58,6 +58,10 @@ WAIT_SLICE = 0.02
 reaches a waiting host function within this, the epoch tick's counterpart for the host."""
 
 _now = time.monotonic
+_CANCEL_LOCK = threading.Lock()
+"""Makes each scope's first cancel win (reason and ``by``). One for all scopes: a cancel is
+rare and quick, and a lock per scope was a tenth of the cost of making one (one per agent
+message)."""
 _EXPIRED = "the cancel scope's deadline passed"
 
 
@@ -79,14 +83,12 @@ class CancelScope:
         "_by",
         "_cancelled",
         "_deadline",
-        "_lock",
         "_parents",
         "_reason",
         "cancelled_caught",
     )
 
     def __init__(self, *, deadline: float | None = None, parent: CancelScope | None = None) -> None:
-        self._lock = threading.Lock()
         self._cancelled = False
         self._reason: str | None = None
         self._by: CancelledBy | None = None
@@ -143,7 +145,7 @@ class CancelScope:
         """Request cancellation; the first request's reason and ``by`` are kept. Any thread."""
         if by not in _BY:
             raise BadInput(f"cancel(by=...) must be one of {sorted(_BY)}, got {by!r}")
-        with self._lock:
+        with _CANCEL_LOCK:
             if self._reason is None:
                 deadline = self._deadline
                 if by != "deadline" and deadline is not None and _now() >= deadline:
