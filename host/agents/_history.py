@@ -550,6 +550,10 @@ def _copy_log(
                 if not whole and count >= imports:
                     break
                 count += 1
+            if record.get("k") == "journal":
+                # Which message the original's log is of: the fork's messages have other
+                # numbers, and a log that names none is taken for the first (see _journal).
+                continue
             copied = dict(record)
             if "a" in copied:
                 copied["a"] = address

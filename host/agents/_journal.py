@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mighty._errors import HostError, MightyError
-from mighty.trace import Recorder, TraceAnswers, read_instances
+from mighty.trace import Recorder, TraceAnswers, TraceReader, read_instances
 from mighty.wasi import HTTP_RESPONDER, IdempotencyKeys
 
 if TYPE_CHECKING:
@@ -182,6 +182,10 @@ class _LogRecording:
         recorder = Recorder(self._path, flush="record", positions=False)
         self._recorder = recorder
         self._inner = recorder.attach(component, budget, policy, agent=agent, name=name)
+        # Which message the log is of: a log a crash left after its message was checkpointed
+        # (the state written, the log not yet deleted) must not answer the next message's
+        # imports. A record of no instance: replay and the other readers pass it by.
+        recorder.append({"k": _JOURNAL_RECORD, "seq": self._keys.message})
 
     def discard(self) -> None:
         """The message's state is checkpointed: its log is not needed any more."""
@@ -238,12 +242,19 @@ class Journal:
         """The record sink of a new instance of durable agent ``address``."""
         return _LogSink(self, address, also)
 
-    def recovery(self, address: str, component: Component) -> Recovery | None:
+    def recovery(
+        self, address: str, component: Component, seq: int | None = None
+    ) -> Recovery | None:
         """Answers from the import log ``address`` left at a crash, if it left one for the
-        component it runs now (a log of another build answers nothing: it runs live)."""
+        component it runs now (a log of another build answers nothing: it runs live) and for
+        message ``seq``, the first pending one (a log of a message already checkpointed is
+        stale and answers nothing; a log too old to say which message it is of is taken)."""
         best: tuple[int, list[dict[str, Any]], int] | None = None
         other: str | None = None
         for path in (self.log_path(address), _previous(self.log_path(address))):
+            logged = _message_of(path)
+            if seq is not None and logged is not None and logged != seq:
+                continue  # stale: its message was checkpointed before the crash
             found = _log_of(path, component)
             if found is not None and (best is None or found[2] > best[2]):
                 best = found
@@ -271,6 +282,29 @@ class Journal:
 
     def messages(self, address: str) -> list[tuple[int, str, str, bytes]]:
         return self.store.inbox(address)
+
+
+_JOURNAL_RECORD = "journal"
+_HEAD_RECORDS = 8
+"""How many records of a log are read looking for its message's record (the second one)."""
+
+
+def _message_of(path: Path) -> int | None:
+    """The inbox sequence number of the message a log is of (None: no log, a damaged one, or
+    one written before logs said)."""
+    if not path.is_file():
+        return None
+    try:
+        with TraceReader(path) as reader:
+            for count, record in enumerate(reader.records()):
+                if record.get("k") == _JOURNAL_RECORD:
+                    seq = record.get("seq")
+                    return seq if type(seq) is int else None
+                if count >= _HEAD_RECORDS:
+                    break
+    except Exception:  # noqa: BLE001 - a damaged log says nothing (and answers nothing)
+        return None
+    return None
 
 
 def _previous(path: Path) -> Path:

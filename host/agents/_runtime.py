@@ -1244,8 +1244,9 @@ class Runtime:
             process = self._recover(address)
             if process is None:
                 continue
-            process._recovery = journal.recovery(address, agent_type.component)
             messages = journal.messages(address)
+            first = messages[0][0] if messages else None
+            process._recovery = journal.recovery(address, agent_type.component, first)
             self.emit("agent.journal_recovered", address, {"messages": len(messages)})
             for seq, sender, name, body in messages:
                 process.deliver(Envelope(sender, name, body, journal=seq))

@@ -221,3 +221,37 @@ def test_a_log_of_another_build_refuses_the_recovery(
         assert journal.recovery("worker:2", now) is None
     finally:
         store.close()
+
+
+def test_a_log_of_a_checkpointed_message_does_not_answer_the_next(
+    tmp_path: Path, journaled_wasm: Path
+) -> None:
+    """A crash between a message's checkpoint and its log's deletion leaves a stale log: it
+    says which message it is of, and the next pending message's recovery takes no answer from
+    it (an identical call would otherwise be answered, never made). A log of that message, or
+    one too old to say, answers as before."""
+    from mighty import Component
+    from mighty.agents._journal import Journal
+    from mighty.trace import Recorder
+    from mighty.wasi import Policy
+
+    component = Component.load(journaled_wasm)
+    store = SnapshotStore(tmp_path / "state")
+    try:
+        journal = Journal(store)
+        path = journal.log_path("worker:1")
+        path.parent.mkdir(parents=True)
+        with Recorder(path) as recorder:
+            recorder.attach(component, {"fuel": 1}, Policy(), agent="worker:1")
+            recorder.append({"k": "journal", "seq": 7})
+        assert journal.recovery("worker:1", component, 8) is None  # stale: 7 was checkpointed
+        fresh = journal.recovery("worker:1", component, 7)
+        assert fresh is not None and fresh.answers is not None
+        path.replace(path.with_name(path.name + ".prev"))  # kept as .prev: the same rule
+        assert journal.recovery("worker:1", component, 8) is None
+        with Recorder(path) as recorder:  # a log from before logs said their message
+            recorder.attach(component, {"fuel": 1}, Policy(), agent="worker:1")
+        old = journal.recovery("worker:1", component, 8)
+        assert old is not None and old.answers is not None
+    finally:
+        store.close()
