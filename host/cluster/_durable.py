@@ -289,7 +289,7 @@ class _Consumer(threading.Thread):
                 self._restore(process, self._snapshot)
             self._ack(acks)
             return all(self._one(message) for message, _, _ in delivered)
-        with process._run:
+        with process.turn_lock:
             instance = process.instance
             if instance is None:
                 return False
@@ -310,7 +310,7 @@ class _Consumer(threading.Thread):
         process = self._process()
         if process is None:
             return False
-        with process._run:
+        with process.turn_lock:
             instance = process.instance
             if instance is None:
                 return False
