@@ -199,6 +199,8 @@ class CancelScope:
 def _checked_deadline(value: float | None) -> float | None:
     if value is None:
         return None
+    if type(value) is float and value == value:  # the common case, a monotonic() sum; not NaN
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise BadInput(f"a deadline is a time.monotonic() value or None, got {value!r}")
     return float(value)
