@@ -99,7 +99,15 @@ class HttpServer:
         self._idle: set[asyncio.StreamWriter] = set()
         self._running: set[CancelScope] = set()
         self._guests: set[asyncio.Future[Any]] = set()
+        self._accepted: set[asyncio.StreamWriter] = set()
+        """Every connection from its acceptance until its task ends (a task may not have
+        started when a shutdown ends: its transport is closed then)."""
         self._lock = threading.Lock()
+
+    @property
+    def closing(self) -> bool:
+        """Whether a shutdown has begun (no new connection or request is taken)."""
+        return self._closing
 
     # -- what a subclass provides -------------------------------------------------------------
 
@@ -204,7 +212,7 @@ class HttpServer:
         """Listen on ``host:port`` (port 0: any free one); the address bound."""
         self._started()
         self._server = await asyncio.start_server(
-            self._connection, host, port, limit=_CHUNK, backlog=1024
+            self._accept, host, port, limit=_CHUNK, backlog=1024
         )
         sock = self._server.sockets[0]
         bound = sock.getsockname()
@@ -232,6 +240,10 @@ class HttpServer:
                 await asyncio.wait(pending, timeout=5.0)
         if self._server is not None:
             await self._server.wait_closed()
+        for writer in list(self._accepted):
+            # Accepted as the server closed, its task not yet begun (it would be cancelled
+            # unstarted when the loop ends, and its socket left open).
+            writer.transport.abort()
         self._workers.shutdown(wait=True, cancel_futures=True)
         self._stopped()
 
@@ -299,6 +311,11 @@ class HttpServer:
             thread.join()
 
     # -- connections ------------------------------------------------------------------------
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._accepted.add(writer)
+        task = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+        task.add_done_callback(lambda _task: self._accepted.discard(writer))
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.connections += 1

@@ -322,3 +322,38 @@ def test_off_loopback_needs_a_token(front_agent_wasm: Path, tmp_path: Path) -> N
         app.start()
         with pytest.raises(BadInput, match="off loopback: set \\[http\\] token_file"):
             app.serve_http("0.0.0.0:0")
+
+
+def test_shutdown_lets_a_request_in_flight_finish(front_agent_wasm: Path, tmp_path: Path) -> None:
+    """The application's shutdown stops the front first: a request held in its handler
+    still gets its answer once released, and then nothing listens."""
+    import socket
+
+    path = tmp_path / "mighty.toml"
+    path.write_text(manifest_text(front_agent_wasm))
+    app = Application.from_manifest(path, telemetry=None)
+    try:
+        app.start()
+        front = app.serve_http("127.0.0.1:0")
+        assert front.address is not None
+        url = f"http://127.0.0.1:{front.address[1]}"
+        with httpx.Client(base_url=url, timeout=120.0) as client:
+            held, out = _post_in_background(client, "/hold/bye")
+            assert gate_tool.entered("bye").wait(120)
+            stopping = threading.Thread(target=app.shutdown)
+            stopping.start()
+            for _ in range(2400):  # until the shutdown has begun (bounded: 120 s)
+                if front.closing:
+                    break
+                threading.Event().wait(0.05)
+            else:
+                raise AssertionError("the front never began to shut down")
+            gate_tool.release("bye")
+            held.join(120)
+            stopping.join(120)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(front.address, timeout=60.0)
+        assert out[0].status_code == 200
+        assert out[0].json() == {"held": "bye", "released": True}
+    finally:
+        app.shutdown()
