@@ -1,6 +1,8 @@
 """`mty node mighty.toml`: run an agent system as one node of a cluster, until a signal.
 
-The manifest's ``[cluster]`` block says how to join (see mighty.cluster); its agents,
+Assembled by ``mighty.cluster.NodeApplication`` (what a Python user runs to get the same node);
+this module parses options, prints, and waits for a signal. The manifest's ``[cluster]`` block
+says how to join (see mighty.cluster); its agents,
 ``[supervisor]`` tree and ``[[start]]`` messages are as for `mty run`. The node whose name is
 ``[cluster.supervisor] node`` (default: the first peer) also runs the cluster supervisor and
 sends the start messages; every other node stands by to take the supervisor over if that node
@@ -27,7 +29,6 @@ from mighty.cli._run import _OutputWriter, _Signals, _start_messages, _summary
 __all__ = ["node_command"]
 
 _SLICE = 0.05
-_PEERS_WAIT = 30.0
 
 
 @click.command("node")
@@ -60,59 +61,39 @@ def node_command(
     record: Path | None,
 ) -> None:
     """Join the cluster of MANIFEST's [cluster] block and serve its agents until Ctrl-C."""
-    from mighty.agents import (
-        Runtime,
-        agent_types,
-        capabilities,
-        level_number,
-        load_manifest,
-        start_tree,
-        supervisor_spec,
-    )
-    from mighty.cluster import Node, parse_cluster
+    from mighty.agents import level_number, load_manifest
+    from mighty.cluster import NodeApplication
 
     threshold = level_number(log_level)
     with _Signals() as signals, _errors(as_json):
         spec, base = load_manifest(manifest)
-        if spec.cluster is None:
-            raise BadInput(f"{manifest}: no [cluster] block (use `mty run` for one machine)")
-        data = dict(spec.cluster)
-        if servers:
-            data["servers"] = list(servers)
-        config = parse_cluster(data).resolve(base)
+        config = NodeApplication.cluster_config(spec, base, manifest, servers)
         check_nats_reachable(config.servers, min(config.connect_timeout, 5.0))  # before builds
         with Waits(not quiet) as show:
-            registry = capabilities(spec, base)
-            types = agent_types(spec, base, show, registry)
-        recorder = _recorder(record, name or config.node)
-        runtime = Runtime(
-            workers=spec.workers,
-            on_output=None if quiet else _OutputWriter(threshold),
-            recorder=recorder,
-            capabilities=registry,
-        )
-        node = Node(runtime, config, name=name)
-        supervisor: Any = None
-        control = None
+            app = NodeApplication(
+                spec,
+                base,
+                config,
+                name=name,
+                on_output=None if quiet else _OutputWriter(threshold),
+                recorder=_recorder(record, name or config.node),
+                progress=show,
+                on_note=lambda text: click.echo(f"mty: {text}", err=True),
+            )
         failures: list[str] = []
         replies: list[dict[str, Any]] = []
         try:
-            for agent_type in types:
-                runtime.register(agent_type)
-            node.start()
-            where = ", ".join(config.servers)
-            click.echo(f"mty: node {node.name} joined cluster {config.name} at {where}", err=True)
-            node.adopt(start_tree(runtime, supervisor_spec(spec.supervisor)))
-            control = _control_server(runtime, node)
-            plan = config.supervisor
-            leader = (plan.node if plan is not None else None) or next(iter(config.peers))
-            supervisor = _supervise(node, plan, leader)
-            if node.name == leader and (supervisor is None or supervisor.held):
-                _start_messages(runtime, spec.start, signals, replies, failures, as_json)
+            app.start()
+            control = _control_server(app.runtime, app.node)
+            if control is not None:
+                app.on_shutdown(control.stop)
+            if app.leads:
+                _start_messages(app.runtime, spec.start, signals, replies, failures, as_json)
             while not signals.requested:
                 time.sleep(_SLICE)
         finally:
-            _leave(supervisor, control, runtime, node, recorder, signals.first)
+            app.shutdown(interrupt=signals.first)
+        runtime, node = app.runtime, app.node
         summary = _summary(runtime, threshold)
         summary["node"] = {
             "name": node.name,
@@ -144,21 +125,6 @@ def _node_line(name: str, agents: int, stats: dict[str, Any]) -> str:
     )
 
 
-def _leave(
-    supervisor: Any, control: Any, runtime: Any, node: Any, recorder: Any, signum: int | None
-) -> None:
-    """Stop supervising, close the control socket, shut down, leave, close the trace. After a
-    signal, guest calls still running are interrupted, not waited for (as in `mty run`)."""
-    if supervisor is not None:
-        supervisor.stop()
-    if control is not None:
-        control.stop()
-    runtime.shutdown(drain=False, timeout=10.0, interrupt=signum)
-    node.close()
-    if recorder is not None:
-        recorder.close()
-
-
 def _recorder(record: Path | None, node: str | None) -> Any:
     """The node's recorder (its trace's header names the node: mighty.trace.replay_across)."""
     if record is None:
@@ -166,26 +132,6 @@ def _recorder(record: Path | None, node: str | None) -> Any:
     from mighty.trace import Recorder
 
     return Recorder(record, node=node)
-
-
-def _supervise(node: Any, plan: Any, leader: str) -> Any:
-    """The lease of ``plan``'s cluster supervisor (None: no plan): the leader starts it once
-    its pinned nodes are up; every other node stands by to take it over if the leader dies."""
-    from mighty.cluster import SupervisorLease
-
-    if plan is None or not plan.children:
-        return None
-    if node.name == leader:
-        pinned = sorted({c.node for c in plan.children if c.node is not None})
-        if not node.wait_for(pinned, _PEERS_WAIT):
-            missing = sorted(set(pinned) - set(node.live_nodes()))
-            raise BadInput(f"pinned nodes not up after {_PEERS_WAIT:g} s: {missing}")
-
-    def started(supervisor: Any, took_over: bool) -> None:
-        how = f"took over ({len(supervisor.adopted)} adopted)" if took_over else "started"
-        click.echo(f"mty: cluster supervisor {how} on {node.name}", err=True)
-
-    return SupervisorLease(node, plan, on_start=started).start()
 
 
 def _control_server(runtime: Any, node: Any) -> Any:

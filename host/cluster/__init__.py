@@ -4,6 +4,7 @@ A layer above ``mighty.agents`` (which knows nothing of it: a Node installs itse
 runtime's ``router``) and below the CLI (``mty node``). See docs/cluster.md.
 """
 
+from mighty.cluster._application import PEERS_WAIT, NodeApplication
 from mighty.cluster._auth import node_permissions, server_authorization
 from mighty.cluster._config import (
     ClusterChildModel,
@@ -32,6 +33,7 @@ from mighty.cluster._supervisor import ClusterChild, ClusterSupervisor, RemoteCh
 
 __all__ = [
     "MAX_FRAME",
+    "PEERS_WAIT",
     "VERSION",
     "ClusterChild",
     "ClusterChildModel",
@@ -45,6 +47,7 @@ __all__ = [
     "MigrationReport",
     "NatsServer",
     "Node",
+    "NodeApplication",
     "NodeStats",
     "RemoteChild",
     "SupervisorLease",
