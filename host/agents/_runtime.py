@@ -40,6 +40,7 @@ have to wait for it).
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import itertools
 import logging
@@ -221,6 +222,42 @@ class AgentStats:
     wakes: int = 0
 
 
+class _Life(enum.Enum):
+    """An agent's life, the part of its state kept in one field (``AgentProcess._life``);
+    whether it is scheduled, running, asleep or being swapped is read from its mailbox, its
+    current message and its instance (``AgentProcess.state``)."""
+
+    STARTING = "starting"
+    """Made, ``start`` not yet through."""
+    ALIVE = "alive"
+    CRASHED = "crashed"
+    """Reported to its supervisor, which has not yet revived, stopped or retired it."""
+    HALTED = "halted"
+    """Stopped (``stop``/``halt``: a migration, a supervisor, a shutdown); may start again."""
+    RETIRED = "retired"
+    """Buried: out of the registry for good."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ALIVE = _Life.ALIVE
+_MOVES: dict[_Life, frozenset[_Life]] = {
+    _Life.STARTING: frozenset(_Life),
+    _Life.ALIVE: frozenset({_Life.ALIVE, _Life.CRASHED, _Life.HALTED, _Life.RETIRED}),
+    _Life.CRASHED: frozenset({_Life.ALIVE, _Life.CRASHED, _Life.HALTED, _Life.RETIRED}),
+    _Life.HALTED: frozenset({_Life.ALIVE, _Life.HALTED, _Life.CRASHED, _Life.RETIRED}),
+    _Life.RETIRED: frozenset({_Life.RETIRED}),
+}
+"""The moves of an agent's life: what each may become."""
+_STATE_OF = {
+    _Life.STARTING: AgentState.STARTING,
+    _Life.CRASHED: AgentState.CRASHED,
+    _Life.HALTED: AgentState.STOPPED,
+    _Life.RETIRED: AgentState.STOPPED,
+}
+
+
 @dataclass(eq=False)
 class AgentProcess:
     """One live agent: its instance, mailbox and counters."""
@@ -232,18 +269,12 @@ class AgentProcess:
     mailbox: Mailbox[Envelope]
     name: str | None = None
     instance: Instance | None = None
-    alive: bool = False
     stats: AgentStats = field(default_factory=AgentStats)
     on_exit: Callable[[AgentProcess, bool, str], None] | None = None
     current: Envelope | None = None
     _scheduled: bool = False
-    # A crash was reported to the supervisor, which has not yet revived, stopped or retired
-    # the agent: ``drain`` waits for that decision.
-    _exiting: bool = False
-    # Buried: out of the registry for good; ``start`` refuses.
-    _retired: bool = False
-    # Stopped by ``stop``/``halt`` (not a crash): not alive, and not starting either.
-    _halted: bool = False
+    _life: _Life = _Life.STARTING
+    """Where the agent is in its life (see :class:`_Life`); changed only by :meth:`_become`."""
     # The thread holding ``_run`` (while it runs a batch), so that ``stop`` from inside the
     # agent's own turn (a reply callback, a hook) never waits on itself.
     _owner: int | None = None
@@ -263,15 +294,40 @@ class AgentProcess:
     _recovery: Recovery | None = None
 
     @property
+    def alive(self) -> bool:
+        """Started and neither crashed nor stopped: it takes messages."""
+        return self._life is _ALIVE
+
+    @property
+    def _exiting(self) -> bool:
+        """A crash was reported to the supervisor, which has not yet revived, stopped or
+        retired the agent: ``drain`` waits for that decision."""
+        return self._life is _Life.CRASHED
+
+    @property
+    def _retired(self) -> bool:
+        """Buried: out of the registry for good; ``start`` refuses."""
+        return self._life is _Life.RETIRED
+
+    def _become(self, life: _Life) -> None:
+        """The one place the agent's life changes (``_state`` held, or the agent not yet
+        shared). A move :data:`_MOVES` does not list is a host bug: logged, and made all the
+        same (the agent must not be left in a state its callers did not ask for), except
+        out of ``RETIRED``, which is for good."""
+        now = self._life
+        if life not in _MOVES[now]:
+            if now is _Life.RETIRED:
+                return
+            _log.error("%s: %s -> %s is not a move of an agent's life", self.address, now, life)
+        self._life = life
+
+    @property
     def state(self) -> AgentState:
         """Where the agent is in its life, read from its fields in this one place (racy by
         nature: a snapshot of a moment, for inspection and tests)."""
-        if self._retired:
-            return AgentState.STOPPED
-        if self._exiting:
-            return AgentState.CRASHED
-        if not self.alive:
-            return AgentState.STOPPED if self._halted else AgentState.STARTING
+        life = self._life
+        if life is not _ALIVE:
+            return _STATE_OF[life]
         if self.current is not None:
             return AgentState.RUNNING
         if self.instance is None:
@@ -325,9 +381,7 @@ class AgentProcess:
             refused = self._retired or self.runtime.closing
             if not refused:
                 self.instance = instance
-                self.alive = True
-                self._exiting = False
-                self._halted = False
+                self._become(_ALIVE)
         if refused:
             instance.close()
             raise BadSpawn(f"cannot start {self.address}: {self._refusal()}")
@@ -489,9 +543,7 @@ class AgentProcess:
         """
         with self._state:
             # Set first, so that a batch in progress ends after its current message.
-            self.alive = False
-            self._exiting = False
-            self._halted = True
+            self._become(_Life.HALTED)
         if self._owner == threading.get_ident():
             return False  # our own turn: run_batch closes the instance when it returns
         if not self._run.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
@@ -810,7 +862,7 @@ class AgentProcess:
                 with runtime._lock:
                     runtime._reporting -= 1
         with self._state:
-            self._exiting = False
+            self._become(_Life.HALTED)  # nobody revives it: stopped, then buried
         self.runtime._bury(self, reason)
 
     def _message(  # noqa: PLR0915 -- one frame per message on the hot path, on purpose
@@ -1035,8 +1087,7 @@ class AgentProcess:
         if envelope is not None:
             _settle(envelope, error=self._crash_error(envelope, exc, reason))
         with self._state:
-            self.alive = False
-            self._exiting = True
+            self._become(_Life.CRASHED)
         self._close_instance()
         return reason
 
@@ -1062,8 +1113,7 @@ class AgentProcess:
         if envelope is not None and (envelope.reply is None or _settle(envelope, error=gone)):
             self.stats.unhandled += 1
         with self._state:
-            self.alive = False
-            self._exiting = True
+            self._become(_Life.CRASHED)
         self._close_instance()
         return reason
 
@@ -1329,7 +1379,7 @@ class Runtime:
         assert self.hibernation is not None
         with process._state:
             process.in_store = True
-            process.alive = True
+            process._become(_ALIVE)
         self.hibernation.adopted(process)
 
     def _recover(self, address: str) -> AgentProcess | None:
@@ -1480,8 +1530,7 @@ class Runtime:
         """Stop ``process`` for good: out of the registry, its queue settled and counted."""
         with process._state:
             first = not process._retired
-            process._retired = True
-            process._exiting = False
+            process._become(_Life.RETIRED)
         self._forget(process)
         process.mailbox.close()
         envelopes = process.mailbox.drain()
