@@ -199,7 +199,7 @@ class CancelScope:
 def _checked_deadline(value: float | None) -> float | None:
     if value is None:
         return None
-    if type(value) is float and value == value:  # the common case, a monotonic() sum; not NaN
+    if type(value) is float and not math.isnan(value):  # the common case, a monotonic() sum
         return value
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise BadInput(f"a deadline is a time.monotonic() value or None, got {value!r}")
