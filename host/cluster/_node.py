@@ -212,6 +212,9 @@ def _err(node: str, exc: AgentError) -> Frame:
 class Node:
     """This runtime's membership of a cluster (see the module docstring)."""
 
+    _cut_off_at = -1e9
+    """When this node last saw its own lease stale (``_check_liveness``)."""
+
     def __init__(self, runtime: Runtime, config: ClusterConfig, *, name: str | None = None) -> None:
         node = name or config.node
         if node is None:
@@ -1273,9 +1276,19 @@ class Node:
             await asyncio.sleep(self.config.heartbeat)
 
     def _check_liveness(self) -> None:
+        """Declare dead the peers silent for ``dead_after``, counted from when this node last
+        had its own lease stale: a node cut off from NATS hears nobody, and its silence tells
+        nothing of theirs. (Declared dead from there, its supervisor deleted live peers' names
+        by writes that reached NATS when the link healed, and restarted nothing: a name lost.)"""
         now = time.monotonic()
+        if now - self.fence.renewed > self.fence.after:
+            self._cut_off_at = now
+            return
         for node, seen in list(self._seen.items()):
-            if node not in self._dead and now - seen > self.config.dead_after:
+            if (
+                node not in self._dead
+                and now - max(seen, self._cut_off_at) > self.config.dead_after
+            ):
                 self._dead.add(node)
                 self._note_tokens(node)
                 _log.warning(
