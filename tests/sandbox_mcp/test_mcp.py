@@ -320,7 +320,8 @@ def test_serve_lists_and_runs(tmp_path: Path) -> None:
                     RUN_PYTHON, {"code": "steps(2)"}, progress_callback=progress
                 )
                 assert _value(stepped) == 2
-                said = "".join(heard).removeprefix("progress: ")
+                # One notification or two (the forwarder sends what is queued when it wakes).
+                said = "".join(m.removeprefix("progress: ") for m in heard)
                 assert said == "step (1/2)\nstep (2/2)\n", heard
                 assert "ctx" not in description
 
