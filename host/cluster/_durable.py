@@ -162,6 +162,8 @@ class _Consumer(threading.Thread):
         self.done: deque[str] = deque(maxlen=_IDS_KEPT)
         self._done: set[str] = set()
         self._snapshot: bytes | None = None
+        self._revision = 0
+        """The revision of the stored state this consumer last wrote (``_restore_stored``)."""
 
     def run(self) -> None:
         try:
@@ -210,12 +212,59 @@ class _Consumer(threading.Thread):
                 return
 
     def _restore_stored(self, process: AgentProcess) -> None:
-        try:
-            entry = self.node._call(self.durable._state.get(self.name_), 10)
-        except nats.js.errors.KeyNotFoundError:
+        """Restore the stored state and take it over: a new revision of the state's key, which
+        every later store of this consumer compares with (``_store``). A consumer of the name's
+        previous owner (a node cut off, its store and acknowledgements still on the way) then
+        fails its store and acknowledges nothing: its batch is redelivered here. (Without it,
+        that store and its acknowledgements, landing after this restore, lost the batch.)"""
+        state = self.durable._state
+        for _ in range(10):
+            try:
+                entry = self.node._call(state.get(self.name_), 10)
+            except nats.js.errors.KeyNotFoundError:
+                with process.turn_lock:
+                    instance = process.instance
+                    if instance is None:
+                        return
+                    snapshot = bytes(instance.call("snapshot"))
+                first = cbor2.dumps({"ids": [], "snapshot": snapshot})
+                try:
+                    self._revision = int(self.node._call(state.create(self.name_, first), 10))
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    continue  # stored meanwhile: read it
+                self._snapshot = snapshot
+                return
+            self._restore_entry(process, entry.value)
+            try:
+                self._revision = int(
+                    self.node._call(state.update(self.name_, entry.value, last=entry.revision), 10)
+                )
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # stored meanwhile: restore that
             return
+        raise NoProc(f"{self.address}: its stored state keeps changing under it")
+
+    def _store(self, snapshot: bytes) -> bool:
+        """Store the state by compare-and-set; False when another consumer took it over."""
+        state = cbor2.dumps({"ids": list(self.done), "snapshot": snapshot})
         try:
-            state = loads_untrusted(entry.value)
+            self._revision = int(
+                self.node._call(
+                    self.durable._state.update(self.name_, state, last=self._revision), 10
+                )
+            )
+        except nats.js.errors.KeyWrongLastSequenceError:
+            _log.warning(
+                "durable %s: its stored state was taken over by another node; this consumer "
+                "stops (its last messages are left to the new owner)",
+                self.name_,
+            )
+            return False
+        return True
+
+    def _restore_entry(self, process: AgentProcess, value: bytes | None) -> None:
+        try:
+            state = loads_untrusted(value or b"")
         except Exception:  # noqa: BLE001 -- cbor2 raises many kinds on garbage
             state = None
         ids = state.get("ids") if isinstance(state, dict) else None
@@ -296,8 +345,8 @@ class _Consumer(threading.Thread):
             snapshot = bytes(instance.call("snapshot"))
         for _, msg_id, _ in delivered:
             self._remember(msg_id)
-        state = cbor2.dumps({"ids": list(self.done), "snapshot": snapshot})
-        node._call(durable._state.put(self.name_, state), 10)
+        if not self._store(snapshot):
+            return False
         self._snapshot = snapshot
         durable.handled += len(delivered)
         self._ack(acks + [message for message, _, _ in delivered])
@@ -389,8 +438,8 @@ class _Consumer(threading.Thread):
                 return False
             snapshot = bytes(instance.call("snapshot"))
         self._remember(msg_id)
-        state = cbor2.dumps({"ids": list(self.done), "snapshot": snapshot})
-        node._call(durable._state.put(self.name_, state), 10)
+        if not self._store(snapshot):
+            return False
         self._snapshot = snapshot
         durable.handled += 1
         node._call(message.ack(), 10)
