@@ -90,6 +90,8 @@ class Fence:
         self.yielded: list[str] = []
         """Names this node found given away on its return (their agents stopped here)."""
         self._paused: list[str] = []
+        self._yielding: set[str] = set()
+        """Names whose agents the watcher is stopping (``taken``): never resumed meanwhile."""
         self._wake: asyncio.Event | None = None
 
     def renew(self, sent: float) -> None:
@@ -197,11 +199,20 @@ class Fence:
         if local is not None:
             with suppress(AgentError):  # paused at once; stopped on the pool (it may block)
                 runtime.process(local).mailbox.pause()
+        with self.node._lock:
+            self._yielding.add(name)
         with suppress(RuntimeError):  # the pool is shut down: the node is leaving anyway
             self.node._pool.submit(self._yield, [name])
 
     def _yield(self, names: list[str]) -> None:
         """Stop the local agents of ``names``: the cluster gave the names to others."""
+        try:
+            self._stop_names(names)
+        finally:
+            with self.node._lock:
+                self._yielding.difference_update(names)
+
+    def _stop_names(self, names: list[str]) -> None:
         node = self.node
         for name in names:
             with node._lock:
@@ -229,7 +240,16 @@ class Fence:
             )
 
     def _unfence(self) -> None:
+        # A name the watcher is yielding (its _yield still on the pool) stays paused: resumed
+        # here, its agent answered beside the new owner's until stopped (the partition ledger
+        # test sampled it).
+        runtime = self.node.runtime
+        with self.node._lock:
+            names = list(self._yielding)
+        yielding = {runtime.whereis(name) for name in names}
         for address in self._paused:
+            if address in yielding:
+                continue
             with suppress(NoProc):
                 process = self.node.runtime.process(address)
                 process.mailbox.resume()
