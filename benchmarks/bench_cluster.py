@@ -208,6 +208,7 @@ def main() -> None:
             rows.extend(_rows(rounds))
             rows.append(_migration(url, echo))
             rows.append(_partition(server, echo))
+            rows.append(_supervised_partition(server, echo))
         finally:
             threaded.close()
             runtime.shutdown(drain=False, timeout=2)
@@ -416,10 +417,16 @@ def _partition(server: NatsServer, echo: Component) -> dict[str, object]:
             yields.append(time.monotonic() - healed)
         return {
             "name": "partition of one node (5 cuts, heartbeat 0.5 s, dead_after 2 s)",
+            "heartbeat_s": config.heartbeat,
+            "dead_after_s": config.dead_after,
+            "fence_after_s": n2.fence.after,
+            "load_average": round(os.getloadavg()[0], 2),
             "to_fence_p50_s": round(median(fences), 2),
             "to_declared_dead_p50_s": round(median(deaths), 2),
             "to_survivor_answering_p50_s": round(median(answers), 2),
             "heal_to_yield_p50_s": round(median(yields), 2),
+            "fence_vs_dead_after": round(median(fences) / config.dead_after, 2),
+            "answering_vs_dead_after": round(median(answers) / config.dead_after, 2),
             "fenced_before_dead": all(f < d for f, d in zip(fences, deaths, strict=True)),
         }
     finally:
@@ -428,6 +435,111 @@ def _partition(server: NatsServer, echo: Component) -> dict[str, object]:
             runtime.shutdown(drain=False, timeout=2)
             node.close()
         proxy.close()
+
+
+def _supervised_partition(server: NatsServer, echo: Component) -> dict[str, object]:
+    """The cluster supervisor's node cut off, with its child on it (what the partition ledger
+    test does, timed): from the cut to the fenced node's stop (its agents paused), to another
+    node holding the supervisor's lease, and to the child answering on a survivor (restarted
+    there by the new holder: the survivors answering). 3 nodes, each behind its own proxy;
+    each cut is of the current holder. Ratios against dead_after, the time a survivor must
+    wait before it may act (fence_after and the lease's takeover follow from it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mighty.cluster import ClusterSupervisorModel, SupervisorLease
+    from tests.cluster._proxy import Proxy
+
+    names = ("s1", "s2", "s3")
+    data = {
+        "servers": [server.url],
+        "name": "bench-sup",
+        "peers": {n: {} for n in names},
+        "heartbeat": 0.2,
+        "dead_after": 1.5,
+    }
+    config = parse_cluster(data)
+    plan = ClusterSupervisorModel.model_validate(
+        {"node": "s1", "intensity": 100, "children": [{"name": "led", "type": "echo"}]}
+    )
+    proxies = {n: Proxy(server.port) for n in names}
+    made: dict[str, tuple[Runtime, Node]] = {}
+    leases: dict[str, SupervisorLease] = {}
+    fences, takeovers, answers = [], [], []
+    try:
+        for name in names:
+            runtime = Runtime(workers=1)
+            runtime.register(AgentType("echo", echo))
+            conf = config.model_copy(update={"servers": [proxies[name].url]})
+            made[name] = (runtime, Node(runtime, conf, name=name).start())
+        for _, node in made.values():
+            node.wait_for(list(names), 30)
+        for name in names:
+            leases[name] = SupervisorLease(made[name][1], plan).start()
+        for _ in range(3):
+            deadline = time.monotonic() + 120
+            while True:  # settled: one holder, the child on its node, nobody fenced
+                held = [n for n in names if leases[n].held]
+                where = made[names[0]][1].whereis("led") or ""
+                fenced = [n for n in names if made[n][1].fence.fenced]
+                if len(held) == 1 and where.startswith(f"{held[0]}:") and not fenced:
+                    break
+                if len(held) == 1 and not fenced and where and not where.startswith(held[0]):
+                    owner = where.partition(":")[0]  # move the child to the holder's node
+                    made[owner][1].migrate("led", held[0])
+                assert time.monotonic() < deadline, (held, where, fenced)
+                time.sleep(0.05)
+            victim = held[0]
+            other = next(n for n in names if n != victim)
+            runtime, node = made[other]
+            started = time.monotonic()
+            proxies[victim].pause()
+            took = 0.0
+            while True:
+                if not took and any(leases[n].held for n in names if n != victim):
+                    took = time.monotonic()
+                owner = node.whereis("led") or ""
+                if owner and not owner.startswith(f"{victim}:"):
+                    try:
+                        runtime.ask("led", "x", 1, timeout=2)
+                        break
+                    except Exception:  # noqa: BLE001 -- not yet answering: ask again
+                        pass
+                assert time.monotonic() < started + 120, "never answered elsewhere"
+                time.sleep(0.005)
+            answered = time.monotonic()
+            while not took:
+                took = time.monotonic() if any(leases[n].held for n in names if n != victim) else 0
+                time.sleep(0.005)
+            fences.append(made[victim][1].fence.fenced_at - started)
+            takeovers.append(took - started)
+            answers.append(answered - started)
+            proxies[victim].resume()
+            while made[victim][1].fence.fenced or "led" not in made[victim][1].fence.yielded:
+                assert time.monotonic() < answered + 120, "the victim never yielded"
+                time.sleep(0.01)
+            made[victim][1].fence.yielded.clear()
+        return {
+            "name": "partition of the supervisor's node (3 cuts, 3 nodes, its child on it)",
+            "heartbeat_s": config.heartbeat,
+            "dead_after_s": config.dead_after,
+            "fence_after_s": made[names[0]][1].fence.after,
+            "load_average": round(os.getloadavg()[0], 2),
+            "to_fenced_stop_p50_s": round(median(fences), 2),
+            "to_lease_taken_p50_s": round(median(takeovers), 2),
+            "to_survivors_answering_p50_s": round(median(answers), 2),
+            "to_survivors_answering_max_s": round(max(answers), 2),
+            "fence_vs_dead_after": round(median(fences) / config.dead_after, 2),
+            "answering_vs_dead_after": round(median(answers) / config.dead_after, 2),
+        }
+    finally:
+        for proxy in proxies.values():
+            proxy.resume()
+        for lease in leases.values():
+            lease.stop()
+        for runtime, node in reversed(list(made.values())):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+        for proxy in proxies.values():
+            proxy.close()
 
 
 if __name__ == "__main__":
