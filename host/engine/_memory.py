@@ -490,7 +490,11 @@ def _image_address(image: MemoryImage) -> int:
             address = 0 if mapped is None or mapped == _MAP_FAILED else int(mapped)
             if address:
                 _IMAGE_VIEWS[id(image)] = address
-                weakref.finalize(image, _unmap_view, id(image), address, image.length)
+                unmap = weakref.finalize(image, _unmap_view, id(image), address, image.length)
+                # Not at exit: a daemon thread still comparing pages with the view (a sandbox
+                # pool's filler) would read unmapped memory (a SIGSEGV of `mty sandbox serve`
+                # at its exit, 1 in 3 here); the process's own end unmaps it.
+                unmap.atexit = False
         return address
 
 
