@@ -271,8 +271,8 @@ def _names_history(url: str) -> list[tuple[int, str, str | None, float]]:
                 op = (msg.headers or {}).get("KV-Operation")
                 value = None if op in ("DEL", "PURGE") else (msg.data or b"").decode()
                 owner = None if value is None else value.partition(":")[0]
-                stamp = msg.time
-                when = stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)
+                assert msg.time is not None
+                when = msg.time.timestamp()
                 out.append((seq, key, owner, when))
             return out
         finally:
@@ -282,16 +282,16 @@ def _names_history(url: str) -> list[tuple[int, str, str | None, float]]:
 
 
 def _stored_counts(url: str) -> dict[str, Any]:
-    """Each ledger's stored durable state, decoded as far as CBOR goes."""
+    """Each ledger's count in its stored durable state (what a restart would restore)."""
 
     async def go() -> dict[str, Any]:
         nc = await nats.connect(url)
         try:
             kv = await nc.jetstream().key_value("mighty_state")
             out: dict[str, Any] = {}
-            for ledger in LEDGERS:
+            for ledger in LEDGERS:  # {"ids": [...], "snapshot": {"schema", "state": {...}}}
                 state = cbor2.loads((await kv.get(ledger)).value or b"")
-                out[ledger] = state["snapshot"]
+                out[ledger] = cbor2.loads(state["snapshot"])["state"]["count"]
             return out
         finally:
             await nc.close()
@@ -315,10 +315,12 @@ def _make_names_bucket(url: str) -> None:
 def _two_owner_violations(
     history: list[tuple[int, str, str | None, float]],
     events: list[tuple[float, str, str, str]],
-) -> list[str]:
+) -> tuple[list[str], int]:
     """Each change that took a ledger from node X while X's copy could still answer: X not
-    fenced at that instant (and its copy not stopped), or X unfenced before stopping it."""
+    fenced at that instant (and its copy not stopped), or X unfenced before stopping it; and
+    how many changes were checked."""
     found = []
+    checked = 0
     for ledger in LEDGERS:
         owner: str | None = None
         since = 0.0
@@ -326,6 +328,7 @@ def _two_owner_violations(
             if key != ledger:
                 continue
             if owner is not None and new != owner:
+                checked += 1
                 mine = [e for e in events if e[1] == owner and e[0] >= since]
                 fence = [e for e in mine if e[2] in ("fenced", "unfenced") and e[0] <= when]
                 gone = [e for e in mine if e[2] in ("yielded", "taken") and e[3] == ledger]
@@ -338,14 +341,15 @@ def _two_owner_violations(
                     )
                 elif fenced:
                     unfence = [e for e in mine if e[2] == "unfenced" and e[0] > when]
-                    if unfence and not any(e[0] <= unfence[0][0] for e in stopped):
+                    # "taken": the watcher paused the copy for good (stopped on the pool)
+                    if unfence and not any(e[0] <= unfence[0][0] for e in gone):
                         found.append(
                             f"{ledger} r{revision}: {owner} unfenced before stopping its copy"
                         )
             if new is not None and new != owner:
                 since = when
             owner = new
-    return found
+    return found, checked
 
 
 @pytest.fixture
@@ -435,10 +439,12 @@ def _scenario(run: _Run, rng: random.Random, events: _Events, where: str) -> Non
     history = _names_history(run.server.url)
     revisions = [r for r, _, _, _ in history]
     assert revisions == list(range(revisions[0], revisions[0] + len(revisions))), "a gap"
-    violations = _two_owner_violations(history, events.events)
+    violations, checked = _two_owner_violations(history, events.events)
     assert not violations, f"{violations}; schedule {schedule} {where}"
+    assert checked >= 1, f"no name changed hands: {history}; schedule {schedule} {where}"
     stored = _stored_counts(run.server.url)
-    print(f"stored snapshots {stored}; counts {counts}")
+    assert stored == counts, f"stored state behind: {stored} {counts}; {schedule} {where}"
+    print(f"schedule {schedule}: counts {counts}, stored alike; {checked} changes of owner")
 
 
 def _round(run: _Run, depositors: _Depositors, victim: str, more: int, what: str) -> None:
