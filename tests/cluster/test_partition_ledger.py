@@ -364,9 +364,7 @@ def run(counter: Component) -> Iterator[_Run]:
 
 
 def test_deposits_count_once_under_repeated_partitions(run: _Run) -> None:
-    """Random nodes (one round the supervisor's) cut off and healed in turn while t deposits:
-    every acknowledged deposit counted once, nothing lost, one answering owner of each ledger
-    at every point sampled and at every change of the names bucket's history."""
+    """Random nodes cut off and healed while t deposits: each deposit counted once, one owner."""
     seed = int(os.environ.get("MIGHTY_PARTITION_SEED", random.randrange(1 << 32)))
     print(f"partition seed {seed}")
     where = f"(MIGHTY_PARTITION_SEED={seed})"
