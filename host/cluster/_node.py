@@ -54,6 +54,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import suppress
@@ -429,6 +430,15 @@ class Node:
         # (ConnectionResetError); leaving must not fail on that.
         with contextlib.suppress(TimeoutError, OSError, nats.errors.Error):
             await asyncio.wait_for(nc.close(), 2.0)
+        # Every task still on the loop (nats-py's subscription readers among them) ends here:
+        # one left pending is collected after the loop closed, and its clean-up raises then
+        # ("Event loop is closed"), an unraisable error in whatever runs at that moment.
+        current = asyncio.current_task()
+        rest = [task for task in asyncio.all_tasks() if task is not current]
+        for task in rest:
+            task.cancel()
+        if rest:
+            await asyncio.wait(rest, timeout=1.0)
 
     def __enter__(self) -> Node:
         return self
@@ -449,6 +459,9 @@ class Node:
             raise ClusterError(f"node {self.name} has left the cluster") from None
         try:
             return future.result(timeout)
+        except FutureCancelled:
+            # The node is leaving: its close ends every task still on the loop.
+            raise ClusterError(f"node {self.name} has left the cluster") from None
         except FutureTimeout:
             # Cancelling hands the cancel to the loop; once the node has closed it, the
             # coroutine runs no more and the hand-off would fail (logged from a callback).
