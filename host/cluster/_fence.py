@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
@@ -90,8 +91,10 @@ class Fence:
         self.yielded: list[str] = []
         """Names this node found given away on its return (their agents stopped here)."""
         self._paused: list[str] = []
-        self._yielding: set[str] = set()
-        """Names whose agents the watcher is stopping (``taken``): never resumed meanwhile."""
+        self._yielding: Counter[str] = Counter()
+        """Names whose agents are being stopped, with how many ``_yield`` calls are under way
+        for each (the watcher may see a name deleted, then given away: two calls, the first
+        blocked while the agent's message ends): never resumed until the last one returns."""
         self._wake: asyncio.Event | None = None
 
     def renew(self, sent: float) -> None:
@@ -182,6 +185,8 @@ class Fence:
                 if name in node._claims:
                     node._claims[name] = int(revision)
         if lost:
+            with node._lock:
+                self._yielding.update(lost)
             await asyncio.get_running_loop().run_in_executor(node._pool, self._yield, lost)
         return True
 
@@ -200,17 +205,21 @@ class Fence:
             with suppress(AgentError):  # paused at once; stopped on the pool (it may block)
                 runtime.process(local).mailbox.pause()
         with self.node._lock:
-            self._yielding.add(name)
+            self._yielding[name] += 1
         with suppress(RuntimeError):  # the pool is shut down: the node is leaving anyway
             self.node._pool.submit(self._yield, [name])
 
     def _yield(self, names: list[str]) -> None:
-        """Stop the local agents of ``names``: the cluster gave the names to others."""
+        """Stop the local agents of ``names``: the cluster gave the names to others. The
+        caller counted each name in ``_yielding``; this uncounts it when done."""
         try:
             self._stop_names(names)
         finally:
             with self.node._lock:
-                self._yielding.difference_update(names)
+                self._yielding.subtract(names)
+                for name in names:
+                    if self._yielding[name] <= 0:
+                        del self._yielding[name]
 
     def _stop_names(self, names: list[str]) -> None:
         node = self.node
@@ -240,9 +249,11 @@ class Fence:
             )
 
     def _unfence(self) -> None:
-        # A name the watcher is yielding (its _yield still on the pool) stays paused: resumed
-        # here, its agent answered beside the new owner's until stopped (the partition ledger
-        # test sampled it).
+        # A name being yielded (a _yield still on the pool or stopping its agent) stays paused:
+        # resumed here, its agent answered beside the new owner's until stopped (the partition
+        # ledger test sampled it; once with two _yield calls for one name, the second of which
+        # found the claim gone and uncounted the name while the first waited for the agent's
+        # message to end: hence a count, not a set).
         runtime = self.node.runtime
         with self.node._lock:
             names = list(self._yielding)

@@ -175,6 +175,51 @@ def test_a_short_stall_pauses_and_resumes_without_yielding(cluster: _Cluster) ->
     assert node_a.whereis("keeper") in (f"b:{old}", None)
 
 
+def test_a_name_yielded_twice_stays_paused_until_its_agent_stops(cluster: _Cluster) -> None:
+    """While b is cut off, its watcher yields a name twice (deleted, then given away) and the
+    first stop waits for the agent's message to end: b's return does not resume the agent
+    meanwhile (CI once sampled it answering beside the new owner); it stops when the message
+    ends."""
+    from mighty.agents import AgentChild, SupervisorSpec, start_tree
+
+    runtime_b, node_b, proxy = cluster.node("b", proxied=True)
+    assert proxy is not None
+    # Supervised, as the partition ledger's agents are: a stopping child stays reachable
+    # (its supervisor hears of its exit), so a resume would reach it.
+    spec = SupervisorSpec("keeper", [AgentChild("ledger", "echo", restart="temporary")])
+    supervisor = start_tree(runtime_b, spec)
+    old = runtime_b.whereis("ledger")
+    assert old is not None
+    _until(lambda: node_b.whereis("ledger") == f"b:{old}", "b claims the name")
+    process = runtime_b.process(old)
+    proxy.pause()
+    _until(lambda: node_b.fence.fenced, "b fences")
+    turn = process.turn_lock
+    assert turn.acquire(timeout=60)  # a message in progress: stopping the agent waits for it
+    try:
+        node_b.fence.taken("ledger", None)  # what the watcher does on a delete
+        node_b.fence.taken("ledger", "t:echo:9")  # and on another node's claim
+        proxy.resume()
+        _watching(
+            lambda: not node_b.fence.fenced,
+            lambda: _assert(process.mailbox.paused, "resumed while being yielded"),
+            "b renews its lease",
+        )
+        assert process.mailbox.paused
+        assert runtime_b.whereis("ledger") == old
+    finally:
+        turn.release()
+    _until(lambda: runtime_b.whereis("ledger") is None, "b's copy stops")
+    assert node_b.fence.yielded == ["ledger"]
+    with pytest.raises(NoProc):
+        runtime_b.process(old)
+    supervisor.stop()
+
+
+def _assert(condition: bool, what: str) -> None:
+    assert condition, what
+
+
 def test_fence_after_lies_between_heartbeat_and_dead_after() -> None:
     """fence_after defaults to half of dead_after; one outside (heartbeat, dead_after) is refused."""
     from mighty._errors import BadInput
