@@ -278,6 +278,8 @@ class AgentProcess:
     # The thread holding ``_run`` (while it runs a batch), so that ``stop`` from inside the
     # agent's own turn (a reply callback, a hook) never waits on itself.
     _owner: int | None = None
+    _turn: _Turn | None = None
+    """The turn running now (``_run`` held), for asks made in it (see :class:`_Turn`)."""
     _state: threading.Lock = field(default_factory=threading.Lock)
     _run: threading.Lock = field(default_factory=threading.Lock)
     output: OutputTail = field(default_factory=OutputTail)
@@ -649,45 +651,57 @@ class AgentProcess:
     # -- running ----------------------------------------------------------------------------
 
     def run_batch(self) -> tuple[int, bool]:
-        """One turn: up to a batch of messages. Never raises (a failure is a crash)."""
-        handled, more, exit_reason = self._turn(_BATCH)
+        """One turn on a worker: up to a batch of messages. Never raises (a failure is a
+        crash)."""
+        self._run.acquire()
+        self._owner = threading.get_ident()
+        exit_reason = self._wake_in_turn() if self.hibernated else None
+        if exit_reason is None:
+            handled, more, exit_reason = self._run_turn(_Turn(1, math.inf), None, _BATCH)
+        else:
+            handled, more = 0, self._end_turn(0, 0, 0.0, exit_reason)
         if exit_reason is not None:
             # Outside the run lock: the supervisor may stop, revive or retire this very agent
             # (and its siblings), which takes their run locks.
             self._exit(exit_reason)
         return handled, more
 
-    def _turn(self, limit: int) -> tuple[int, bool, str | None]:
-        """Up to ``limit`` messages under the run lock: (handled, more to do, crash reason).
+    def _run_turn(
+        self, turn: _Turn, first: Envelope | None, limit: int
+    ) -> tuple[int, bool, str | None]:
+        """The one turn, for a worker (``run_batch``) and for an ask run in place
+        (``run_here``): ``first``, the message claimed for the ask, if any, then up to
+        ``limit`` messages in all from the mailbox, ``_run`` held (released here): (handled,
+        more to do, crash reason).
 
         ``_scheduled`` is cleared when there is no more to do; the caller reports a crash
-        (``_exit``) once it holds no run lock of its own. (An ask run in place runs its one
-        claimed message the same way, inline: see ``run_here``.)
+        (``_exit``) once it holds no run lock of its own. A claimed message is handled even if
+        a stop came since (as a message taken just before a stop is: the stop waits for the
+        run lock, then closes the instance).
         """
         handled, fuel, wall = 0, 0, 0.0
         exit_reason: str | None = None
-        turns = _TURNS
-        turns.depth += 1
-        self._run.acquire()
+        self._owner = threading.get_ident()
+        self._turn = turn
         try:
-            self._owner = threading.get_ident()
-            if self.hibernated:
-                exit_reason = self._wake_in_turn()
             runtime = self.runtime
             telemetry, introspect = runtime.telemetry, runtime.introspect
+            envelope = first
             for _ in range(limit):
-                if not self.alive:
-                    break
-                envelope = self.mailbox.take()
                 if envelope is None:
-                    break
+                    if not self.alive:
+                        break
+                    envelope = self.mailbox.take()
+                    if envelope is None:
+                        break
                 handled += 1
                 exit_reason = self._message(envelope, telemetry, introspect)
+                envelope = None
                 fuel, wall = fuel + self._fuel, wall + self._took
                 if exit_reason is not None:
                     break
         finally:
-            turns.depth -= 1
+            self._turn = None
             more = self._end_turn(handled, fuel, wall, exit_reason)
         return handled, more, exit_reason
 
@@ -717,7 +731,7 @@ class AgentProcess:
             self.runtime.hibernation.touch(self)
         return more
 
-    def run_here(self, envelope: Envelope, deadline: float) -> bool:
+    def run_here(self, envelope: Envelope, deadline: float, outer: _Turn | None = None) -> bool:
         """The shortest path of an ask about to be put in the mailbox: when the agent is idle
         (awake, not scheduled, its mailbox empty and not paused) and a worker is free, the
         calling thread takes ``envelope`` at once (``Mailbox.claim``: counted as accepted,
@@ -738,17 +752,18 @@ class AgentProcess:
         holds no other run lock, else by a worker. A signal on the main thread interrupts the
         guest as a direct call would: the agent crashes and the caller gets the signal's
         exception. Asks made in that turn may run their targets in place too (nested up to
-        :data:`_NESTED_TURNS`), each ending by ``deadline`` as well.
+        :data:`_NESTED_TURNS`), each ending by ``deadline`` as well. ``outer``: the turn the
+        calling thread is in, if any (``Runtime._outer_turn``).
         """
-        turns = _TURNS
-        limit = turns.limit
-        if limit < deadline:
-            # Nested in a turn run in place for an ask: that ask's deadline bounds this one
-            # too, and the budget must end before it (the caller checked its own deadline).
-            deadline = limit
-            if self.type.budget.timeout > deadline - time.monotonic():
-                return False
-        depth = turns.depth
+        depth = 0
+        if outer is not None:
+            depth = outer.depth
+            if outer.limit < deadline:
+                # Nested in a turn run in place for an ask: that ask's deadline bounds this
+                # one too, and the budget must end before it (the caller checked its own).
+                deadline = outer.limit
+                if self.type.budget.timeout > deadline - time.monotonic():
+                    return False
         if self.instance is None or depth >= _NESTED_TURNS:
             return False
         scheduler = self.runtime.scheduler
@@ -771,21 +786,9 @@ class AgentProcess:
                     run.release()
                     return False
                 self._scheduled = True
-            # The claimed message is handled even if a stop came since (as a message taken just
-            # before a stop is: the stop waits for the run lock, then closes the instance).
             self._interrupted = None
-            turns.limit = deadline
-            turns.depth = depth + 1
-            self._owner = threading.get_ident()
-            exit_reason: str | None = None
             try:
-                # The turn of one claimed message, inline (what _turn does, without its loop).
-                runtime = self.runtime
-                try:
-                    exit_reason = self._message(envelope, runtime.telemetry, runtime.introspect)
-                finally:
-                    turns.depth = depth
-                    more = self._end_turn(1, self._fuel, self._took, exit_reason)
+                _, more, exit_reason = self._run_turn(_Turn(depth + 1, deadline), envelope, 1)
             except BaseException:
                 # A signal's handler raised (SystemExit) out of the guest call: the turn did
                 # not finish its bookkeeping. The message counts as crashed-on.
@@ -794,8 +797,6 @@ class AgentProcess:
                 _settle(envelope, error=AgentCrashed(f"{self.address}: interrupted"))
                 self._wake()
                 raise
-            finally:
-                turns.limit = limit
         finally:
             if borrowed:
                 scheduler.give_back()
@@ -1124,15 +1125,29 @@ class AgentProcess:
         self.runtime.emit("agent.restarted", self.address, {"restarts": self.stats.restarts})
 
 
-class _Turns(threading.local):
-    depth = 0
-    """How many agents' turns the current thread is inside (nested by ``run_here``)."""
-    limit = math.inf
-    """The deadline of the innermost ask whose turn this thread runs in place (``run_here``):
-    a turn nested in it must end by then too."""
+class _Turn:
+    """One turn of one agent (``AgentProcess._run_turn``), made by a worker (``run_batch``)
+    or by an ask run in place (``run_here``), and kept in ``AgentProcess._turn`` while it
+    runs. An ask made in a turn (by the guest, or by host code the guest called on the same
+    thread) finds it through the run context (``Runtime._outer_turn``): the message's
+    context names the agent, whose turn on this thread is the one the ask is nested in.
+
+    Rejected: a thread-local of depth and deadline (state the reader cannot see, set and
+    reset around every turn; the run context already says which agent's work this thread
+    does); passing the turn down through the gate to the host functions (every import would
+    carry it, for the one that asks).
+    """
+
+    __slots__ = ("depth", "limit")
+
+    def __init__(self, depth: int, limit: float) -> None:
+        self.depth = depth
+        """How many turns the thread is inside, this one included (nested by ``run_here``)."""
+        self.limit = limit
+        """The deadline of the ask this turn runs in place for (``math.inf`` on a worker): a
+        turn nested in it must end by then too."""
 
 
-_TURNS = _Turns()
 _NESTED_TURNS = 8
 """Turns nested on one thread by asks run in place (a chain of asks beyond goes by workers)."""
 
@@ -1678,6 +1693,17 @@ class Runtime:
         """``ask`` with the body already encoded and the reply left raw (CBOR)."""
         return self.request(Ask(to, name, body, sender, timeout, chain, scope))
 
+    def _outer_turn(self, context: RunContext) -> _Turn | None:
+        """The turn this thread runs for the agent whose work ``context`` is (a message, or a
+        tool it called), if any: an ask made here is nested in it (``run_here``)."""
+        agent = context.agent
+        if agent is None:
+            return None
+        process = self._agents.get(agent)
+        if process is None or process._owner != threading.get_ident():
+            return None
+        return process._turn
+
     def request(self, ask: Ask) -> bytes | None:
         """The one path of an ask that waits for its reply: local or remote, in place or by
         the mailbox; the raw reply body. ``ask.timeout`` None: the target's budget plus a
@@ -1695,9 +1721,11 @@ class Runtime:
         # The calling thread may run the target's turn itself (AgentProcess.run_here), except
         # on the main thread, outside any turn, waiting through a scope of its own: that wait
         # watches for signals, which must not interrupt the guest.
+        parent = current_context()
+        outer = None if parent is None else self._outer_turn(parent)
         here = (
             scope is None
-            or _TURNS.depth > 0
+            or outer is not None
             or threading.current_thread() is not threading.main_thread()
         )
         telemetry = self.telemetry
@@ -1715,6 +1743,8 @@ class Runtime:
                 within,
                 cancel,
                 time.monotonic() + timeout,
+                parent,
+                outer,
             )
             if breaker is None and future.done():  # answered in place: nothing to wait for
                 if scope is not None:
@@ -1736,6 +1766,8 @@ class Runtime:
                 within,
                 cancel,
                 time.monotonic() + timeout,
+                parent,
+                outer,
             )
             result = self._await_reply(local, name, future, breaker, timeout, scope)
         except BaseException as exc:
@@ -1833,11 +1865,15 @@ class Runtime:
         within: float | None = None,
         cancel: CancelScope | None = None,
         deadline: float | None = None,
+        parent: RunContext | None = None,
+        outer: _Turn | None = None,
     ) -> tuple[Future[bytes | None], Any]:
         """``deliver_ask`` to ``process``, its future made by ``reply`` (``Reply`` for the
         runtime's own asks, whose futures never leave it); ``within`` as in ``_ask``;
         ``deadline`` when the asker stops waiting (``timeout`` bounds only the wait for space
-        in the mailbox, or, run in place, the turn)."""
+        in the mailbox, or, run in place, the turn); ``parent``, the asker's context (default:
+        the current one), and ``outer``, the turn the asker runs in on this thread (see
+        ``_outer_turn``)."""
         if chain and process.address in chain and name != INSPECT:
             path = " -> ".join((*chain, process.address))
             raise AskCycle(f"ask cycle: {path}")
@@ -1851,7 +1887,7 @@ class Runtime:
             future,
             asker_chain=chain,
             trace=trace,
-            parent=current_context(),
+            parent=current_context() if parent is None else parent,
             deadline=deadline,
             cancel=cancel,
         )
@@ -1863,7 +1899,7 @@ class Runtime:
         deadline = now + (within if timeout is None else timeout)
         # The shortest path first (``run_here``), else the mailbox; ``__inspect`` never runs a
         # turn (``deliver`` answers it).
-        if name == INSPECT or not process.run_here(envelope, now + within):
+        if name == INSPECT or not process.run_here(envelope, now + within, outer):
             process.deliver(envelope, timeout)
         if time.monotonic() > deadline and future.done():
             # Run in place and answered past the asker's deadline: the reply is too late.
