@@ -25,6 +25,7 @@ PACKAGES = [
     "mighty",
     "mighty.abi",
     "mighty.agents",
+    "mighty.agents.hosting",
     "mighty.budget",
     "mighty.capabilities",
     "mighty.build",

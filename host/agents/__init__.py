@@ -1,58 +1,30 @@
-"""Agents: components as supervised actors with mailboxes that send and ask one another."""
+"""Agents: components as supervised actors with mailboxes that send and ask one another.
 
-from mighty.agents._application import (
-    Application,
-    RunReport,
-    StartReply,
-    run_manifest,
-    run_summary,
-    send_start_messages,
-    telemetry_from,
-)
+What agent authors and applications use. The parts the layers above the runtime are built
+from (mailboxes, the scheduler, the snapshot store, the manifest's pieces, output plumbing)
+are in :mod:`mighty.agents.hosting`.
+"""
+
+from mighty.agents._application import Application, RunReport, StartReply, run_manifest
 from mighty.agents._compose import broadcast, pipe
-from mighty.agents._hibernate import HibernationStats, Hibernator
+from mighty.agents._hibernate import HibernationStats
 from mighty.agents._history import (
     AgentHistory,
     ForkRefused,
     HistoryEntry,
     JournalCorrupt,
     UnknownAgent,
-    export_trace,
     fork_agent,
     read_history,
 )
-from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION, jsonable
-from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxEmpty, MailboxFull
-from mighty.agents._manifest import (
-    Manifest,
-    agent_types,
-    capabilities,
-    load_manifest,
-    state_dir,
-    supervisor_spec,
-)
-from mighty.agents._output import (
-    LOG_LEVELS,
-    AgentOutput,
-    LineSplitter,
-    OutputTail,
-    level_number,
-)
-from mighty.agents._runtime import (
-    AgentProcess,
-    AgentStats,
-    RemoteRouter,
-    Runtime,
-    decode_body,
-    encode_body,
-)
-from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
+from mighty.agents._manifest import Manifest, load_manifest
+from mighty.agents._output import AgentOutput
+from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
 from mighty.agents._store import (
     BadStateDir,
     SnapshotCorrupt,
     SnapshotRefused,
-    SnapshotStore,
-    StoredSnapshot,
     StoreError,
     StoreUnavailable,
 )
@@ -76,7 +48,6 @@ from mighty.agents._types import (
     BadSpawn,
     CircuitOpen,
     CircuitOpenError,
-    Envelope,
     Grants,
     HandlerFailed,
     MailboxFullError,
@@ -89,7 +60,6 @@ from mighty.agents._types import (
 
 __all__ = [
     "INSPECT",
-    "LOG_LEVELS",
     "SNAPSHOT_VERSION",
     "AgentChild",
     "AgentCrashed",
@@ -111,62 +81,39 @@ __all__ = [
     "CircuitBreaker",
     "CircuitOpen",
     "CircuitOpenError",
-    "Envelope",
     "ForkRefused",
     "Grants",
     "HandlerFailed",
     "HibernationStats",
-    "Hibernator",
     "HistoryEntry",
     "JournalCorrupt",
-    "LineSplitter",
-    "Mailbox",
-    "MailboxClosed",
-    "MailboxEmpty",
-    "MailboxFull",
     "MailboxFullError",
     "MailboxSettings",
     "Manifest",
     "MessageCancelled",
     "MessageDropped",
     "NoProc",
-    "OutputTail",
     "Refused",
-    "RemoteRouter",
     "RunReport",
     "Runtime",
-    "Scheduler",
     "SnapshotCorrupt",
     "SnapshotRefused",
-    "SnapshotStore",
     "StartReply",
     "StoreError",
     "StoreUnavailable",
-    "StoredSnapshot",
     "Supervisor",
     "SupervisorEvent",
     "SupervisorFailed",
     "SupervisorSpec",
     "SupervisorStartFailed",
     "UnknownAgent",
-    "WorkerStats",
-    "agent_types",
     "broadcast",
-    "capabilities",
     "decode_body",
     "encode_body",
-    "export_trace",
     "fork_agent",
-    "jsonable",
-    "level_number",
     "load_manifest",
     "pipe",
     "read_history",
     "run_manifest",
-    "run_summary",
-    "send_start_messages",
     "start_tree",
-    "state_dir",
-    "supervisor_spec",
-    "telemetry_from",
 ]

@@ -52,7 +52,7 @@ def _state_dir(manifest: Path | None, state_dir: Path | None) -> Path:
     if state_dir is not None:
         return state_dir
     from mighty.agents import load_manifest
-    from mighty.agents import state_dir as manifest_state_dir
+    from mighty.agents.hosting import state_dir as manifest_state_dir
 
     path = manifest or Path("mighty.toml")
     loaded, base = load_manifest(path)
@@ -91,7 +91,8 @@ def history_command(
 ) -> None:
     """List durable AGENT's checkpoint, journaled messages and logged imports."""
     with _errors(as_json), _typed(as_json):
-        from mighty.agents import export_trace, read_history
+        from mighty.agents import read_history
+        from mighty.agents.hosting import export_trace
 
         if trace_out is not None:
             imports = export_trace(_state_dir(manifest, state_dir), agent, trace_out)

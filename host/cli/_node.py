@@ -61,7 +61,8 @@ def node_command(
     record: Path | None,
 ) -> None:
     """Join the cluster of MANIFEST's [cluster] block and serve its agents until Ctrl-C."""
-    from mighty.agents import level_number, load_manifest
+    from mighty.agents import load_manifest
+    from mighty.agents.hosting import level_number
     from mighty.cluster import NodeApplication
 
     threshold = level_number(log_level)

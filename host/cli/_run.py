@@ -144,10 +144,9 @@ def run_command(
     has a listen address, or --http HOST:PORT, its routes are served (docs/serve.md) until
     Ctrl-C.
     """
-    from mighty.agents import (
-        Application,
-        level_number,  # imported here: `mty --version` needs no runtime
-    )
+    # Imported here: `mty --version` needs no runtime.
+    from mighty.agents import Application
+    from mighty.agents.hosting import level_number
 
     threshold = level_number(log_level)
     with _Signals() as signals, _errors(as_json):
@@ -239,7 +238,7 @@ def _start_messages(
         if not as_json:
             click.echo(f"{to} <- {message}: error: {why}", err=True)
 
-    from mighty.agents import send_start_messages
+    from mighty.agents.hosting import send_start_messages
 
     _, failed_lines = send_start_messages(
         runtime, items, interrupted=lambda: signals.requested, on_reply=replied, on_failure=failed
@@ -290,7 +289,7 @@ class _EventWriter:
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
-        from mighty.agents import level_number
+        from mighty.agents.hosting import level_number
 
         self._level = level_number
         self.enabled = True
@@ -334,7 +333,7 @@ class _OutputWriter:
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
-        from mighty.agents import level_number
+        from mighty.agents.hosting import level_number
 
         self._level = level_number
         self._lock = threading.Lock()
@@ -354,7 +353,7 @@ class _OutputWriter:
 
 
 def _summary(runtime: Any, threshold: int = 0) -> dict[str, Any]:
-    from mighty.agents import run_summary
+    from mighty.agents.hosting import run_summary
 
     return run_summary(runtime, threshold)
 

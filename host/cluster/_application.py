@@ -20,17 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from mighty._errors import BadInput
-from mighty.agents import (
-    AgentOutput,
-    Runtime,
-    StartReply,
-    agent_types,
-    capabilities,
-    load_manifest,
-    send_start_messages,
-    start_tree,
-    supervisor_spec,
-)
+from mighty.agents import AgentOutput, Runtime, StartReply, load_manifest, start_tree
+from mighty.agents.hosting import agent_types, capabilities, send_start_messages, supervisor_spec
 from mighty.cluster._config import ClusterConfig, parse_cluster
 from mighty.cluster._lease import SupervisorLease
 from mighty.cluster._node import Node
@@ -159,7 +150,7 @@ class NodeApplication:
         on_failure: Callable[[str, str, str], None] | None = None,
     ) -> tuple[list[StartReply], list[str]]:
         """Send the ``[[start]]`` messages in order (waiting for asks) until ``interrupted()``
-        (``mighty.agents.send_start_messages``); (replies, failures)."""
+        (``mighty.agents.hosting.send_start_messages``); (replies, failures)."""
         return send_start_messages(
             self.runtime,
             self.manifest.start,

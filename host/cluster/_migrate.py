@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from mighty._errors import HostError, MightyError
 from mighty.abi import Err
-from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, Envelope, NoProc
+from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, NoProc
+from mighty.agents.hosting import Envelope
 from mighty.cluster._frames import Frame, encode, node_subject
 from mighty.cluster._moved import Reporter, moved_op, relocate, supervised_extra
 from mighty.engine import Component, ComponentStore, check_lowering

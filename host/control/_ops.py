@@ -82,7 +82,8 @@ def runtime_ops(runtime: Runtime) -> dict[str, Callable[[dict[str, Any]], Any]]:
             reply = runtime.ask(to, name, body, timeout=timeout)
         except NoProc as exc:
             raise UnknownAgent(exc.message) from None
-        from mighty.agents import jsonable  # here: the control layer loads no runtime itself
+        # Imported here: the control layer loads no runtime itself.
+        from mighty.agents.hosting import jsonable
 
         return {"to": to, "message": name, "reply": jsonable(reply)}
 

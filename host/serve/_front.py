@@ -203,9 +203,9 @@ class AgentFront(HttpServer):
     """HTTP routes to agents' asks, on :class:`~mighty.serve.HttpServer`.
 
     ``ask(to, message, body, timeout)`` is ``Runtime.ask``; ``to_json`` turns a reply into
-    JSON values (``mighty.agents.jsonable``); ``telemetry``, a ``mighty.telemetry.Telemetry``,
-    makes one ``http.server`` span per routed request. ``limits``, ``token`` and ``log`` are
-    :class:`~mighty.serve.HttpServer`'s.
+    JSON values (``mighty.agents.hosting.jsonable``); ``telemetry``, a
+    ``mighty.telemetry.Telemetry``, makes one ``http.server`` span per routed request.
+    ``limits``, ``token`` and ``log`` are :class:`~mighty.serve.HttpServer`'s.
     """
 
     def __init__(

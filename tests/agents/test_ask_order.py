@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from mighty import Component
-from mighty.agents import AgentProcess, AgentType, Envelope, Runtime
+from mighty.agents import AgentProcess, AgentType, Runtime
+from mighty.agents.hosting import Envelope
 from mighty.budget import Budget
 
 BUDGET = Budget(timeout=30.0)

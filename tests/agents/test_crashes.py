@@ -24,12 +24,12 @@ from mighty.agents import (
     MailboxSettings,
     NoProc,
     Runtime,
-    Scheduler,
     SupervisorSpec,
     decode_body,
     start_tree,
 )
 from mighty.agents import _runtime as runtime_module
+from mighty.agents.hosting import Scheduler
 from mighty.cli import main
 
 # 14 messages, the 7th and the 14th crash the agent.

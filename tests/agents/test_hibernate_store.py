@@ -20,13 +20,12 @@ from mighty.agents import (
     NoProc,
     Runtime,
     SnapshotCorrupt,
-    SnapshotStore,
-    StoredSnapshot,
     StoreError,
     SupervisorSpec,
     start_tree,
 )
 from mighty.agents._manifest import load_manifest
+from mighty.agents.hosting import SnapshotStore, StoredSnapshot
 
 texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
 snapshots = st.builds(

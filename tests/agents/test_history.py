@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mighty.agents import JournalCorrupt, SnapshotStore, read_history
+from mighty.agents import JournalCorrupt, read_history
+from mighty.agents.hosting import SnapshotStore
 from tests.agents.test_journal import journaled_wasm  # noqa: F401 - the session's build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mighty import Component
-from mighty.agents import AgentOutput, AgentType, LineSplitter, OutputTail, Runtime
+from mighty.agents import AgentOutput, AgentType, Runtime
+from mighty.agents.hosting import LineSplitter, OutputTail
 
 GUESTS = Path(__file__).resolve().parent / "guests"
 ROOT = Path(__file__).resolve().parents[2]

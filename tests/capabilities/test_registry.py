@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty._errors import BadInput
-from mighty.agents import Grants, agent_types, capabilities, load_manifest
+from mighty.agents import Grants, load_manifest
+from mighty.agents.hosting import agent_types, capabilities
 from mighty.capabilities import Capabilities, McpServer
 from mighty.cli import main
 from mighty.wasi import HttpGrant, Origin

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mighty import Budget, Component
 from mighty._errors import BadInput
-from mighty.agents import AgentChild, AgentType, Envelope, Runtime, SupervisorSpec, start_tree
+from mighty.agents import AgentChild, AgentType, Runtime, SupervisorSpec, start_tree
+from mighty.agents.hosting import Envelope
 from mighty.telemetry import Telemetry, TelemetryConfig, load_config, traceparent
 
 
@@ -192,10 +193,10 @@ def test_off_means_no_trace_context(echo_agent: Component) -> None:
                 seen.append(envelope)
             deliver(envelope, timeout)
 
-        def spy_here(envelope, deadline):  # type: ignore[no-untyped-def]
+        def spy_here(envelope, deadline, outer=None):  # type: ignore[no-untyped-def]
             if not any(e is envelope for e in seen):
                 seen.append(envelope)
-            return run_here(envelope, deadline)
+            return run_here(envelope, deadline, outer)
 
         process.deliver = spy  # type: ignore[method-assign]
         process.run_here = spy_here  # type: ignore[method-assign]

@@ -67,7 +67,8 @@ def test_runtime_sink_makes_log_events_and_output(logger: Component) -> None:
     with Runtime(workers=1) as rt:
         rt.register(AgentType("x", logger))
         # Not an agent (no init/handle): drive the runtime's sink directly as the gate would.
-        from mighty.agents import AgentProcess, Mailbox
+        from mighty.agents import AgentProcess
+        from mighty.agents.hosting import Mailbox
 
         process = AgentProcess(rt, "x:1", rt.agent_type("x"), b"", Mailbox(4))
         process._wasi_log("warn", "ctx", "hello")
