@@ -25,6 +25,7 @@ from mighty.agents import (
     start_tree,
 )
 from mighty.engine import Component
+from mighty.reload import ReloadFailed
 from tests.agents.conftest import _build_path
 
 pytestmark = pytest.mark.slow
@@ -119,6 +120,36 @@ class AgentLife(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.gone)
     @rule()
+    def crash_during_swap(self) -> None:
+        """A crash queued just before a hot swap lands before the swap or while the swap waits
+        for the agent's turn: either way the agent ends on one working instance (the new one,
+        or the old one after a rollback), its data lost to the crash, nothing else."""
+        self.rt.send("kv", "crash")
+        try:
+            report = self.rt.reload("kv", self.path)
+        except ReloadFailed:
+            pass  # rolled back: the old version runs
+        else:
+            assert self.address in report.agents
+        self.data = {}  # the crash: init runs again (asleep, it woke for the crash first)
+        self.asleep = False
+        assert self.ask("size") == {"size": 0}  # queued after the crash: answered after it
+        self.settle(AgentState.IDLE)
+
+    @precondition(lambda self: not self.gone and not self.asleep)
+    @rule(key=KEYS, value=st.integers(0, 100))
+    def wake_during_hibernate(self, key: str, value: int) -> None:
+        """A message sent just as the agent is put to sleep: handled first (it then sleeps),
+        or still queued (hibernate declines); never lost, and the agent answers after."""
+        self.rt.send("kv", "put", {"key": key, "value": value})
+        self.rt.hibernate("kv", timeout=WAIT)  # True or False: both are right here
+        self.data[key] = value
+        assert self.ask("get", {"key": key}) == {"value": value}
+        self.asleep = False
+        self.settle(AgentState.IDLE)
+
+    @precondition(lambda self: not self.gone)
+    @rule()
     def size(self) -> None:
         assert self.ask("size") == {"size": len(self.data)}
         self.asleep = False
@@ -148,13 +179,14 @@ class AgentLife(RuleBasedStateMachine):
 
 
 def test_agent_life(kvstore_path: Path, tmp_path: Path) -> None:
-    """Any order of messages, crashes, hibernations, wakes, swaps and a stop keeps the agent's
-    data and state what the model says."""
+    """Any order of messages, crashes, hibernations, wakes, swaps (a crash during one too), a
+    message racing a hibernation and a stop keeps the agent's data and state what the model
+    says."""
     AgentLife.path = kvstore_path
     AgentLife.state_root = tmp_path
     run = AgentLife.TestCase
     run.settings = settings(
-        max_examples=12,
+        max_examples=15,
         stateful_step_count=10,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
