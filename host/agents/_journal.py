@@ -18,12 +18,17 @@ plus the journal after it:
 Recovery: a runtime opened on the same ``state_dir`` finds the agents with pending inbox rows
 when their type is registered, brings each back from its snapshot and puts the pending messages
 in its mailbox in their order (an ask's asker is gone with the old process: no reply is sent).
-The first message runs with a :class:`mighty.trace.TraceAnswers` hook (``policy="live"``) over
-the log: each import that was answered before the crash is answered from the log by key
+The first message runs with a :class:`mighty.trace.TraceAnswers` hook (``policy="resume"``)
+over the log: each import that was answered before the crash is answered from the log by key
 (interface, function, canonical arguments; the HTTP exchanges by request), and execution goes
-live at the first import the log has no answer for. A tool call, an HTTP request or a send that
-completed before the crash is not made again; one in flight at the crash (started, no answer
-logged) is made again. docs/durability.md says what is and is not guaranteed.
+live at the first import the log has no answer for, once every logged answer was used. A tool
+call, an HTTP request or a send that completed before the crash is not made again; one in
+flight at the crash (started, no answer logged) is made again. An import the log cannot answer
+while a logged answer is still unused means the guest did not retrace its steps (a log that is
+not this message's): the message stops there with the divergence ``mty replay`` reports (a
+crash, for the agent's supervisor to decide), and nothing more of it runs live. A log written
+by another build is refused before the message runs (``RecoveryRefused``).
+docs/durability.md says what is and is not guaranteed.
 
 Rejected:
 - A log table in SQLite for the imports: each record would be a write transaction (an fsync in
@@ -90,6 +95,13 @@ class Recovery:
         if self.finished or not self.active or self.answers is None:
             return call()
         return self.answers(ctx, binding, args, call)
+
+    def failure(self, error: MightyError) -> MightyError:
+        """What the recovered message failed with: the log's divergence when the guest left
+        the log early (``TraceAnswers`` raised it inside a host function, which the call
+        reports as a host function failure), else ``error``."""
+        divergence = None if self.answers is None else self.answers.divergence
+        return error if divergence is None else divergence
 
     @property
     def seeds(self) -> tuple[Seed, ...]:
@@ -269,7 +281,7 @@ class Journal:
                 )
             return None
         instance_id, records, _count = best
-        return Recovery(TraceAnswers(records, instance=instance_id, policy="live", http=True))
+        return Recovery(TraceAnswers(records, instance=instance_id, policy="resume", http=True))
 
     def accept(self, address: str, sender: str, name: str, body: bytes) -> int:
         return self.store.inbox_put(address, sender, name, body)

@@ -918,7 +918,9 @@ class AgentProcess:
                         cancel=context.cancel,
                     )
                 except (GuestError, HostError) as exc:
-                    exit_reason = self._crashed(envelope, exc)
+                    # A recovered message: the log's divergence, not its wrapping.
+                    failure = exc if recovery is None else recovery.failure(exc)
+                    exit_reason = self._crashed(envelope, failure)
                 finally:
                     leave_context(token)
                     self.current = None

@@ -20,7 +20,13 @@ instance, **by key, not by position**:
 At the first import that does not match, the policy decides: ``strict`` raises the
 :class:`NondeterminismError` ``mty replay`` would (the instance, the step, what the trace has
 and what came), and ``live`` calls the real host function for it and every later import,
-noting where (:attr:`TraceAnswers.live_from`).
+noting where (:attr:`TraceAnswers.live_from`). ``resume`` is for the same build going on from
+where a log stops (a durable agent's message recovered after a crash): live, but only once
+every recorded import the guest could have been answered by was used; an import the trace
+cannot answer while one is left means the guest did not retrace its steps, and is the
+``strict`` divergence. Which records it counts: not those of imports that always run for real
+(``_ALWAYS_LIVE``, ``passthrough``, ``local``, wasi:http with ``http=True``), nor calls on a
+resource such an import made (a write to the guest's own stdout), which are never matched.
 
 Rejected: positional matching with skips (a refactor that reads the clock once more would
 shift every later answer), and matching by function alone (two different questions to one
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -66,7 +72,7 @@ __all__ = [
     "read_instances",
 ]
 
-AnswerPolicy = Literal["strict", "live"]
+AnswerPolicy = Literal["strict", "live", "resume"]
 """What happens at the first import the trace cannot answer."""
 KeyFunction = Callable[[str, str, list[Any]], Any]
 """``(interface, function, args) -> key``: imports with equal keys are the same question;
@@ -155,16 +161,30 @@ def _tool_call_args(args: list[Any]) -> list[Any]:
     return [args[0], json.dumps(value, sort_keys=True, separators=(",", ":")).encode()]
 
 
+def _refs_in(value: Any) -> Iterator[tuple[str, str, int]]:
+    """The resources a recorded value names (``HandleRef``s), as (interface, name, rep)."""
+    if isinstance(value, HandleRef):
+        yield (value.interface, value.name, value.rep)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _refs_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs_in(item)
+    elif isinstance(value, Ok | Err | Some | Variant):
+        yield from _refs_in(value.value)
+
+
 class TraceAnswers:
     """A gate hook answering one instance's imports from its recorded imports, by key.
 
     ``records`` are the instance's recorded ``import`` records (others are ignored).
-    ``policy`` is ``strict`` or ``live`` (see the module note). ``key`` maps an import to its
-    matching key (default: interface, function and canonical arguments). ``passthrough`` names
-    further imports that always go to the real host function. ``local`` answers some imports
-    itself, never from the trace, whatever the policy: ``(interface, function) -> fn(args)``
-    (an agent's ``log`` and ``emit`` are its own output, with no host to go to outside a
-    runtime).
+    ``policy`` is ``strict``, ``live`` or ``resume`` (see the module note). ``key`` maps an
+    import to its matching key (default: interface, function and canonical arguments).
+    ``passthrough`` names further imports that always go to the real host function. ``local``
+    answers some imports itself, never from the trace, whatever the policy: ``(interface,
+    function) -> fn(args)`` (an agent's ``log`` and ``emit`` are its own output, with no host
+    to go to outside a runtime).
     """
 
     def __init__(
@@ -178,8 +198,8 @@ class TraceAnswers:
         local: Mapping[tuple[str, str], Callable[[list[Any]], Any]] | None = None,
         http: bool = False,
     ) -> None:
-        if policy not in ("strict", "live"):
-            raise BadInput(f"policy must be 'strict' or 'live', got {policy!r}")
+        if policy not in ("strict", "live", "resume"):
+            raise BadInput(f"policy must be 'strict', 'live' or 'resume', got {policy!r}")
         self.instance = instance
         self.policy: AnswerPolicy = policy
         self._custom_key = key
@@ -196,10 +216,18 @@ class TraceAnswers:
         self._pending: list[dict[str, Any]] = imports
         self._used = [False] * len(self._pending)
         self._by_key: dict[Any, deque[int]] = {}
+        self._counted = [False] * len(self._pending)
+        """For ``resume``: records a retracing guest must use before anything goes live."""
+        stand_ins: set[tuple[str, str, int]] = set()
         for position, record in enumerate(self._pending):
             args = record["args"] if isinstance(record["args"], list) else [record["args"]]
-            k = self._key(str(record["if"]), str(record["fn"]), args)
+            interface, function = str(record["if"]), str(record["fn"])
+            k = self._key(interface, function, args)
             self._by_key.setdefault(k, deque()).append(position)
+            if self._answerable(interface, function, args, stand_ins):
+                self._counted[position] = True
+                stand_ins.update(_refs_in(record.get("res")))
+        self._left = sum(self._counted)
         self._stubs: dict[tuple[int, int], HandleRef] = {}
         self._refs: dict[tuple[str, str, int], HandleRef] = {}
         self.calls: list[AnsweredImport] = []
@@ -246,6 +274,8 @@ class TraceAnswers:
             return self._unmatched(ctx, index, interface, function, got, call)
         position = queue.popleft()
         self._used[position] = True
+        if self._counted[position]:
+            self._left -= 1
         record = self._pending[position]
         outcome = record["out"]
         self.calls.append(AnsweredImport(index, interface, function, got, record["res"], "trace"))
@@ -264,7 +294,7 @@ class TraceAnswers:
         live sends it to the network (and notes where the run left the trace)."""
         what = request.describe()
         message = f"instance {self.instance}: the trace has no answer for {what}"
-        if self.policy == "strict":
+        if self.policy == "strict" or (self.policy == "resume" and self._left > 0):
             if self.divergence is None:
                 self.divergence = NondeterminismError(
                     message,
@@ -328,16 +358,30 @@ class TraceAnswers:
             return {k: self._materialize(ctx, v) for k, v in value.items()}
         return value
 
-    def next_unused(self, interface: str, function: str) -> dict[str, Any] | None:
-        """The earliest recorded import not yet answered, of that function if there is one."""
+    def next_unused(
+        self, interface: str, function: str, *, counted: bool = False
+    ) -> dict[str, Any] | None:
+        """The earliest recorded import not yet answered, of that function if there is one
+        (``counted``: only among those ``resume`` counts)."""
         fallback = None
         for position, record in enumerate(self._pending):
-            if self._used[position]:
+            if self._used[position] or (counted and not self._counted[position]):
                 continue
             if (record["if"], record["fn"]) == (interface, function):
                 return record
             fallback = fallback or record
         return fallback
+
+    def _answerable(
+        self, interface: str, function: str, args: list[Any], stand_ins: set[tuple[str, str, int]]
+    ) -> bool:
+        """Whether a recorded import is one a retracing guest is answered by: not one that
+        always runs for real, nor a call on a resource only such an import made."""
+        if (interface, function) in _ALWAYS_LIVE or (interface, function) in self._local:
+            return False
+        if self._passthrough is not None and self._passthrough(interface, function):
+            return False
+        return all(ref in stand_ins for ref in _refs_in(args))
 
     def _unmatched(
         self,
@@ -348,7 +392,8 @@ class TraceAnswers:
         got: list[Any],
         call: Callable[[], Any],
     ) -> Any:
-        expected = self.next_unused(interface, function)
+        resume = self.policy == "resume"
+        expected = self.next_unused(interface, function, counted=resume)
         if expected is None:
             message = (
                 f"instance {self.instance}: the guest called {interface}#{function}"
@@ -364,7 +409,7 @@ class TraceAnswers:
                 f"{interface}#{function}{_brief(got)}"
             )
             want = {"if": expected["if"], "fn": expected["fn"], "args": expected["args"]}
-        if self.policy == "strict":
+        if self.policy == "strict" or (resume and self._left > 0):
             self.divergence = NondeterminismError(
                 message,
                 instance=self.instance,

@@ -96,6 +96,73 @@ def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
     assert len(keys[0]) == 32
 
 
+def _killed_after_three_calls(journaled_wasm: Path, tmp_path: Path) -> Path:
+    """Run ``first`` and kill it -9 once the message is paused after three tool calls; the
+    import log it left."""
+    first = subprocess.Popen(
+        _script("first", journaled_wasm, tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for((tmp_path / "marker").exists, "the agent paused mid-message", first)
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        first.wait(timeout=60)
+        first.communicate()
+    return tmp_path / "state" / "journal" / "worker_1.trace"
+
+
+def test_a_log_the_guest_does_not_retrace_stops_the_recovered_message(
+    journaled_wasm: Path, tmp_path: Path
+) -> None:
+    """A log whose first tool call is not the one the guest makes (rewritten here, as a log
+    that is not this message's would be): the recovery stops the message at that call with
+    replay's divergence, a crash for the supervisor; no tool call runs live."""
+    from mighty import Component
+    from mighty.agents import AgentType, Grants, Runtime
+    from mighty.budget import Budget
+    from mighty.capabilities import Capabilities
+    from mighty.trace import Recorder, TraceReader
+
+    log = _killed_after_three_calls(journaled_wasm, tmp_path)
+    counter = tmp_path / "counter"
+    assert counter.read_text().split() == ["1", "2", "3"]
+    with TraceReader(log) as reader:
+        records = list(reader.records())
+    first_call = next(r for r in records if r.get("fn") == "call" and r.get("k") == "import")
+    assert first_call["args"] == ["count", b'{"args": [], "kwargs": {"step": 1}}']
+    first_call["args"] = ["count", b'{"args": [], "kwargs": {"step": 9}}']
+    log.unlink()
+    with Recorder(log, flush="record") as recorder:
+        for record in records:
+            recorder.append(record)
+    seen: list[int] = []
+    capabilities = Capabilities().with_tool("count", seen.append).with_tool("pause", lambda: "")
+    worker = AgentType(
+        "worker",
+        Component.load(journaled_wasm),
+        budget=Budget(timeout=600.0),
+        durable=True,
+        grants=Grants(tools=frozenset({"count", "pause"})),
+    )
+    with Runtime(workers=1, state_dir=tmp_path / "state", capabilities=capabilities) as rt:
+        rt.register(worker)
+        deadline = time.monotonic() + 600
+        while not any(e.kind == "agent.crashed" for e in rt.events):
+            assert time.monotonic() < deadline, [e.kind for e in rt.events]
+            time.sleep(0.05)
+        crash = next(e for e in rt.events if e.kind == "agent.crashed")
+    reason = str(crash.data["reason"])
+    assert reason.startswith("nondeterminism: "), reason
+    assert "the trace has mighty:agent/tools#call" in reason
+    assert '"step": 9' in reason and '"step": 1' in reason  # what the log has, what came
+    assert seen == []  # nothing ran live: not count(1), nor pause, nor count(4)
+    assert counter.read_text().split() == ["1", "2", "3"]
+
+
 def test_a_message_handled_before_the_crash_is_not_run_again(
     journaled_wasm: Path, tmp_path: Path
 ) -> None:
