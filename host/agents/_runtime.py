@@ -223,13 +223,21 @@ class AgentStats:
 
 
 class _Life(enum.Enum):
-    """An agent's life, the part of its state kept in one field (``AgentProcess._life``);
-    whether it is scheduled, running, asleep or being swapped is read from its mailbox, its
-    current message and its instance (``AgentProcess.state``)."""
+    """An agent's life, kept in one field (``AgentProcess._life``) and changed in one place
+    (``AgentProcess._become``, by the moves :data:`_MOVES` lists). Awake (``ALIVE``), whether
+    it is idle, scheduled or running is read from the two fields that say so on every message
+    (``_scheduled``, ``current``): writing a life there too would put a lock and a second
+    write on each message's path for a value those fields already hold.
+    ``AgentProcess.state`` reads all of it as one :class:`AgentState`."""
 
     STARTING = "starting"
     """Made, ``start`` not yet through."""
     ALIVE = "alive"
+    """Awake: an instance, taking messages (idle, scheduled or running)."""
+    ASLEEP = "asleep"
+    """Hibernated: its state in the snapshot store, no instance; its next turn wakes it."""
+    SWAPPING = "swapping"
+    """A hot swap holds it (mailbox paused, turn lock taken) while its new instance is made."""
     CRASHED = "crashed"
     """Reported to its supervisor, which has not yet revived, stopped or retired it."""
     HALTED = "halted"
@@ -242,16 +250,27 @@ class _Life(enum.Enum):
 
 
 _ALIVE = _Life.ALIVE
+_ENDS = frozenset({_Life.CRASHED, _Life.HALTED, _Life.RETIRED})
 _MOVES: dict[_Life, frozenset[_Life]] = {
     _Life.STARTING: frozenset(_Life),
-    _Life.ALIVE: frozenset({_Life.ALIVE, _Life.CRASHED, _Life.HALTED, _Life.RETIRED}),
-    _Life.CRASHED: frozenset({_Life.ALIVE, _Life.CRASHED, _Life.HALTED, _Life.RETIRED}),
-    _Life.HALTED: frozenset({_Life.ALIVE, _Life.HALTED, _Life.CRASHED, _Life.RETIRED}),
+    # fall asleep; be held by a swap; crash on a message; stop
+    _Life.ALIVE: frozenset({_Life.ALIVE, _Life.ASLEEP, _Life.SWAPPING, *_ENDS}),
+    # woken by its next turn, or failing to wake (a crash); stop
+    _Life.ASLEEP: frozenset({_Life.ALIVE, *_ENDS}),
+    # the swap ends (confirmed or rolled back); the message it waits for crashes; stop
+    _Life.SWAPPING: frozenset({_Life.ALIVE, *_ENDS}),
+    # revived by its supervisor (start), or stopped
+    _Life.CRASHED: frozenset({_Life.ALIVE, *_ENDS}),
+    _Life.HALTED: frozenset({_Life.ALIVE, *_ENDS}),
     _Life.RETIRED: frozenset({_Life.RETIRED}),
 }
 """The moves of an agent's life: what each may become."""
+_LIVING = frozenset({_Life.ALIVE, _Life.ASLEEP, _Life.SWAPPING})
+"""The lives in which an agent takes messages (``alive``)."""
 _STATE_OF = {
     _Life.STARTING: AgentState.STARTING,
+    _Life.ASLEEP: AgentState.HIBERNATED,
+    _Life.SWAPPING: AgentState.SWAPPING,
     _Life.CRASHED: AgentState.CRASHED,
     _Life.HALTED: AgentState.STOPPED,
     _Life.RETIRED: AgentState.STOPPED,
@@ -275,6 +294,8 @@ class AgentProcess:
     _scheduled: bool = False
     _life: _Life = _Life.STARTING
     """Where the agent is in its life (see :class:`_Life`); changed only by :meth:`_become`."""
+    _living: bool = False
+    """``_life`` is one of :data:`_LIVING` (kept by :meth:`_become`: read on every message)."""
     # The thread holding ``_run`` (while it runs a batch), so that ``stop`` from inside the
     # agent's own turn (a reply callback, a hook) never waits on itself.
     _owner: int | None = None
@@ -297,8 +318,9 @@ class AgentProcess:
 
     @property
     def alive(self) -> bool:
-        """Started and neither crashed nor stopped: it takes messages."""
-        return self._life is _ALIVE
+        """Started and neither crashed nor stopped: it takes messages (awake, asleep, or
+        held by a swap)."""
+        return self._living
 
     @property
     def _exiting(self) -> bool:
@@ -322,6 +344,7 @@ class AgentProcess:
                 return
             _log.error("%s: %s -> %s is not a move of an agent's life", self.address, now, life)
         self._life = life
+        self._living = life in _LIVING
 
     @property
     def state(self) -> AgentState:
@@ -332,10 +355,6 @@ class AgentProcess:
             return _STATE_OF[life]
         if self.current is not None:
             return AgentState.RUNNING
-        if self.instance is None:
-            return AgentState.HIBERNATED  # asleep in the snapshot store; a message wakes it
-        if self.mailbox.paused:
-            return AgentState.SWAPPING
         if self._scheduled:
             return AgentState.SCHEDULED
         return AgentState.IDLE
@@ -343,7 +362,7 @@ class AgentProcess:
     @property
     def hibernated(self) -> bool:
         """Asleep: alive, its state in the snapshot store, no instance in memory."""
-        return self.alive and self.instance is None
+        return self._life is _Life.ASLEEP
 
     parent: str | None = None
     """Who started it: its supervisor's name, or the address of the agent that spawned it."""
@@ -467,7 +486,24 @@ class AgentProcess:
             self.stats.hibernations += 1
             instance, self.instance = self.instance, None
             self.in_store = True
+            self._become(_Life.ASLEEP)
         return instance
+
+    def hold_for_swap(self) -> None:
+        """A hot swap takes the agent: its mailbox pauses (it keeps accepting) and an awake
+        agent is ``swapping`` until :meth:`release_from_swap` (an asleep one stays asleep: it
+        wakes with the new component)."""
+        self.mailbox.pause()
+        with self._state:
+            if self._life is _ALIVE:
+                self._become(_Life.SWAPPING)
+
+    def release_from_swap(self) -> None:
+        """The swap is over (confirmed or rolled back): awake again, the mailbox resumed."""
+        with self._state:
+            if self._life is _Life.SWAPPING:
+                self._become(_ALIVE)
+        self.mailbox.resume()
 
     def adopt(self, instance: Instance, agent_type: AgentType) -> None:
         """Make ``instance`` (from ``instantiate(component)``, restored) the agent's, as of
@@ -841,6 +877,7 @@ class AgentProcess:
             installed = self.alive
             if installed:
                 self.instance = instance
+                self._become(_ALIVE)
         if not installed:  # stopped while it woke
             instance.close()
             return None
@@ -1396,7 +1433,7 @@ class Runtime:
         assert self.hibernation is not None
         with process._state:
             process.in_store = True
-            process._become(_ALIVE)
+            process._become(_Life.ASLEEP)
         self.hibernation.adopted(process)
 
     def _recover(self, address: str) -> AgentProcess | None:

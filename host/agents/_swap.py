@@ -98,7 +98,7 @@ def reload_agent_type(
     staged: list[tuple[AgentProcess, Instance, Instance]] = []
     try:
         for process in agents:
-            process.mailbox.pause()
+            process.hold_for_swap()
             paused_at[process.address] = time.monotonic()
         deadline = time.monotonic() + drain_timeout
         for process in agents:
@@ -219,7 +219,7 @@ def _resume(
     for process in locked:
         process.turn_lock.release()
     for process in agents:
-        process.mailbox.resume()
+        process.release_from_swap()
         started = paused_at.get(process.address)
         if started is not None:
             report.pauses.append(time.monotonic() - started)

@@ -209,6 +209,39 @@ def test_states_from_start_to_stop(kvstore_path: Path, tmp_path: Path) -> None:
         assert process.state is AgentState.STOPPED
 
 
+def test_swapping_is_a_swap_s_hold_not_any_pause(kvstore_path: Path, tmp_path: Path) -> None:
+    """A hot swap waiting for the agent's turn shows it swapping until the swap ends; a
+    paused mailbox alone (a migration's, a fence's) leaves it idle."""
+    import threading
+
+    with Runtime(workers=1) as rt:
+        rt.register(AgentType("kv", Component.load(kvstore_path)))
+        process = rt.spawn_process("kv", b"")
+        rt.ask(process.address, "put", {"key": "a", "value": 1}, timeout=WAIT)
+        process.mailbox.pause()
+        assert process.state is AgentState.IDLE
+        process.mailbox.resume()
+        turn = process.turn_lock
+        assert turn.acquire(timeout=WAIT)  # a message in progress: the swap waits for it
+        reports: list[object] = []
+        try:
+            swap = threading.Thread(
+                target=lambda: reports.append(rt.reload("kv", kvstore_path, drain_timeout=WAIT))
+            )
+            swap.start()
+            deadline = time.monotonic() + WAIT
+            while process.state is not AgentState.SWAPPING:
+                assert time.monotonic() < deadline, process.state
+                time.sleep(0.005)
+            assert process.mailbox.paused
+        finally:
+            turn.release()
+        swap.join(WAIT)
+        assert len(reports) == 1
+        assert process.state is AgentState.IDLE
+        assert rt.ask(process.address, "get", {"key": "a"}, timeout=WAIT) == {"value": 1}
+
+
 def _iter_states() -> Iterator[str]:
     yield from (state.value for state in AgentState)
 
