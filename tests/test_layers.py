@@ -322,6 +322,7 @@ AGENTS_ORDER = [
     "_scheduler",
     "_store",
     "_journal",
+    "_timers",
     "_swap",
     # the host interface, hibernation, then the process and the runtime
     "_host",

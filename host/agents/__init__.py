@@ -36,6 +36,7 @@ from mighty.agents._supervisor import (
     SupervisorFailed,
     SupervisorStartFailed,
 )
+from mighty.agents._timers import BadTimer, Timer
 from mighty.agents._tree import AgentChild, BreakerSettings, SupervisorSpec, start_tree
 from mighty.agents._types import (
     AgentCrashed,
@@ -76,6 +77,7 @@ __all__ = [
     "AskTimeout",
     "BadSpawn",
     "BadStateDir",
+    "BadTimer",
     "BreakerSettings",
     "ChildSpec",
     "CircuitBreaker",
@@ -106,6 +108,7 @@ __all__ = [
     "SupervisorFailed",
     "SupervisorSpec",
     "SupervisorStartFailed",
+    "Timer",
     "UnknownAgent",
     "broadcast",
     "decode_body",

@@ -23,6 +23,7 @@ from mighty._cbor import loads_untrusted
 from mighty._errors import HostError
 from mighty.abi import Err, Ok, Variant
 from mighty.agents._introspect import INSPECT
+from mighty.agents._timers import TIMERS, BadTimer
 from mighty.agents._types import AgentError, Ask, AskTimeout
 from mighty.budget import CallScope
 from mighty.gate import Binding, GuestContext, ResourceKind, Scope, Slot
@@ -117,6 +118,55 @@ def _agent_error(exc: AgentError) -> Err:
     return Err(Variant(exc.code, exc.message))
 
 
+_MAX_NAME = 1024
+
+
+def _refused(why: str) -> Err:
+    return Err(Variant("refused", why))
+
+
+def _timer_ask(runtime: Runtime, process: AgentProcess, name: str, body: bytes) -> Any:
+    """A guest's ask to the host's :data:`TIMERS` address: ``after`` sets a timer
+    (``{delay, to, name, body, every}``; the reply is its id), ``cancel`` one of its own
+    (``{id}``; the reply says whether it was pending). Checked as the send it schedules is."""
+    try:
+        request = loads_untrusted(body) if body else None
+    except (ValueError, cbor2.CBORDecodeError) as exc:
+        return _refused(f"a timer request must be a CBOR map: {exc}")
+    if not isinstance(request, dict):
+        return _refused("a timer request must be a CBOR map")
+    if name == "cancel":
+        timer_id = request.get("id")
+        if isinstance(timer_id, bool) or not isinstance(timer_id, int):
+            return _refused("cancel takes {id: int}")
+        cancelled = runtime.cancel_timer_of(timer_id, process.address)
+        return Ok({"name": "reply", "body": cbor2.dumps(cancelled)})
+    if name != "after":
+        return _refused(f"{TIMERS} takes 'after' and 'cancel', not {name[:100]!r}")
+    to, message, payload = request.get("to"), request.get("name"), request.get("body", b"")
+    if not (isinstance(to, str) and 0 < len(to) <= _MAX_NAME):
+        return _refused("after: 'to' must be an address or a name")
+    if not (isinstance(message, str) and 0 < len(message) <= _MAX_NAME):
+        return _refused("after: 'name' must be a message name")
+    if not isinstance(payload, bytes):
+        return _refused("after: 'body' must be the message's CBOR bytes")
+    denied = _may_message(runtime, process, to, message)
+    if denied is not None:
+        return denied
+    try:
+        timer_id = runtime.set_timer(
+            request.get("delay"),
+            to,
+            message,
+            payload,
+            sender=process.address,
+            every=request.get("every"),
+        )
+    except BadTimer as exc:
+        return _refused(exc.message)
+    return Ok({"name": "reply", "body": cbor2.dumps(timer_id)})
+
+
 class AgentHostProvider:
     """The host side of ``mighty:agent/host``, bound to one runtime."""
 
@@ -155,6 +205,8 @@ class AgentHostProvider:
             process = ctx.find(AGENT_PROCESS)  # _process, inline: a frame less a guest's ask
             if process is None:
                 return _process(ctx)  # raises
+            if to == TIMERS:
+                return _timer_ask(runtime, process, msg["name"], bytes(msg["body"]))
             grants = process.type.grants
             if grants.message != _ANY or msg["name"] == INSPECT:
                 denied = _may_message(runtime, process, to, msg["name"])

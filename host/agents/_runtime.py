@@ -97,8 +97,9 @@ from mighty.agents._output import (
 )
 from mighty.agents._reply import Reply
 from mighty.agents._scheduler import Scheduler, WorkerStats
-from mighty.agents._store import SnapshotStore
+from mighty.agents._store import SnapshotStore, StoreError
 from mighty.agents._swap import reload_agent_type
+from mighty.agents._timers import Timer, Timers
 from mighty.agents._types import (
     AgentCrashed,
     AgentError,
@@ -148,6 +149,8 @@ __all__ = ["AgentProcess", "AgentStats", "RemoteRouter", "Runtime"]
 
 # How much longer than the target's per-message budget a host ask waits by default.
 _ASK_GRACE = 1.0
+_TIMER_SEND = 5.0
+"""How long a timer's send waits for room in a full mailbox before the timer is dropped."""
 
 _BATCH = 16
 # An agent's work is light when its messages take under this fuel (about 10-100 us of guest
@@ -1309,6 +1312,14 @@ class Runtime:
             telemetry.observe(self.agents, self.scheduler.steals, bodies=introspect)
         self.router: RemoteRouter | None = None
         """Consulted for addresses this runtime does not hold (see RemoteRouter)."""
+        self._timers = Timers(self._fire_timer, store=store, on_dropped=self._timer_dropped)
+        try:
+            self._timers.load()  # an earlier runtime's timers fire (targets may come later)
+        except StoreError as exc:
+            # Damaged rows: the runtime runs (the agents' state is not at stake), loudly, and
+            # the rows stay for inspection; a timer set now is stored beside them.
+            _log.error("stored timers not loaded: %s", exc.message)
+            self.emit("timers.not_loaded", HOST, {"reason": exc.message})
 
     @property
     def closing(self) -> bool:
@@ -1945,6 +1956,66 @@ class Runtime:
             raise AskTimeout(f"no reply from {process.address} to {name!r} within {timeout:g} s")
         return future, breaker
 
+    # -- timers (see mighty.agents._timers) ---------------------------------------------------
+
+    def send_after(
+        self,
+        delay: float,
+        to: str,
+        name: str,
+        body: Any = None,
+        *,
+        every: float | None = None,
+        sender: str = HOST,
+    ) -> int:
+        """Send ``name`` with ``body`` to ``to`` in ``delay`` seconds (then every ``every``
+        seconds until cancelled): the timer's id. With a ``state_dir`` the timer is stored
+        before this returns and survives a restart (docs/durability.md)."""
+        return self._timers.add(delay, to, name, encode_body(body), sender=sender, every=every).id
+
+    def cancel_timer(self, timer_id: int) -> bool:
+        """Cancel a pending timer; False if there is none (fired, cancelled, unknown)."""
+        return self._timers.cancel(timer_id)
+
+    def timers(self, sender: str | None = None) -> list[Timer]:
+        """The pending timers (those ``sender`` set, when given), soonest first."""
+        return self._timers.pending(sender)
+
+    def set_timer(
+        self, delay: object, to: str, name: str, body: bytes, *, sender: str, every: object = None
+    ) -> int:
+        """``send_after`` for a guest (the host interface): the body already encoded, the
+        delay and period unchecked (BadTimer)."""
+        return self._timers.add(delay, to, name, body, sender=sender, every=every).id
+
+    def cancel_timer_of(self, timer_id: int, sender: str) -> bool:
+        """Cancel one of ``sender``'s own timers (a guest cancels only its own)."""
+        return self._timers.cancel(timer_id, sender=sender)
+
+    def _fire_timer(self, timer: Timer, next_due: float | None) -> None:
+        """Deliver a due timer's message and settle its row (see ``Timers``' ``Fire``)."""
+        store = None if self.hibernation is None else self.hibernation.store
+        router, local = self._remote(timer.to)
+        if router is None:
+            process = self.process(local)
+            if store is not None and self.journal is not None and process.type.durable:
+                # Exactly once: the message journaled and the timer settled in one transaction.
+                seq = store.timer_fired(
+                    timer.id, next_due, process.address, timer.sender, timer.name, timer.body
+                )
+                process.deliver(
+                    Envelope(timer.sender, timer.name, timer.body, journal=seq), _TIMER_SEND
+                )
+                return
+        self.send_raw(timer.to, timer.name, timer.body, sender=timer.sender, timeout=_TIMER_SEND)
+        if store is not None:
+            store.timer_next(timer.id, next_due)
+
+    def _timer_dropped(self, timer: Timer, why: str) -> None:
+        self.emit(
+            "timer.dropped", timer.to, {"timer": timer.id, "message": timer.name, "reason": why}
+        )
+
     def send_raw(
         self, to: str, name: str, body: bytes, *, sender: str = HOST, timeout: float | None = None
     ) -> None:
@@ -2060,6 +2131,7 @@ class Runtime:
         # From here on a crash buries its agent instead of reporting it, and nothing starts:
         # a supervisor restarting an agent now would race with the stops below.
         self._closing = True
+        self._timers.close()  # nothing fires into agents being stopped (stored ones stay)
         with interrupting(interrupt) if interrupt is not None else contextlib.nullcontext():
             self._stop_all(deadline)
         if self.hibernation is not None:

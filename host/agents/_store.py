@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import math
 import os
 import sqlite3
 import threading
@@ -45,6 +46,7 @@ from mighty._errors import BadInput, HostError
 __all__ = [
     "DB_NAME",
     "MAX_SNAPSHOT_BYTES",
+    "MAX_TIMER_ROW_BODY",
     "BadStateDir",
     "SnapshotCorrupt",
     "SnapshotRefused",
@@ -53,6 +55,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreView",
     "StoredSnapshot",
+    "TimerRow",
 ]
 
 DB_NAME = "agents.sqlite3"
@@ -82,11 +85,24 @@ CREATE TABLE IF NOT EXISTS inbox (
     body    BLOB NOT NULL,
     PRIMARY KEY (address, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS timers (
+    id     INTEGER PRIMARY KEY,
+    due    REAL NOT NULL,
+    every  REAL,
+    sender TEXT NOT NULL,
+    target TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    body   BLOB NOT NULL
+);
 """
 MAX_INBOX_BODY = 64 << 20
 """Most bytes of one journaled message body; a longer row read back is corrupt."""
 MAX_INBOX_ROWS = 1 << 20
 """Most journaled messages read back for one agent at recovery."""
+MAX_TIMER_ROW_BODY = 1 << 20
+"""Most bytes of a stored timer's body (mighty.agents._timers bounds what it writes the same)."""
+TimerRow = tuple[int, float, float | None, str, str, str, bytes]
+"""A stored timer: id, due (wall clock), period, sender, target, message name, body."""
 
 
 class StoreError(HostError):
@@ -283,6 +299,94 @@ class SnapshotStore:
         refused, or never made it into the mailbox)."""
         with self._writing(False):
             self._db.execute("DELETE FROM inbox WHERE address = ? AND seq = ?", (address, seq))
+
+    # -- durable timers (mighty.agents._timers) ----------------------------------------------
+
+    def timer_put(
+        self, due: float, every: float | None, sender: str, target: str, name: str, body: bytes
+    ) -> int:
+        """Store a new timer (fsynced); its id."""
+        with self._writing(True):
+            cursor = self._db.execute(
+                "INSERT INTO timers (due, every, sender, target, name, body) VALUES (?,?,?,?,?,?)",
+                (due, every, sender, target, name, body),
+            )
+            timer_id = cursor.lastrowid
+        assert timer_id is not None
+        return int(timer_id)
+
+    def timer_next(self, timer_id: int, due: float | None) -> None:
+        """A timer fired (or was cancelled): move it to ``due``, or delete it (None)."""
+        with self._writing(True):
+            if due is None:
+                self._db.execute("DELETE FROM timers WHERE id = ?", (timer_id,))
+            else:
+                self._db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer_id))
+
+    def timer_fired(
+        self,
+        timer_id: int,
+        due: float | None,
+        address: str,
+        sender: str,
+        name: str,
+        body: bytes,
+    ) -> int:
+        """A timer fired at a durable agent: its message journaled in ``address``'s inbox and
+        the timer moved to ``due`` (or deleted) in one transaction (fsynced); the inbox seq."""
+        with self._writing(True):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?", (address,)
+                ).fetchone()
+                seq = int(row[0]) + 1 if row else 1
+                self._db.execute(
+                    "INSERT INTO inbox VALUES (?,?,?,?,?)", (address, seq, sender, name, body)
+                )
+                if due is None:
+                    self._db.execute("DELETE FROM timers WHERE id = ?", (timer_id,))
+                else:
+                    self._db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer_id))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return seq
+
+    def timers(self, limit: int) -> list[TimerRow]:
+        """The stored timers, ``(id, due, every, sender, target, name, body)``, checked;
+        SnapshotCorrupt when a row is damaged or the table is over its bounds (``limit``
+        rows)."""
+        with self._reading():
+            over = self._db.execute(
+                "SELECT count(*), ifnull(max(length(body)), 0), "
+                "ifnull(max(length(sender) + length(target) + length(name)), 0) FROM timers"
+            ).fetchone()
+            count, body, texts = over if over is not None else (0, 0, 0)
+            if count > limit or body > MAX_TIMER_ROW_BODY or texts > 3 * _MAX_TEXT:
+                raise SnapshotCorrupt(
+                    f"the stored timers are over their bounds ({count} rows, a body of {body} "
+                    "bytes)"
+                )
+            rows = self._db.execute(
+                "SELECT id, due, every, sender, target, name, body FROM timers ORDER BY id"
+            ).fetchall()
+        timers: list[TimerRow] = []
+        for timer_id, due, every, sender, target, name, data in rows:
+            if not (
+                isinstance(timer_id, int)
+                and isinstance(due, float)
+                and math.isfinite(due)
+                and (every is None or (isinstance(every, float) and math.isfinite(every)))
+                and isinstance(sender, str)
+                and isinstance(target, str)
+                and isinstance(name, str)
+                and isinstance(data, bytes)
+            ):
+                raise SnapshotCorrupt(f"stored timer {timer_id!r}: the row is damaged")
+            timers.append((timer_id, due, every, sender, target, name, data))
+        return timers
 
     def inbox_addresses(self) -> list[str]:
         """The addresses with journaled messages not yet handled."""

@@ -61,6 +61,7 @@ __all__ = [
     "Refused",
     "Timeout",
     "ask",
+    "cancel_timer",
     "emit",
     "export",
     "http",
@@ -69,6 +70,7 @@ __all__ = [
     "on",
     "self_address",
     "send",
+    "send_after",
     "spawn",
 ]
 
@@ -197,6 +199,24 @@ def ask(to, name, body=None, timeout=None):
     return _loads(body) if body else None
 
 
+_TIMERS = "__timers"
+
+
+def send_after(delay, to, name, body=None, every=None):
+    """Have the host send ``name`` with ``body`` to ``to`` in ``delay`` seconds, as this agent
+    (then every ``every`` seconds, until cancelled); returns the timer's id. With a runtime
+    ``state_dir`` the timer survives a restart; a durable agent's recovered message does not
+    set it twice (docs/durability.md). Refused (``Refused``) for a target this agent may not
+    message, or a delay, period or body out of bounds."""
+    request = {"delay": delay, "to": to, "name": name, "body": _dumps(body), "every": every}
+    return ask(_TIMERS, "after", request)
+
+
+def cancel_timer(timer_id):
+    """Cancel one of this agent's timers; False when it is not pending (fired, cancelled)."""
+    return ask(_TIMERS, "cancel", {"id": timer_id})
+
+
 def spawn(agent_type, init=None):
     """Start an agent of a declared type; returns its address."""
     _here()
@@ -291,7 +311,9 @@ def export(cls):
     fields = _state_fields(cls)
     migrations = _migrations(cls)
     schema_hash = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-    renames = {info["renamed_from"]: name for name, info in fields.items() if "renamed_from" in info}
+    renames = {
+        info["renamed_from"]: name for name, info in fields.items() if "renamed_from" in info
+    }
 
     holder = []
     handler_for = handlers.get
