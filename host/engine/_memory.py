@@ -139,7 +139,12 @@ class _Memory:
 
 
 _MEMORIES: dict[int, _Memory] = {}
-_MEMORIES_LOCK = threading.Lock()
+_MEMORIES_LOCK = threading.RLock()
+"""Reentrant: a garbage collection that runs while a thread holds it (any allocation can start
+one) may delete a wasmtime store, whose memories' ``_free_memory`` then takes it again on the
+same thread (a plain lock deadlocked there: CI's stress run hung in ``_new_memory``). Inside
+it, readers copy the table (``list(...)``, no Python code runs while it copies) before they
+walk it, so a free made by such a collection cannot change it under them."""
 _NEXT_ID = itertools.count(1)
 _LOCAL = threading.local()
 # Memories created while no account is installed (wasmtime-internal or foreign use of the engine)
@@ -285,17 +290,18 @@ def _new_memory(
             _libc.munmap(base, mapped)
             return _error(f"mighty: cannot map linear memory: {os.strerror(err)}")
         key = next(_NEXT_ID)
+        made = _Memory(  # made outside the lock: an allocation may start a collection
+            base=base,
+            size=size,
+            reserved=reservation,
+            mapped=mapped,
+            maximum=min(maximum, reservation),
+            account=account,
+            image=image,
+            state=state,
+        )
         with _MEMORIES_LOCK:
-            _MEMORIES[key] = _Memory(
-                base=base,
-                size=size,
-                reserved=reservation,
-                mapped=mapped,
-                maximum=min(maximum, reservation),
-                account=account,
-                image=image,
-                state=state,
-            )
+            _MEMORIES[key] = made
         result = out[0]
         result.env = key
         result.get_memory = _C_GET_MEMORY
@@ -360,7 +366,8 @@ def learn_hot_pages(account: MemoryAccount, *, max_ranges: int = 4096) -> int:
     private copies), on their images, for later instances made with ``prefault``. Learned once
     per image; returns how many pages it found (0 when already known or not readable)."""
     with _MEMORIES_LOCK:
-        memories = [m for m in _MEMORIES.values() if m.account is account and m.image is not None]
+        table = list(_MEMORIES.values())
+    memories = [m for m in table if m.account is account and m.image is not None]
     found = 0
     for memory in memories:
         image = memory.image
@@ -396,7 +403,8 @@ def capture_memory(account: MemoryAccount, *, gap: int = MAX_GAP) -> MemoryState
     copy of the pages that differ from it (ranges at most ``gap`` bytes apart copied as one;
     0 for exactly the changed pages). The store must not be running a call."""
     with _MEMORIES_LOCK:
-        memories = [m for m in _MEMORIES.values() if m.account is account]
+        table = list(_MEMORIES.values())
+    memories = [m for m in table if m.account is account]
     if len(memories) != 1:
         raise BadInput(f"expected one linear memory in the store, found {len(memories)}")
     memory = memories[0]
@@ -408,7 +416,8 @@ def restore_memory(account: MemoryAccount, state: MemoryState) -> None:
     place. Its size must already be the state's: wasmtime's view of the size cannot change
     from here. The store must not be running a call."""
     with _MEMORIES_LOCK:
-        memories = [m for m in _MEMORIES.values() if m.account is account]
+        table = list(_MEMORIES.values())
+    memories = [m for m in table if m.account is account]
     if len(memories) != 1:
         raise BadInput(f"expected one linear memory in the store, found {len(memories)}")
     memory = memories[0]

@@ -346,3 +346,57 @@ def test_a_seal_refused_every_time_leaves_the_segments_to_wasmtime(
     del component, instance
     gc.collect()
     assert _open_fds() <= before
+
+
+def test_freeing_a_memory_inside_the_table_lock_does_not_wait_for_itself() -> None:
+    """A garbage collection that runs while a thread holds the memory table's lock may delete a
+    store, whose free callback takes the lock again on that thread: it returns (CI's stress run
+    once hung there, in the middle of making an instance)."""
+    import threading
+
+    from mighty.engine import _memory
+
+    done = threading.Event()
+
+    def inside() -> None:
+        with _memory._MEMORIES_LOCK:
+            _memory._free_memory(1 << 60)  # what a store deleted by the collection calls
+        done.set()
+
+    threading.Thread(target=inside, daemon=True).start()
+    assert done.wait(60), "the free waited for the lock its own thread held"
+
+
+def test_instances_collected_by_the_gc_while_others_are_made(wat: Callable[[str], bytes]) -> None:
+    """Stores freed by garbage collections at any allocation (threshold 1), from two threads
+    making instances at once: nothing hangs, and every memory is given back."""
+    import gc
+    import threading
+
+    component = Component.load(wat(_component(1, [(0, b"\x05" * 100)])), use_cache=False)
+    before = live_memories()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for _ in range(30):
+                cycle: list[object] = [Instance(component)]
+                cycle.append(cycle)  # only a collection frees it (and its store's memory)
+                del cycle
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        threads = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        assert not any(thread.is_alive() for thread in threads), "instances hung"
+    finally:
+        gc.set_threshold(*thresholds)
+    assert errors == []
+    gc.collect()
+    assert live_memories() == before
