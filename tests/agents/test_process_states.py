@@ -206,8 +206,8 @@ def test_states_from_start_to_stop(kvstore_path: Path, tmp_path: Path) -> None:
         rt.ask(process.address, "put", {"key": "a", "value": 1}, timeout=WAIT)
         # The reply is out before the worker's turn ends: scheduled until then, then idle.
         deadline = time.monotonic() + WAIT
-        while process.state is not AgentState.IDLE:
-            assert process.state is AgentState.SCHEDULED
+        while (state := process.state) is not AgentState.IDLE:
+            assert state is AgentState.SCHEDULED
             assert time.monotonic() < deadline
             time.sleep(0.005)
         rt.stop(process.address)
