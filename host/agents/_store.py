@@ -281,17 +281,20 @@ class SnapshotStore:
         with self._writing(True):
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                row = self._db.execute(
-                    "SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?", (address,)
-                ).fetchone()
-                seq = int(row[0]) + 1 if row else 1
-                self._db.execute(
-                    "INSERT INTO inbox VALUES (?,?,?,?,?)", (address, seq, sender, name, body)
-                )
+                seq = self._inbox_insert(address, sender, name, body)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+        return seq
+
+    def _inbox_insert(self, address: str, sender: str, name: str, body: bytes) -> int:
+        """Add a journaled message inside the caller's transaction; its ``seq``."""
+        row = self._db.execute(
+            "SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?", (address,)
+        ).fetchone()
+        seq = int(row[0]) + 1 if row else 1
+        self._db.execute("INSERT INTO inbox VALUES (?,?,?,?,?)", (address, seq, sender, name, body))
         return seq
 
     def inbox_done(self, address: str, seq: int) -> None:
@@ -337,13 +340,7 @@ class SnapshotStore:
         with self._writing(True):
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                row = self._db.execute(
-                    "SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?", (address,)
-                ).fetchone()
-                seq = int(row[0]) + 1 if row else 1
-                self._db.execute(
-                    "INSERT INTO inbox VALUES (?,?,?,?,?)", (address, seq, sender, name, body)
-                )
+                seq = self._inbox_insert(address, sender, name, body)
                 if due is None:
                     self._db.execute("DELETE FROM timers WHERE id = ?", (timer_id,))
                 else:

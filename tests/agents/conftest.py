@@ -46,17 +46,22 @@ def crasher_agent(crasher_wasm: Path) -> Component:
     return Component.load(crasher_wasm)
 
 
-def _build_path(name: str, tmp: Path) -> Path:
+def _build_path(name: str, tmp: Path, source: Path = ROOT / "examples" / "agents") -> Path:
+    """``source/name.py`` (an example agent by default) built into ``tmp``."""
     from mighty.build import build_component
 
     out = tmp / f"{name}.wasm"
     build_component(
-        ROOT / "examples" / "agents" / f"{name}.py",
+        source / f"{name}.py",
         output=out,
         wit=ROOT / "wit" / "agent",
         python_path=[ROOT / "guests" / "sdk"],
     )
     return out
+
+
+GUESTS = ROOT / "tests" / "agents" / "guests"
+"""The agents written for these tests (``_build_path(name, tmp, GUESTS)``)."""
 
 
 def _build(name: str, tmp: Path) -> Component:

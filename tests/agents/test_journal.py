@@ -24,16 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def journaled_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The durable worker of tests/agents/guests/journaled.py, built once."""
-    from mighty.build import build_component
+    from tests.agents.conftest import GUESTS, _build_path
 
-    out = tmp_path_factory.mktemp("journaled") / "journaled.wasm"
-    build_component(
-        ROOT / "tests" / "agents" / "guests" / "journaled.py",
-        output=out,
-        wit=ROOT / "wit" / "agent",
-        python_path=[ROOT / "guests" / "sdk"],
-    )
-    return out
+    return _build_path("journaled", tmp_path_factory.mktemp("journaled"), GUESTS)
 
 
 def _script(mode: str, wasm: Path, tmp: Path) -> list[str]:
@@ -53,11 +46,9 @@ def _wait_for(condition: object, what: str, process: subprocess.Popen[str]) -> N
         time.sleep(0.05)
 
 
-def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
-    journaled_wasm: Path, tmp_path: Path
-) -> None:
-    """Killed after three tool calls: the restart finishes the message; each call seen once."""
-    counter, marker = tmp_path / "counter", tmp_path / "marker"
+def _killed_after_three_calls(journaled_wasm: Path, tmp_path: Path) -> Path:
+    """Run ``first`` and kill it -9 once the message is paused after three tool calls; the
+    import log it left."""
     first = subprocess.Popen(
         _script("first", journaled_wasm, tmp_path),
         cwd=ROOT,
@@ -66,13 +57,21 @@ def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
         text=True,
     )
     try:
-        _wait_for(marker.exists, "the agent paused mid-message", first)
-        assert counter.read_text().split() == ["1", "2", "3"]
+        _wait_for((tmp_path / "marker").exists, "the agent paused mid-message", first)
         os.kill(first.pid, signal.SIGKILL)
     finally:
         first.wait(timeout=60)
         first.communicate()
-    log = tmp_path / "state" / "journal" / "worker_1.trace"
+    return tmp_path / "state" / "journal" / "worker_1.trace"
+
+
+def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
+    journaled_wasm: Path, tmp_path: Path
+) -> None:
+    """Killed after three tool calls: the restart finishes the message; each call seen once."""
+    counter = tmp_path / "counter"
+    log = _killed_after_three_calls(journaled_wasm, tmp_path)
+    assert counter.read_text().split() == ["1", "2", "3"]
     assert log.is_file()
     second = subprocess.run(
         _script("second", journaled_wasm, tmp_path),
@@ -94,25 +93,6 @@ def test_a_message_in_flight_survives_kill_9_without_repeating_tool_calls(
     assert len(keys) == 2
     assert keys[0] == keys[1]
     assert len(keys[0]) == 32
-
-
-def _killed_after_three_calls(journaled_wasm: Path, tmp_path: Path) -> Path:
-    """Run ``first`` and kill it -9 once the message is paused after three tool calls; the
-    import log it left."""
-    first = subprocess.Popen(
-        _script("first", journaled_wasm, tmp_path),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_for((tmp_path / "marker").exists, "the agent paused mid-message", first)
-        os.kill(first.pid, signal.SIGKILL)
-    finally:
-        first.wait(timeout=60)
-        first.communicate()
-    return tmp_path / "state" / "journal" / "worker_1.trace"
 
 
 def test_a_log_the_guest_does_not_retrace_stops_the_recovered_message(

@@ -22,8 +22,8 @@ from mighty.agents._timers import (
     check_timing,
 )
 from mighty.agents.hosting import SnapshotStore
+from tests.agents.conftest import GUESTS, _build_path
 
-ROOT = Path(__file__).resolve().parents[2]
 WAIT = 120.0
 
 
@@ -38,16 +38,7 @@ def _until(check: Callable[[], bool], what: str) -> None:
 @pytest.fixture(scope="module")
 def timed(tmp_path_factory: pytest.TempPathFactory) -> Component:
     """tests/agents/guests/timed.py, built once."""
-    from mighty.build import build_component
-
-    out = tmp_path_factory.mktemp("timed") / "timed.wasm"
-    build_component(
-        ROOT / "tests" / "agents" / "guests" / "timed.py",
-        output=out,
-        wit=ROOT / "wit" / "agent",
-        python_path=[ROOT / "guests" / "sdk"],
-    )
-    return Component.load(out)
+    return Component.load(_build_path("timed", tmp_path_factory.mktemp("timed"), GUESTS))
 
 
 def test_a_host_timer_sends_once_and_is_gone(kvstore: Component) -> None:
