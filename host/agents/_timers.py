@@ -16,7 +16,8 @@ between the two sends it once more after the restart (at least once, the promise
 agent that is not durable can keep anyway: its mailbox dies with the process). A periodic timer
 that missed ticks while the runtime was down fires once, then keeps its period from then.
 
-A target that does not exist when the timer fires (its type not registered yet after a
+Cancelling stops every later fire; a fire already under way (its message being delivered)
+still lands. A target that does not exist when the timer fires (its type not registered yet after a
 restart, a name not yet taken) is tried again every second for :data:`NOPROC_GRACE` seconds,
 then the timer is dropped (``timer.dropped`` event); so is one whose send fails otherwise.
 
