@@ -22,7 +22,7 @@ PINNED = {
         "CircuitBreaker",
         "CircuitOpen", "CircuitOpenError", "ForkRefused", "Grants", "HandlerFailed",
         "HibernationStats", "HistoryEntry", "INSPECT", "JournalCorrupt", "MailboxFullError",
-        "MailboxSettings", "Manifest", "MessageCancelled", "MessageDropped", "NoProc", "Refused",
+        "MailboxSettings", "Manifest", "MessageCancelled", "MessageDropped", "NoProc", "Refused", "RetryPolicy",
         "RunReport", "Runtime", "SNAPSHOT_VERSION", "SnapshotCorrupt", "SnapshotRefused",
         "StartReply", "StoreError", "StoreUnavailable", "Supervisor", "SupervisorEvent",
         "SupervisorFailed", "SupervisorSpec", "SupervisorStartFailed", "Timer", "UnknownAgent",

@@ -57,6 +57,7 @@ from mighty.agents._types import (
     MessageDropped,
     NoProc,
     Refused,
+    RetryPolicy,
 )
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "MessageDropped",
     "NoProc",
     "Refused",
+    "RetryPolicy",
     "RunReport",
     "Runtime",
     "SnapshotCorrupt",

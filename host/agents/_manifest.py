@@ -14,6 +14,7 @@ mailbox = { capacity = 256, on_full = "block" }
 hibernate_after = 30.0             # idle seconds before it leaves memory (needs state_dir)
 durable = false                    # true: its state is stored after every message
 cancellable = true                 # false: a handler runs on when its asker gives up
+retry = { attempts = 3, backoff = 0.1, dead_letter = "dlq" }  # a message that crashed it
 
 [runtime]
 state_dir = "state"                # the snapshot store (SQLite, WAL); relative to here
@@ -47,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mighty._errors import BadInput
 from mighty._resources import agent_sdk, agent_wit
 from mighty.agents._tree import AgentChild, BreakerSettings, SupervisorSpec
-from mighty.agents._types import AgentType, Grants, MailboxSettings
+from mighty.agents._types import AgentType, Grants, MailboxSettings, RetryPolicy
 from mighty.budget import Budget
 from mighty.capabilities import Capabilities, HostTool, McpServer
 from mighty.engine import Component
@@ -128,6 +129,13 @@ class CapabilityModel(_Model):
     http: list[str | HttpGrantModel] | None = None
 
 
+class RetryModel(_Model):
+    attempts: int = Field(3, ge=1, le=100)
+    backoff: float = Field(0.1, ge=0, le=3600)
+    max_backoff: float = Field(10.0, ge=0, le=3600)
+    dead_letter: str | None = None
+
+
 class AgentTypeModel(_Model):
     source: str | None = None
     component: str | None = None
@@ -146,6 +154,8 @@ class AgentTypeModel(_Model):
     cancellable: bool = True
     """False: a message's handler runs to its own budget when its asker gives up or is
     cancelled (see ``AgentType.cancellable``)."""
+    retry: RetryModel | None = None
+    """Deliver a message that crashed the agent again (see ``AgentType.retry``)."""
     capabilities: list[str] = []
     """Names from ``[capabilities]`` (``files`` or ``files.read`` for one tool of a server)."""
     spawns: list[str] = []
@@ -510,6 +520,7 @@ def agent_types(
                 hibernate_after=spec.hibernate_after,
                 durable=spec.durable,
                 cancellable=spec.cancellable,
+                retry=None if spec.retry is None else _retry_policy(name, spec.retry),
                 grants=Grants(
                     spawn=frozenset(spec.spawns),
                     message=frozenset(spec.messages),
@@ -521,6 +532,13 @@ def agent_types(
             )
         )
     return types
+
+
+def _retry_policy(name: str, spec: RetryModel) -> RetryPolicy:
+    try:
+        return RetryPolicy(spec.attempts, spec.backoff, spec.max_backoff, spec.dead_letter)
+    except BadInput as exc:
+        raise BadInput(f"agent type {name!r}: retry: {exc.message}") from None
 
 
 def _http_policy(

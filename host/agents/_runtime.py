@@ -318,6 +318,8 @@ class AgentProcess:
     _log: Any = None
     _staged_log: Any = None
     _recovery: Recovery | None = None
+    _retries: int = 0
+    """Messages waiting out a retry's backoff (``_retry``): work left, for ``drain``."""
 
     @property
     def alive(self) -> bool:
@@ -684,7 +686,9 @@ class AgentProcess:
     def busy(self) -> bool:
         """Work is left: messages queued, a turn scheduled or running, or a crash undecided."""
         with self._state:
-            pending = self._scheduled or self._exiting or self.current is not None
+            pending = (
+                self._scheduled or self._exiting or self.current is not None or self._retries > 0
+            )
         return pending or len(self.mailbox) > 0
 
     # -- running ----------------------------------------------------------------------------
@@ -1001,7 +1005,8 @@ class AgentProcess:
             error.__cause__ = exc
             exit_reason = self._crashed(envelope, error)
         if envelope.journal is not None:  # not checkpointed with the state: not to be re-run
-            self._unjournal(envelope)
+            if not envelope.retrying:  # (unless it is to run again: its row stays till then)
+                self._unjournal(envelope)
             self._checkpointed()
         outcome = CRASHED if exit_reason is not None else self._outcome
         if span is not None:
@@ -1127,12 +1132,81 @@ class AgentProcess:
         if breaker is not None:
             # Once per crash, and before the asker hears of it: the asker's next call sees it.
             breaker.record_failure()
-        if envelope is not None:
+        if envelope is not None and not self._retry(envelope, exc, reason):
             _settle(envelope, error=self._crash_error(envelope, exc, reason))
+            self._dead_letter(envelope, reason)
         with self._state:
             self._become(_Life.CRASHED)
         self._close_instance()
         return reason
+
+    def _retry(self, envelope: Envelope, exc: MightyError, reason: str) -> bool:
+        """Keep a message its handler crashed on for another attempt (the type's
+        ``RetryPolicy``): True when it will be delivered again after the backoff."""
+        policy = self.type.retry
+        if policy is None or isinstance(exc, Cancelled):
+            return False
+        if envelope.reply is not None and envelope.reply.done():
+            return False  # its asker was answered already (a shutdown gave up on it)
+        envelope.attempts += 1
+        if envelope.attempts >= policy.attempts:
+            return False
+        delay = policy.delay(envelope.attempts)
+        if envelope.deadline is not None and time.monotonic() + delay >= envelope.deadline:
+            return False  # its asker would have stopped waiting by then
+        envelope.retrying = True
+        with self._state:
+            self._retries += 1
+        if not self.runtime.later(delay, functools.partial(self._redeliver, envelope, reason)):
+            with self._state:
+                self._retries -= 1
+            envelope.retrying = False
+            return False
+        self.runtime.emit(
+            "message.retry",
+            self.address,
+            {
+                "message": envelope.name,
+                "attempt": envelope.attempts,
+                "delay": delay,
+                "reason": reason,
+            },
+        )
+        return True
+
+    def _redeliver(self, envelope: Envelope, reason: str) -> None:
+        """The backoff is over: the message goes to the back of the mailbox (the agent was
+        restarted meanwhile, or is gone: then its asker hears the crash)."""
+        envelope.retrying = False
+        try:
+            self.deliver(envelope)
+        except AgentError:
+            _settle(envelope, error=AgentCrashed(f"{self.address} crashed: {reason}"))
+            self._unjournal(envelope)
+            self._dead_letter(envelope, reason)
+        finally:
+            with self._state:
+                self._retries -= 1
+
+    def _dead_letter(self, envelope: Envelope, reason: str) -> None:
+        """Tell the type's dead-letter agent, if it has one, about a message given up on (a
+        send; a failure to deliver it is logged, not raised: the crash is what matters)."""
+        policy = self.type.retry
+        to = None if policy is None else policy.dead_letter
+        if to is None:
+            return
+        letter = {
+            "to": self.address,
+            "name": envelope.name,
+            "body": envelope.body,
+            "sender": envelope.sender,
+            "reason": reason,
+            "attempts": envelope.attempts or 1,
+        }
+        try:
+            self.runtime.send_raw(to, "dead_letter", cbor2.dumps(letter), sender=self.address)
+        except AgentError as exc:
+            _log.warning("%s: dead letter to %s not sent: %s", self.address, to, exc)
 
     def _crash_error(self, envelope: Envelope, exc: MightyError, reason: str) -> AgentError:
         """What the asker of the message the agent crashed on hears: stopped by the asker's
@@ -1972,6 +2046,11 @@ class Runtime:
         seconds until cancelled): the timer's id. With a ``state_dir`` the timer is stored
         before this returns and survives a restart (docs/durability.md)."""
         return self._timers.add(delay, to, name, encode_body(body), sender=sender, every=every).id
+
+    def later(self, delay: float, call: Callable[[], None]) -> bool:
+        """Run ``call`` on the timer thread in ``delay`` seconds (in memory: retries); False
+        when the runtime is shutting down (the caller acts at once)."""
+        return self._timers.call_later(delay, call)
 
     def cancel_timer(self, timer_id: int) -> bool:
         """Cancel a pending timer; False if there is none (fired, cancelled, unknown)."""

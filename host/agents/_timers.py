@@ -165,6 +165,9 @@ class Timers:
         self._missing: dict[int, float] = {}
         """Timer id -> when its target was first found missing (NOPROC_GRACE)."""
         self._ids = itertools.count(1)
+        self._calls: dict[int, Callable[[], None]] = {}
+        """In-memory calls (``call_later``), under negative ids in the heap."""
+        self._call_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -228,6 +231,20 @@ class Timers:
                 self._store.timer_next(timer_id, None)
         return True
 
+    def call_later(self, delay: float, call: Callable[[], None]) -> bool:
+        """Run ``call`` on the timer thread in ``delay`` seconds (the runtime's own retries):
+        in memory only, outside the limits; False when closed (the caller acts at once).
+        A close runs the calls still waiting, on the closing thread."""
+        with self._cond:
+            if self._closed:
+                return False
+            key = -next(self._call_ids)
+            self._calls[key] = call
+            heapq.heappush(self._heap, (self._clock() + max(0.0, delay), key))
+            self._start()
+            self._cond.notify()
+        return True
+
     def pending(self, sender: str | None = None) -> list[Timer]:
         """The pending timers (``sender``'s only, when given), soonest first."""
         with self._cond:
@@ -240,8 +257,11 @@ class Timers:
             self._closed = True
             self._cond.notify_all()
             thread = self._thread
+            calls, self._calls = list(self._calls.values()), {}
         if thread is not None and thread is not threading.current_thread():
             thread.join(10)
+        for call in calls:
+            self._call(call)
 
     # -- inside -----------------------------------------------------------------------------
 
@@ -264,11 +284,21 @@ class Timers:
             self._thread = threading.Thread(target=self._run, name="mighty-timers", daemon=True)
             self._thread.start()
 
-    def _next_due(self) -> Timer | None:
-        """The timer due now (removed from the heap), else None after waiting for one
-        (``_cond`` held)."""
+    def _next_due(self) -> Timer | Callable[[], None] | None:
+        """The timer or call due now (removed from the heap), else None after waiting for
+        one (``_cond`` held)."""
         while self._heap and not self._closed:
             due, timer_id = self._heap[0]
+            if timer_id < 0:  # a call_later
+                wait = due - self._clock()
+                if wait <= 0:
+                    heapq.heappop(self._heap)
+                    call = self._calls.pop(timer_id, None)
+                    if call is not None:
+                        return call
+                    continue
+                self._cond.wait(min(wait, 60.0))
+                continue
             timer = self._pending.get(timer_id)
             if timer is None or timer.due != due:
                 heapq.heappop(self._heap)  # cancelled, or moved to a later time
@@ -287,9 +317,18 @@ class Timers:
             with self._cond:
                 if self._closed:
                     return
-                timer = self._next_due()
-            if timer is not None:
-                self._fire_one(timer)
+                due = self._next_due()
+            if isinstance(due, Timer):
+                self._fire_one(due)
+            elif due is not None:
+                self._call(due)
+
+    @staticmethod
+    def _call(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 -- a failing call must not end the timers
+            _log.exception("a delayed call failed")
 
     def _fire_one(self, timer: Timer) -> None:
         now = self._clock()

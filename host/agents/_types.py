@@ -39,6 +39,7 @@ __all__ = [
     "MessageDropped",
     "NoProc",
     "Refused",
+    "RetryPolicy",
 ]
 
 
@@ -147,6 +148,38 @@ class MailboxSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """What happens to a message whose handler crashed its agent (a trap, a budget run out;
+    not a cancel): it is delivered again, after the agent's restart, ``backoff`` seconds later
+    (doubling each time, at most ``max_backoff``), until it has run ``attempts`` times in all
+    or its asker's deadline would pass; then its asker hears the crash, and ``dead_letter`` (an
+    address or name), when set, is sent ``dead_letter`` with ``{to, name, body, sender,
+    reason, attempts}``. A retried message goes to the back of the mailbox. A durable agent's
+    message keeps its journal row until it ends, so a crash of the process during the backoff
+    retries it after the restart."""
+
+    attempts: int = 3
+    backoff: float = 0.1
+    max_backoff: float = 10.0
+    dead_letter: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not 1 <= self.attempts <= 100:
+            raise BadInput(f"retry attempts must be within 1 and 100, got {self.attempts!r}")
+        if not 0 <= self.backoff <= self.max_backoff <= 3600:
+            raise BadInput(
+                "retry backoff must satisfy 0 <= backoff <= max_backoff <= 3600 s, got "
+                f"{self.backoff!r} and {self.max_backoff!r}"
+            )
+        if self.dead_letter is not None and not (0 < len(self.dead_letter) <= 1024):
+            raise BadInput("retry dead_letter must be an address or a name")
+
+    def delay(self, attempt: int) -> float:
+        """The backoff before run ``attempt + 1`` (``attempt`` runs crashed so far)."""
+        return float(min(self.max_backoff, self.backoff * 2 ** min(attempt - 1, 60)))
+
+
+@dataclass(frozen=True, slots=True)
 class Grants:
     """What an agent of a type may do beyond itself. The host (the Python API, ``[[start]]``)
     and the owner of the control socket hold every grant; an agent holds only these.
@@ -211,6 +244,9 @@ class AgentType:
     mid-handler) and is restarted by its supervisor. ``Runtime.cancel`` applies either way."""
     grants: Grants = field(default_factory=Grants)
     """What its agents may spawn, message, inspect and call (:class:`Grants`)."""
+    retry: RetryPolicy | None = None
+    """Deliver a message that crashed its agent again (:class:`RetryPolicy`); None: never
+    (its asker hears the crash at once; the supervisor restarts the agent either way)."""
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
@@ -294,6 +330,10 @@ class Envelope:
     """The message's own context, made when its handler starts."""
     cancelled: str | None = None
     """Why it was cancelled while it waited in the mailbox (``Runtime.cancel``)."""
+    attempts: int = 0
+    """How many times its handler crashed the agent (``RetryPolicy``)."""
+    retrying: bool = False
+    """Waiting for another attempt (its journal row is kept)."""
 
     @property
     def context_id(self) -> str:
