@@ -57,7 +57,9 @@ def _interrupt(
         if proc.poll() is None:
             proc.send_signal(signum)
         try:
-            out, err = proc.communicate(timeout=20)
+            # Long enough that only a lost signal runs out: beside two busy loops and other
+            # tests (load 8) exits after a signal took over 20 s, counted as lost signals.
+            out, err = proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             # As a user would: a signal CPython lost (its handler ran inside some object's
             # __del__ or a weakref callback, where exceptions are only printed) is sent again.
@@ -65,7 +67,7 @@ def _interrupt(
             # Python program (test_python_instance_call_is_cancelled) still can.
             _RESENT.append(argv[-1])
             proc.send_signal(signum)
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
