@@ -57,9 +57,10 @@ def _interrupt(
         if proc.poll() is None:
             proc.send_signal(signum)
         try:
-            # Long enough that only a lost signal runs out: beside two busy loops and other
-            # tests (load 8) exits after a signal took over 20 s, counted as lost signals.
-            out, err = proc.communicate(timeout=90)
+            # Longer than an exit takes on a loaded machine (over 20 s was seen at load 8,
+            # beside two busy loops and other tests), shorter than the processes' own 60 s
+            # deadlines, so a lost signal is still sent again before the deadline ends them.
+            out, err = proc.communicate(timeout=40)
         except subprocess.TimeoutExpired:
             # As a user would: a signal CPython lost (its handler ran inside some object's
             # __del__ or a weakref callback, where exceptions are only printed) is sent again.

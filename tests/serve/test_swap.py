@@ -85,7 +85,12 @@ def test_swap_under_load_fails_no_request(
     server = Server(
         serve_guest,
         budget=Budget(fuel=2_000_000_000, timeout=60.0),
-        limits=ServeLimits(max_concurrent=CONNECTIONS + 14),
+        # Idle and header timeouts past any stall of a loaded machine: the subject is the
+        # swap (at load, a client's next request came after the 5 s idle default and its
+        # connection was closed under it: CI saw resets).
+        limits=ServeLimits(
+            max_concurrent=CONNECTIONS + 14, idle_timeout=120.0, header_timeout=120.0
+        ),
     )
     with server.background() as live:
         load = _Load(live.port)
