@@ -698,7 +698,11 @@ class AgentProcess:
         crash)."""
         self._run.acquire()
         self._owner = threading.get_ident()
-        exit_reason = self._wake_in_turn() if self.hibernated else None
+        try:
+            exit_reason = self._wake_in_turn() if self.hibernated else None
+        except BaseException:  # a signal's handler raised out of the wake: the turn ends
+            self._end_turn(0, 0, 0.0, None)
+            raise
         if exit_reason is None:
             handled, more, exit_reason = self._run_turn(_Turn(1, math.inf), None, _BATCH)
         else:
