@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cbor2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mighty import Component
-from mighty.agents import AgentType, Grants, Runtime
+from mighty.agents import AgentProcess, AgentType, Grants, Runtime
 from mighty.agents._timers import (
     MAX_DELAY,
     MAX_TIMERS_PER_SENDER,
@@ -22,7 +23,7 @@ from mighty.agents._timers import (
     check_timing,
 )
 from mighty.agents.hosting import SnapshotStore
-from tests.agents.conftest import GUESTS, _build_path
+from tests.agents.conftest import GUESTS, ROOT, _build_path
 
 WAIT = 120.0
 
@@ -247,3 +248,61 @@ def test_damaged_or_too_many_timer_rows_are_refused(tmp_path: Path) -> None:
         [event] = [e for e in rt.events if e.kind == "timers.not_loaded"]
         assert "damaged" in event.data["reason"]
         assert isinstance(rt.send_after(3600, "kv", "put"), int)  # new ones are stored
+
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=8,
+)  # fmt: skip
+requests = st.one_of(
+    st.binary(max_size=48),  # not even CBOR, or CBOR of anything
+    plain.map(cbor2.dumps),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "delay": plain,
+            "to": plain,
+            "name": plain,
+            "body": plain,
+            "every": plain,
+            "id": plain,
+        },
+    ).map(cbor2.dumps),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["after", "cancel", "later", ""]), requests)
+def test_hostile_timer_requests_are_refused_never_raised(
+    echo_runtime: tuple[Runtime, AgentProcess], name: str, body: bytes
+) -> None:
+    """Whatever a guest asks the timer address with: an Ok (a timer set only from a well-formed
+    `after`, cancelled here again) or a `refused` error; never an exception into the host."""
+    from mighty.abi import Err, Ok
+    from mighty.agents._host import _timer_ask
+
+    rt, process = echo_runtime
+    answer = _timer_ask(rt, process, name, body)
+    if isinstance(answer, Err):
+        assert answer.value.case == "refused"
+        assert rt.timers() == []
+        return
+    assert isinstance(answer, Ok)
+    reply = cbor2.loads(answer.value["body"])
+    if name == "after":
+        assert [t.id for t in rt.timers()] == [reply]
+        assert rt.cancel_timer(reply)
+    else:
+        assert name == "cancel" and reply is False
+    assert rt.timers() == []
+
+
+@pytest.fixture(scope="module")
+def echo_runtime(wat: Callable[[str], bytes]) -> Iterator[tuple[Runtime, AgentProcess]]:
+    """One runtime with an echo agent whose timers the hostile requests go through."""
+    echo = Component.load(wat((ROOT / "tests" / "fixtures" / "echo_agent.wat").read_text()))
+    with Runtime(workers=1) as rt:
+        rt.register(AgentType("echo", echo))
+        yield rt, rt.process(rt.spawn("echo"))
