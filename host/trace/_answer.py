@@ -24,7 +24,9 @@ noting where (:attr:`TraceAnswers.live_from`). ``resume`` is for the same build 
 where a log stops (a durable agent's message recovered after a crash): live, but only once
 every recorded import the guest could have been answered by was used; an import the trace
 cannot answer while one is left means the guest did not retrace its steps, and is the
-``strict`` divergence. Which records it counts: not those of imports that always run for real
+``strict`` divergence; the log's last HTTP request, when its answer was cut short (no
+response, or a body read part way), is not answered from it: it goes live, as the import in
+flight at a crash does. Which records it counts: not those of imports that always run for real
 (``_ALWAYS_LIVE``, ``passthrough``, ``local``, wasi:http with ``http=True``), nor calls on a
 resource such an import made (a write to the guest's own stdout), which are never matched.
 
@@ -211,7 +213,13 @@ class TraceAnswers:
         the recorded exchanges by request key (see ``_http``); its wasi:http imports then run
         for real, and only the network is answered."""
         if http:
-            self.http = RecordedHttp(recorded_exchanges(imports), self._http_unmatched)
+            exchanges = recorded_exchanges(imports)
+            if policy == "resume" and exchanges and not exchanges[-1].complete:
+                # The request in flight where the log ends (a crash): it was sent, perhaps,
+                # but its answer was not all logged, so it is made again, live, like any
+                # import in flight; answering it with the part logged would fail it.
+                exchanges.pop()
+            self.http = RecordedHttp(exchanges, self._http_unmatched)
             imports = [r for r in imports if str(r.get("if")) not in HTTP_INTERFACES]
         self._pending: list[dict[str, Any]] = imports
         self._used = [False] * len(self._pending)

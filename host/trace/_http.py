@@ -68,10 +68,21 @@ class RecordedExchange:
     error: Variant | None = None
     """The request's error-code (``handle`` or the future failed)."""
     body_error: Variant | None = None
+    ended: bool = False
+    """A read of the response body met its end (``closed``)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
         return request_key(self.method, self.url, bytes(self.body))
+
+    @property
+    def complete(self) -> bool:
+        """The guest saw how the exchange ended: an error, or the response's body to its end
+        (or to its error). An exchange a crash cut short is not: no response yet, or a body
+        read part way (a durable agent's recovery makes that request again, live)."""
+        if self.error is not None or self.body_error is not None:
+            return True
+        return self.status is not None and self.ended
 
 
 @dataclass(slots=True)
@@ -204,6 +215,8 @@ class _Rebuild:
             exchange = self.owner[first]
             if isinstance(res, Ok) and isinstance(res.value, bytes):
                 exchange.chunks.append(res.value)
+            elif isinstance(res, Err) and res.value == Variant("closed"):
+                exchange.ended = True
             elif isinstance(res, Err) and isinstance(res.value, Variant):
                 rep = _rep(res.value.value)
                 if rep is not None:

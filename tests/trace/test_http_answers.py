@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from mighty import Budget, Instance
-from mighty.abi import Err, Variant
+from mighty.abi import Err, Ok, Variant
 from mighty.engine import Component
 from mighty.eval import Case, Equal, Member, Suite
-from mighty.trace import Recorder, TraceWriter, read_trace
+from mighty.trace import Recorder, TraceAnswers, TraceWriter, read_trace
 from mighty.trace._http import RecordedHttp, Unmatched, recorded_exchanges
 from mighty.wasi import HTTP_RESPONDER, Policy
 from tests.wasi import make_ctx, obj
@@ -145,3 +145,43 @@ def test_live_sends_an_unmatched_request_to_the_origin(
     cell = report.cells[0]
     assert cell.verdict == "fail"  # the echo differs from the baseline's, as it should
     assert cell.live_from is not None and "wasi:http/outgoing-handler#handle" in cell.live_from
+
+
+def _cut_points(imports: list[dict[str, Any]]) -> dict[str, int]:
+    """Where a crash could cut the log inside the second request: after its ``handle`` (no
+    response logged), and after its first body read (the body read part way)."""
+    handles = [i for i, r in enumerate(imports) if r["fn"] == "handle"]
+    reads = [
+        i
+        for i, r in enumerate(imports)
+        if i > handles[1] and r["fn"] == "[method]input-stream.read" and isinstance(r["res"], Ok)
+    ]
+    return {"no response": handles[1] + 1, "part of the body": reads[0] + 1}
+
+
+def test_resume_makes_the_request_a_crash_cut_short_again_live(recorded: Any) -> None:
+    """A log cut inside its last request (no response logged, or a body read part way): a
+    recovery's ``resume`` does not answer that request from it (it would fail as incomplete)
+    but sends it live; the whole log still answers it."""
+    trace, origin = recorded
+    # The requests' calls only: this test makes no other import a recovery would retrace.
+    imports = [r for r in _imports(trace) if str(r["if"]).startswith(("wasi:http", "wasi:io"))]
+    url = origin + "/bytes/100000?chunk=7000"
+    assert all(e.complete for e in recorded_exchanges(imports))
+    whole = TraceAnswers(imports, instance=1, policy="resume", http=True)
+    ctx = make_ctx(Policy().with_http(origin))
+    ctx.put(HTTP_RESPONDER, whole.http)
+    incoming = response(ctx, send(ctx, url).value)
+    assert read_all(ctx, obj(ctx, incoming.value)) == (pattern(0, 100_000), None)
+    assert whole.live_from is None
+    for what, cut in _cut_points(imports).items():
+        part = imports[:cut]
+        echo, stream = recorded_exchanges(part)
+        assert echo.complete and not stream.complete, what
+        answers = TraceAnswers(part, instance=1, policy="resume", http=True)
+        ctx = make_ctx(Policy().with_http(origin))
+        ctx.put(HTTP_RESPONDER, answers.http)
+        got = response(ctx, send(ctx, url).value)  # live: the server is gone, so refused
+        assert got != Err(Variant("HTTP-response-incomplete")), what
+        assert answers.live_from is not None, what
+        assert answers.http is not None and answers.http.answered == [], what
