@@ -5,8 +5,12 @@ store, written after every handled message), its journaled messages (inbox rows 
 not yet checkpointed, oldest first) and the import log of the first of them
 (``state_dir/journal/ADDRESS.trace``, a trace file). :func:`read_history` lists that as
 numbered entries: position 0 is the checkpoint, then each pending message, the first one
-followed by the imports its log holds, in the order they were answered. A healthy agent between
-messages has only its checkpoint: the runtime deletes a message's log and inbox row when it
+followed by the imports its log holds, in the order they were answered. The ``wasi:http`` and
+``wasi:io`` imports of one outgoing HTTP request (its fields, method, URL, body writes,
+``handle``, the polls, the response's status, headers and body reads: two dozen calls) are one
+entry, ``http POST URL -> 200``, that covers them all: a position is where a fork may begin, and
+a fork in the middle of a request's calls would hand recovery half an exchange. A healthy agent
+between messages has only its checkpoint: the runtime deletes a message's log and inbox row when it
 checkpoints the message, so there is no older history to read (``--record`` traces keep that).
 
 :func:`fork_agent` starts a new durable agent from position N: the checkpoint copied under a
@@ -50,9 +54,17 @@ from pathlib import Path
 from typing import Any
 
 from mighty._errors import BadInput, HostError
+from mighty.abi import Err, Ok, Variant
 from mighty.agents._journal import _file_name
 from mighty.agents._store import StoreView
-from mighty.trace import MAX_FRAME, Recorder, TraceError, TraceReader, TraceTruncated
+from mighty.trace import (
+    MAX_FRAME,
+    HandleRef,
+    Recorder,
+    TraceError,
+    TraceReader,
+    TraceTruncated,
+)
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -179,7 +191,16 @@ def _log_path(state_dir: Path, address: str) -> Path:
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    if isinstance(value, bytes | bytearray):
+    if isinstance(value, HandleRef):
+        text = f"{value.name}#{value.rep}"
+    elif isinstance(value, Ok | Err):
+        inner = "" if value.value is None else _short(value.value, limit)
+        text = f"{'ok' if isinstance(value, Ok) else 'err'}({inner})"
+    elif isinstance(value, Variant):
+        text = value.case if value.value is None else f"{value.case}({_short(value.value, limit)})"
+    elif _is_message(value):
+        text = f"{value['name']} {_body_text(len(value['body']), bytes(value['body']))}"
+    elif isinstance(value, bytes | bytearray):
         data = bytes(value[: limit * 4])
         try:
             text = data.decode()
@@ -205,6 +226,16 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _is_message(value: Any) -> bool:
+    """A message as the agent interface passes it (an ask's, a send's, a reply's)."""
+    return (
+        isinstance(value, dict)
+        and value.keys() == {"name", "body"}
+        and isinstance(value["name"], str)
+        and isinstance(value["body"], bytes | bytearray)
+    )
+
+
 def _body_text(size: int, head: bytes) -> str:
     from mighty.agents._runtime import decode_body
 
@@ -223,10 +254,12 @@ def _import_entry(position: int, record: dict[str, Any], count: int) -> HistoryE
     short_if = interface.partition("@")[0].rpartition("/")[2] or interface
     if function == "call" and isinstance(args, list) and len(args) == 2:
         call = f"{short_if}.call {_short(args[0], 30)} {_short(args[1], 50)}"
+    elif function in ("ask", "send") and isinstance(args, list) and len(args) >= 2:
+        call = f"{short_if}.{function} {_short(args[0], 30)} {_short(args[1], 60)}"
     else:
         call = f"{short_if}.{function}({_short(args, 50)[1:-1] if isinstance(args, list) else ''})"
     outcome = str(record.get("out", "ok"))
-    summary = f"{call} -> {_short(record.get('res'), 40)}"
+    summary = f"{call} -> {_short(record.get('res'), 60)}"
     if outcome != "ok":
         summary += f" ({outcome})"
     return HistoryEntry(
@@ -236,6 +269,151 @@ def _import_entry(position: int, record: dict[str, Any], count: int) -> HistoryE
         None,
         {"import": count, "interface": interface, "function": function, "outcome": outcome},
     )
+
+
+_HTTP_TYPES = "wasi:http/types"
+_HTTP_HANDLER = "wasi:http/outgoing-handler"
+_EXCHANGE_INTERFACES = frozenset({_HTTP_TYPES, _HTTP_HANDLER, "wasi:io/streams", "wasi:io/poll"})
+_REQUEST_STARTS = frozenset(
+    {"[constructor]fields", "[static]fields.from-list", "[constructor]outgoing-request"}
+)
+
+
+def _interface(record: dict[str, Any]) -> str:
+    return str(record.get("if", "?")).partition("@")[0]
+
+
+class _Exchange:
+    """The imports of one outgoing HTTP request, from its first ``wasi:http`` call to the last
+    read of its response: one history entry (see the module doc)."""
+
+    def __init__(self, position: int, first: int) -> None:
+        self.position = position
+        self.first = first
+        self.last = first
+        self.method, self.scheme, self.authority, self.path = "GET", "https", "", "/"
+        self.sent = 0
+        self.handled = False
+        self.error = ""
+        self.status: int | None = None
+        self.received = 0
+        self.outcome = "ok"
+
+    @staticmethod
+    def opens(record: dict[str, Any]) -> bool:
+        return _interface(record) in (_HTTP_TYPES, _HTTP_HANDLER)
+
+    def takes(self, record: dict[str, Any]) -> bool:
+        """Whether ``record`` is a call of this request (not of the guest's next one)."""
+        if _interface(record) not in _EXCHANGE_INTERFACES:
+            return False
+        return not (self.handled and str(record.get("fn")) in _REQUEST_STARTS)
+
+    def add(self, record: dict[str, Any], count: int) -> None:
+        self.last = count
+        function, res = str(record.get("fn", "")), record.get("res")
+        args = record.get("args")
+        value = args[1] if isinstance(args, list) and len(args) > 1 else None
+        if str(record.get("out", "ok")) != "ok":
+            self.outcome = str(record.get("out"))
+        if function.endswith("outgoing-request.set-method") and isinstance(value, Variant):
+            self.method = str(value.value) if value.case == "other" else value.case.upper()
+        elif function.endswith("outgoing-request.set-scheme") and isinstance(value, Variant):
+            self.scheme = (str(value.value) if value.case == "other" else value.case).lower()
+        elif function.endswith("outgoing-request.set-authority") and isinstance(value, str):
+            self.authority = value
+        elif function.endswith("outgoing-request.set-path-with-query") and isinstance(value, str):
+            self.path = value
+        elif function.startswith("[method]output-stream.") and "write" in function:
+            if isinstance(value, bytes | bytearray) and isinstance(res, Ok):
+                self.sent += len(value)
+        elif function == "handle" and _interface(record) == _HTTP_HANDLER:
+            self.handled = True
+            if isinstance(res, Err):
+                self.error = _short(res.value, 40)
+        elif function == "[method]future-incoming-response.get":
+            if isinstance(res, Ok) and isinstance(res.value, Err):
+                self.error = _short(res.value.value, 40)
+        elif function == "[method]incoming-response.status" and isinstance(res, int):
+            self.status = res
+        elif (
+            function.startswith("[method]input-stream.")
+            and "read" in function
+            and isinstance(res, Ok)
+            and isinstance(res.value, bytes | bytearray)
+        ):
+            self.received += len(res.value)
+
+    def entry(self) -> HistoryEntry:
+        url = f"{self.scheme}://{self.authority}{self.path}"
+        request = f"http {self.method} {_short(url, 80)[1:-1]}, {self.sent}-byte body"
+        if self.error:
+            answer = f"error {self.error}"
+        elif self.status is None:
+            answer = "no response logged"
+        else:
+            answer = f"{self.status}, {self.received}-byte body read"
+        calls = self.last - self.first + 1
+        summary = f"{request} -> {answer} ({calls} imports)"
+        if self.outcome != "ok":
+            summary += f" ({self.outcome})"
+        detail = {
+            "import": self.last,
+            "first_import": self.first,
+            "imports": calls,
+            "interface": _HTTP_HANDLER,
+            "function": "handle",
+            "outcome": self.outcome,
+            "http": {
+                "method": self.method,
+                "url": url,
+                "status": self.status,
+                "error": self.error or None,
+                "request_bytes": self.sent,
+                "response_bytes": self.received,
+            },
+        }
+        return HistoryEntry(self.position, "import", summary[: 2 * _SUMMARY], None, detail)
+
+
+class _Entries:
+    """The history entries of a log's records, fed one by one from ``position``: one per
+    import or ``end``, except the calls of one HTTP request, one entry for them all."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+        self.count = 0
+        self.exchange: _Exchange | None = None
+
+    def feed(self, record: dict[str, Any]) -> list[HistoryEntry]:
+        """The entries ``record`` completes (none while an HTTP request's calls go on)."""
+        kind = record.get("k")
+        exchange = self.exchange
+        if kind == "import" and exchange is not None and exchange.takes(record):
+            self.count += 1
+            exchange.add(record, self.count)
+            return []
+        if kind != "import" and not (kind == "export" and record.get("fn") == "handle"):
+            return []
+        done = self.flush()
+        if kind == "import":
+            self.count += 1
+            if _Exchange.opens(record):
+                self.exchange = _Exchange(self.position, self.count)
+                self.exchange.add(record, self.count)
+            else:
+                done.append(_import_entry(self.position, record, self.count))
+        else:
+            ok = bool(record.get("ok"))
+            said = "handle returned" if ok else f"handle failed: {_short(record.get('error'))}"
+            done.append(HistoryEntry(self.position, "end", said, None, {"ok": ok}))
+        self.position += 1
+        return done
+
+    def flush(self) -> list[HistoryEntry]:
+        """The HTTP request under way as an entry (its calls so far), if there is one."""
+        exchange, self.exchange = self.exchange, None
+        return [] if exchange is None else [exchange.entry()]
 
 
 class _Log:
@@ -423,22 +601,21 @@ def _read_log(
             seq, sender, name, size, head = first
             add(_message(position, seq, sender, name, size, head, created, in_flight=True))
             position += 1
-        count = 0
+        entries = _Entries(position)
         for record in reader.records():
-            kind = record.get("k")
-            if kind == "import":
-                count += 1
-                entry = _import_entry(position, record, count)
-            elif kind == "export" and record.get("fn") == "handle":
-                ok = bool(record.get("ok"))
-                said = "handle returned" if ok else f"handle failed: {_short(record.get('error'))}"
-                entry = HistoryEntry(position, "end", said, None, {"ok": ok})
-            else:
+            batch = entries.feed(record)
+            if not batch and (entries.exchange is None or reader.readable_bytes < READ_BYTES):
                 continue
-            position += 1
-            if not add(entry) or reader.readable_bytes >= READ_BYTES:
+            added = [add(entry) for entry in batch]
+            if not all(added) or reader.readable_bytes >= READ_BYTES:
+                for entry in entries.flush():
+                    add(entry)  # listed, or counted past the limit
                 stopped_at = reader.readable_bytes
                 break
+        else:
+            for entry in entries.flush():
+                add(entry)
+        position = entries.position
         history.torn = reader.truncated
     finally:
         reader.close()
@@ -500,7 +677,11 @@ def fork_agent(state_dir: str | os.PathLike[str], agent: str, at: int, new_name:
             "checkpointed; fork at 0 (the checkpoint)"
         )
     messages = [e for e in history.entries[: at + 1] if e.kind == "message"]
-    imports = sum(1 for e in history.entries[: at + 1] if e.kind == "import")
+    # The log's imports up to ``at``: an HTTP request's entry stands for all its calls.
+    imports = max(
+        (int(e.detail["import"]) for e in history.entries[: at + 1] if e.kind == "import"),
+        default=0,
+    )
     upto = int(messages[-1].detail["seq"]) if messages else 0
     store = SnapshotStore(directory)
     try:

@@ -322,3 +322,40 @@ def test_close_hangs_up_keep_alive_connections() -> None:
         server.close()
         with pytest.raises(RuntimeError, match="not running"):
             _ = server.url
+
+
+def test_hold_never_answers_the_nth_completion() -> None:
+    """hold=2: the first completion is answered, the second is recorded (status 0) and held
+    until the server stops, which hangs up on it; on_request sees both."""
+    seen: list[Any] = []
+    server = ScriptedLLM(key=KEY, hold=2, on_request=seen.append).start()
+    headers = {"Authorization": f"Bearer {KEY}"}
+    try:
+        with httpx.Client(base_url=server.base_url, headers=headers, timeout=60.0) as c:
+            assert _chat(c, QUESTION).status_code == 200
+            with ThreadPoolExecutor(1) as pool:
+                held = pool.submit(_chat, c, _after_tool("Paris"))
+                assert server.holding.wait(60)
+                assert not held.done()
+                server.close()
+                with pytest.raises(httpx.TransportError):
+                    held.result(60)
+    finally:
+        server.close()
+    assert [r.status for r in server.requests] == [200, 0]
+    assert server.requests[1].body["messages"] == _after_tool("Paris")
+    assert seen == server.requests
+
+
+def test_log_requests_prints_a_line_per_request(capsys: pytest.CaptureFixture[str]) -> None:
+    """--log-requests' line: method, path, status (or held), the turn, the idempotency key."""
+    printed = scripted_llm._print_request
+    body = {"model": "m", "messages": _after_tool("Paris")}
+    raw = json.dumps(body).encode()
+    headers = [("Idempotency-Key", "k1")]
+    printed(scripted_llm.RecordedRequest("POST", "/v1/chat/completions", headers, body, raw, 0))
+    printed(scripted_llm.RecordedRequest("GET", "/v1/models", [], None, b"", 200))
+    assert capsys.readouterr().out.splitlines() == [
+        "POST /v1/chat/completions -> held, turn 2, Idempotency-Key k1",
+        "GET /v1/models -> 200, Idempotency-Key -",
+    ]

@@ -69,6 +69,11 @@ class Assistant(Agent):
                 )
         raise ModelError(f"no answer after {MAX_TURNS} model turns")
 
+    @on("status")
+    def status(self, body, sender):
+        """How many questions this assistant has answered (durable.toml's README section)."""
+        return {"answered": self.answered}
+
     def _complete(self, messages):
         """The model's next message for the conversation so far."""
         response = http.post(

@@ -10,6 +10,13 @@ may say ``{last_tool_result}``, filled with the content of the last ``tool`` mes
 Run it: ``python scripted_llm.py --script script.json --key sk-test --port 0``; the first line
 printed is ``listening on http://127.0.0.1:PORT``. Or import it: ``ScriptedLLM(turns, key=...)``
 as a context manager. Standard library only, so the example needs nothing installed.
+
+``--hold N`` (``hold=N``) makes the N-th chat completion a model that never answers: the request
+is read and recorded (status 0), ``holding request N`` is printed, and the connection stays open
+until the server stops. That is the moment to kill a durable agent's runtime in the middle of a
+message (README.md, History and forks). ``--log-requests`` prints a line per request as it
+comes, ``POST /v1/chat/completions -> 200, turn 1, Idempotency-Key 3f2a...`` (``held`` for the
+held one; the key is the header a durable agent's requests carry, ``-`` without one).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -54,7 +61,7 @@ class RecordedRequest:
     """The parsed JSON body; None when there was no body or it was not JSON."""
     raw: bytes
     status: int
-    """The status the server answered with."""
+    """The status the server answered with (0: held, never answered; see ``hold``)."""
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None."""
@@ -196,7 +203,17 @@ class _Handler(BaseHTTPRequestHandler):
                 None,
             )
         else:
-            status, payload, parsed = self.server.owner._answer(
+            owner = self.server.owner
+            if owner._holds(self.command, self.path):
+                self.close_connection = True
+                held = None
+                with contextlib.suppress(ValueError):  # not JSON: recorded all the same
+                    held = json.loads(raw)
+                headers = list(self.headers.items())
+                owner._record(RecordedRequest(self.command, self.path, headers, held, raw, 0))
+                owner._hold()
+                return  # hung up unanswered: the server is stopping
+            status, payload, parsed = owner._answer(
                 self.command, self.path, self.headers.get("Authorization"), raw
             )
         self.server.owner._record(
@@ -219,7 +236,9 @@ class ScriptedLLM:
 
     ``script`` is a JSON file's path or a list of turns; ``key`` the API key every request must
     carry as ``Authorization: Bearer <key>`` (default: the ``SCRIPTED_LLM_KEY`` environment
-    variable); ``model`` the model ``GET /v1/models`` lists.
+    variable); ``model`` the model ``GET /v1/models`` lists; ``hold`` the number (from 1) of
+    the chat completion request never answered (the server holds it until it stops, and sets
+    ``holding``); ``on_request`` is called with each request once it is recorded.
     """
 
     def __init__(
@@ -231,6 +250,8 @@ class ScriptedLLM:
         host: str = "127.0.0.1",
         port: int = 0,
         join_timeout: float = 5.0,
+        hold: int | None = None,
+        on_request: Callable[[RecordedRequest], None] | None = None,
     ) -> None:
         self.turns = load_script(script)
         key = key if key is not None else os.environ.get(KEY_ENV)
@@ -247,6 +268,12 @@ class ScriptedLLM:
         self._httpd: _Server | None = None
         self._serve_thread: threading.Thread | None = None
         self._closed = False
+        self._hold_at = hold
+        self._completions = 0
+        self.holding = threading.Event()
+        """Set once the held request came."""
+        self._released = threading.Event()
+        self._on_request = on_request
 
     def start(self) -> Self:
         """Bind and start serving in a background thread (once)."""
@@ -298,6 +325,7 @@ class ScriptedLLM:
     def close(self) -> None:
         """Stop serving, hang up open connections and join the handler threads."""
         self._closed = True
+        self._released.set()
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
@@ -321,9 +349,23 @@ class ScriptedLLM:
         with self._lock:
             self._connections.discard(conn)
 
+    def _holds(self, method: str, target: str) -> bool:
+        """Whether this request is the chat completion to hold (counted from 1)."""
+        if method != "POST" or target.split("?", 1)[0] != "/v1/chat/completions":
+            return False
+        with self._lock:
+            self._completions += 1
+            return self._completions == self._hold_at
+
+    def _hold(self) -> None:
+        self.holding.set()
+        self._released.wait()
+
     def _record(self, request: RecordedRequest) -> None:
         with self._lock:
             self._requests.append(request)
+        if self._on_request is not None:
+            self._on_request(request)
 
     def _answer(
         self, method: str, target: str, authorization: str | None, raw: bytes
@@ -427,6 +469,17 @@ class ScriptedLLM:
         }
 
 
+def _print_request(request: RecordedRequest) -> None:
+    """One line for a request (``--log-requests``)."""
+    status = "held" if request.status == 0 else str(request.status)
+    messages = request.body.get("messages") if isinstance(request.body, dict) else None
+    line = f"{request.method} {request.path} -> {status}"
+    if isinstance(messages, list):
+        turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        line += f", turn {turn + 1}"
+    print(f"{line}, Idempotency-Key {request.header('Idempotency-Key') or '-'}", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until interrupted (Ctrl-C or SIGTERM)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -435,10 +488,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="scripted-model", help="the model /v1/models lists")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--hold", type=int, default=None, metavar="N", help="never answer the N-th completion"
+    )
+    parser.add_argument(
+        "--log-requests", action="store_true", help="print a line per request as it comes"
+    )
     args = parser.parse_args(argv)
     try:
         server = ScriptedLLM(
-            args.script, key=args.key, model=args.model, host=args.host, port=args.port
+            args.script,
+            key=args.key,
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            hold=args.hold,
+            on_request=_print_request if args.log_requests else None,
         )
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
@@ -451,6 +516,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     with server:
         # Flushed at once: whoever started the process reads the port from this line.
         print(f"listening on {server.url}", flush=True)
+        if args.hold is not None:
+
+            def announce() -> None:
+                # Waits for the held request, or for the server to stop (no line then).
+                while not stop.is_set():
+                    if server.holding.wait(0.1):
+                        print(f"holding request {args.hold}", flush=True)
+                        return
+
+            threading.Thread(target=announce, daemon=True).start()
         with contextlib.suppress(KeyboardInterrupt):
             stop.wait()
     return 0
