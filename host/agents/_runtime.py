@@ -1954,6 +1954,7 @@ class Runtime:
         trace: Any = None,
         here: bool = False,
         deadline: float | None = None,
+        key: str | None = None,
     ) -> tuple[Future[bytes | None], Any]:
         """Put an ask in a local agent's mailbox: (the reply's future, the target's breaker).
 
@@ -1965,6 +1966,7 @@ class Runtime:
         ``here``: the calling thread is about to wait for the reply and may run the target's
         turn itself instead (see ``AgentProcess.run_here``); the future is then settled on
         return, and an ask answered later than ``timeout`` is an AskTimeout all the same.
+        ``key``: the message's own id that outlives this process (``Envelope.key``).
         """
         return self._deliver_ask(
             self.process(to),
@@ -1977,6 +1979,7 @@ class Runtime:
             here,
             Future,
             deadline=deadline,
+            key=key,
         )
 
     def _deliver_ask(
@@ -1995,6 +1998,7 @@ class Runtime:
         deadline: float | None = None,
         parent: RunContext | None = None,
         outer: _Turn | None = None,
+        key: str | None = None,
     ) -> tuple[Future[bytes | None], Any]:
         """``deliver_ask`` to ``process``, its future made by ``reply`` (``Reply`` for the
         runtime's own asks, whose futures never leave it); ``within`` as in ``_ask``;
@@ -2018,6 +2022,7 @@ class Runtime:
             parent=current_context() if parent is None else parent,
             deadline=deadline,
             cancel=cancel,
+            key=key,
         )
         if within is None:
             within = timeout

@@ -334,6 +334,10 @@ class Envelope:
     """How many times its handler crashed the agent (``RetryPolicy``)."""
     retrying: bool = False
     """Waiting for another attempt (its journal row is kept)."""
+    key: str | None = None
+    """The sender's own id of the message, when it has one that outlives this process (a
+    cluster durable message's id): an import journal kept outside the process finds the
+    message's log by it (mighty.cluster's journal)."""
 
     @property
     def context_id(self) -> str:

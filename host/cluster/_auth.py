@@ -21,8 +21,10 @@ copy into `nsc edit user --allow-pub ...`.
 What the permissions leave shared: JetStream's API (``$JS.API.>``: a node creates its buckets
 and streams, so a node's user can also delete them), the names, leases and durable-state
 buckets (any node may claim a free name or take over the supervisor's lease by
-compare-and-set), and the durable stream's subjects. A node with valid credentials can still
-misbehave there; what it can no longer do is speak as another node.
+compare-and-set), and the durable and journal streams' subjects (a node may append to the
+import journal of any durable message: the new owner of an agent reads what the old one
+wrote). A node with valid credentials can still misbehave there; what it can no longer do is
+speak as another node.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def node_permissions(config: ClusterConfig, node: str) -> dict[str, object]:
                 f"{p}.node.*.{node}",
                 f"{p}.hb.{node}",
                 f"{p}.dur.>",
+                f"{p}.jrn.>",
                 f"$KV.{p}_nodes.{node}",
                 f"$KV.{p}_names.>",
                 f"$KV.{p}_leases.>",

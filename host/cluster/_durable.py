@@ -18,6 +18,12 @@ messages, so a sequence watermark would not do.) A message the agent crashes on 
 handled (as locally: a crash loses the message being handled); the state before it is restored
 (a crash in a batch restores the state before the batch and handles it again one by one).
 
+The imports of a message are journaled in JetStream before the guest sees them
+(mighty.cluster._journal): a message re-run after its node died, or after a crash inside a
+batch, is answered from its journal up to where it was, so a tool call or HTTP request it had
+made is not made again. A message redelivered, or re-run here, goes through the one-by-one path,
+which reads its journal first; the batch path only runs messages for the first time.
+
 Not covered: sends from the agent's own node (they are local, in memory), asks
 (request/reply has no persistence; an ask is at most once), and sends by address: an address
 names one incarnation on one node, while the consumer follows the name; after a restart
@@ -42,6 +48,7 @@ from mighty._errors import MightyError
 from mighty.abi import Err
 from mighty.agents import AgentCrashed, AgentError, AgentProcess, NoProc
 from mighty.cluster._frames import Frame, FrameError, decode, encode
+from mighty.cluster._journal import ClusterJournal, JournalCorrupt, MessageLog, Recovered
 from mighty.engine import check_lowering
 
 if TYPE_CHECKING:
@@ -69,6 +76,10 @@ class Durable:
         self._state: Any = None
         self._consumers: dict[str, _Consumer] = {}
         self._lock = threading.Lock()
+        self.journal = ClusterJournal(node, self.types)
+        """The import journals of the messages in flight (mighty.cluster._journal)."""
+        self.refused = 0
+        """Re-run messages not run because their journal could not answer them."""
 
     async def setup(self, nc: Any) -> None:
         js = nc.jetstream()
@@ -84,6 +95,8 @@ class Durable:
             await js.update_stream(config)
         self._js = js
         self._state = await self.node._bucket(js, f"{self.node.prefix}_state", None)
+        await self.journal.setup(js)
+        self.journal.install()
 
     def subject(self, name: str) -> str:
         return f"{self.node.prefix}.dur.{name}"
@@ -147,6 +160,7 @@ class Durable:
             consumer.stopped.set()
         for consumer in consumers:
             consumer.join(5)
+        self.journal.close()
 
 
 class _Consumer(threading.Thread):
@@ -161,6 +175,9 @@ class _Consumer(threading.Thread):
         self.stopped = threading.Event()
         self.done: deque[str] = deque(maxlen=_IDS_KEPT)
         self._done: set[str] = set()
+        self._journaled: set[str] = set()
+        """Messages run here whose journal is stored and who are not acknowledged yet (a
+        re-run after a crash in a batch reads it)."""
         self._snapshot: bytes | None = None
         self._revision = 0
         """The revision of the stored state this consumer last wrote (``_restore_stored``)."""
@@ -315,7 +332,8 @@ class _Consumer(threading.Thread):
                 acks.append(message)
                 continue
             fresh.append((message, msg_id, frame))
-        if len(fresh) <= 1 or not self._keep_before():
+        again = any(self._again(message, msg_id) for message, msg_id, _ in fresh)
+        if len(fresh) <= 1 or again or not self._keep_before():
             self._ack(acks)
             return all(self._one(message) for message, _, _ in fresh)
         delivered = self._deliver(fresh)
@@ -329,6 +347,8 @@ class _Consumer(threading.Thread):
             except AgentError as exc:
                 if isinstance(exc, AgentCrashed | NoProc) or "crashed" in exc.message:
                     crashed = True
+        for _, msg_id, _ in delivered:
+            self._ran(msg_id)
         process = self._process()
         if process is None:
             self._ack(acks)
@@ -350,7 +370,47 @@ class _Consumer(threading.Thread):
         self._snapshot = snapshot
         durable.handled += len(delivered)
         self._ack(acks + [message for message, _, _ in delivered])
+        self._finish([msg_id for _, msg_id, _ in delivered])
         return True
+
+    def _again(self, message: Any, msg_id: str) -> bool:
+        """The message may have run before (here or on a node that died): read its journal."""
+        delivered = getattr(message.metadata, "num_delivered", None)
+        return msg_id in self._journaled or not isinstance(delivered, int) or delivered > 1
+
+    def _prepare(self, message: Any, msg_id: str, process: AgentProcess) -> MessageLog:
+        """Register the message's journal log (with the answers of its journal when it may
+        have run before); ``recovered.refusal`` says when it must not run."""
+        journal = self.durable.journal
+        recovered = Recovered()
+        if self._again(message, msg_id):
+            instance = process.instance
+            component = (process.type.component if instance is None else instance.component).sha256
+            try:
+                recovered = journal.read(self.name_, msg_id, component)
+            except JournalCorrupt as exc:
+                recovered = Recovered(refusal=exc.message, logs=1)
+            except (nats.errors.Error, MightyError) as exc:
+                recovered = Recovered(refusal=f"its journal could not be read: {exc}")
+        log = MessageLog(journal, self.name_, msg_id, recovered)
+        journal.register(self.address, log)
+        return log
+
+    def _ran(self, msg_id: str) -> None:
+        """The message ran: a journal it stored is kept for a re-run until it is acknowledged."""
+        log = self.durable.journal.log(self.address, msg_id)
+        if log is not None and log.stored:
+            self._journaled.add(msg_id)
+
+    def _finish(self, ids: list[str]) -> None:
+        """The messages' state is stored and they are acknowledged: their journals go."""
+        journal = self.durable.journal
+        for msg_id in ids:
+            log = journal.unregister(self.address, msg_id)
+            stored = msg_id in self._journaled or (log is not None and log.stored)
+            self._journaled.discard(msg_id)
+            if stored:
+                journal.purge(self.name_, msg_id)
 
     def _keep_before(self) -> bool:
         """Make sure the state before the batch is kept (to restore after a crash in it)."""
@@ -370,7 +430,9 @@ class _Consumer(threading.Thread):
         """Put the batch's messages in the mailbox in order; (message, id, reply future) of
         each delivered (a full mailbox or a gone agent stops the rest: redelivered later)."""
         delivered: list[tuple[Any, str, Any]] = []
+        journal = self.durable.journal
         for message, msg_id, frame in fresh:
+            journal.register(self.address, MessageLog(journal, self.name_, msg_id, Recovered()))
             try:
                 future, _ = self.node.runtime.deliver_ask(
                     self.address,
@@ -378,8 +440,10 @@ class _Consumer(threading.Thread):
                     frame.body,
                     sender=frame.sender,
                     timeout=_HANDLE_TIMEOUT,
+                    key=msg_id,
                 )
             except AgentError as exc:
+                journal.unregister(self.address, msg_id)
                 if not isinstance(exc, NoProc):
                     _log.warning(
                         "durable %s: %s not delivered: %s", self.name_, msg_id, exc.message
@@ -413,20 +477,48 @@ class _Consumer(threading.Thread):
             node._call(message.ack(), 10)
             return True
         runtime = node.runtime
-        try:
-            future, _ = runtime.deliver_ask(
-                self.address, frame.name, frame.body, sender=frame.sender, timeout=_HANDLE_TIMEOUT
-            )
-        except NoProc:
+        process = self._process()
+        if process is None:
             return False
-        except AgentError as exc:
-            _log.warning("durable %s: %s not delivered: %s", self.name_, frame.id, exc.message)
-            return True  # mailbox full for a minute: left unacknowledged, redelivered later
+        log = self._prepare(message, msg_id, process)
         crashed = False
-        try:
-            future.result(_HANDLE_TIMEOUT)
-        except AgentError as exc:
-            crashed = "crashed" in exc.message
+        if log.recovered.refusal:
+            # Not run: its journal cannot answer it, and running it live could repeat what
+            # the journal says was done. Counted as handled (as a crash is), state unchanged.
+            durable.refused += 1
+            _log.warning(
+                "durable %s: message %s refused: %s", self.name_, msg_id, log.recovered.refusal
+            )
+        else:
+            try:
+                future, _ = runtime.deliver_ask(
+                    self.address,
+                    frame.name,
+                    frame.body,
+                    sender=frame.sender,
+                    timeout=_HANDLE_TIMEOUT,
+                    key=msg_id,
+                )
+            except NoProc:
+                self.durable.journal.unregister(self.address, msg_id)
+                return False
+            except AgentError as exc:
+                self.durable.journal.unregister(self.address, msg_id)
+                _log.warning("durable %s: %s not delivered: %s", self.name_, frame.id, exc.message)
+                return True  # mailbox full for a minute: left unacknowledged, redelivered later
+            try:
+                future.result(_HANDLE_TIMEOUT)
+            except AgentError as exc:
+                crashed = "crashed" in exc.message
+            self._ran(msg_id)
+            answers = log.answers
+            if answers is not None and answers.divergence is not None:
+                _log.warning(
+                    "durable %s: message %s left its journal: %s",
+                    self.name_,
+                    msg_id,
+                    answers.divergence,
+                )
         process = self._process()
         if process is None:
             return False
@@ -443,4 +535,5 @@ class _Consumer(threading.Thread):
         self._snapshot = snapshot
         durable.handled += 1
         node._call(message.ack(), 10)
+        self._finish([msg_id])
         return True

@@ -2,7 +2,8 @@
 times the message runs (a durable agent's message re-run after a crash).
 
 A durable agent's instance holds an :class:`IdempotencyKeys` in the :data:`IDEMPOTENCY_KEYS`
-slot. The runtime sets ``message`` (the message's journal number) before each ``handle`` call;
+slot. The runtime sets ``message`` (the message's journal number; in a cluster, the durable
+message's id, with the agent's cluster-wide name as ``agent``) before each ``handle`` call;
 the agent's import log counts the message's imports in ``position`` (answered ones included, so
 a re-run counts as the first run did). An outgoing HTTP request then carries
 ``Idempotency-Key: <key>`` (unless the guest set one), and a host tool that has a keyword
@@ -29,11 +30,11 @@ class IdempotencyKeys:
 
     def __init__(self, agent: str) -> None:
         self.agent = agent
-        self.message = 0
+        self.message: int | str = 0
         self.position = 0
 
-    def begin(self, message: int) -> None:
-        """A message begins: its number, and no import made yet."""
+    def begin(self, message: int | str) -> None:
+        """A message begins: its number (or id), and no import made yet."""
         self.message = message
         self.position = 0
 
