@@ -375,7 +375,7 @@ def _tool_call_parts(n: int) -> list[Row]:
 
     def on_this_thread(host: Any, ctx: Any, name: str, payload: bytes) -> Any:
         tool, bound = host._prepare(name, payload)
-        return tools_module._call_sync(tool, bound, 1)
+        return tools_module._call_sync(tool, bound, (1, host._context(tool, host.timeout)))
 
     try:
         tools_module.ToolHost.call = at_once  # type: ignore[method-assign]

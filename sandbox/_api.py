@@ -583,6 +583,12 @@ class _Live:
             slots=[STDOUT_SINK.of(self.output.to_stdout), STDERR_SINK.of(self.output.to_stderr)],
         )
         self.instance.context.put(TOOL_HOST, self.host)
+        self.made_from = memory
+        """The state the instance was made from (None: fresh from the image)."""
+        self.lives = 1
+        """How many runs' lives it has had (the pool rewinds it between them)."""
+        self.out = False
+        """Taken from its pool and not yet released."""
 
     @property
     def dead(self) -> bool:
@@ -747,15 +753,24 @@ def check_result(data: bytes) -> tuple[Any] | RunError:
     return (value,)
 
 
-def _encode_inputs(inputs: Mapping[str, Any] | None, *, keep: bool, max_value: int) -> bytes:
+def _encode_inputs(
+    inputs: Mapping[str, Any] | None, *, keep: bool, max_value: int, seed: bool = False
+) -> bytes:
+    """The run's options for the guest: its inputs as globals, whether it keeps a session's
+    globals, the result's limit, and with ``seed`` 256 bits from the host's secure random that
+    the guest seeds an imported ``random`` with before the code runs (so a rewound instance,
+    whose memory holds the same ``random`` state every time, never repeats a sequence)."""
     names = dict(inputs or {})
     for name in names:
         if not isinstance(name, str) or not name.isidentifier():
             shown = repr(name[:100]) if isinstance(name, str) else type(name).__name__
             raise BadInput(f"input names must be Python identifiers, got {shown}")
     try:
+        options: dict[str, Any] = {"globals": names, "keep": keep, "max-value": max_value}
+        if seed:
+            options["seed"] = os.urandom(32).hex()
         return json.dumps(
-            {"globals": names, "keep": keep, "max-value": max_value},
+            options,
             allow_nan=False,
             separators=(",", ":"),
         ).encode()
@@ -814,14 +829,28 @@ _WARM_GAP = 256 << 10
 """The warmed state copies clean pages between changed ones up to this far apart: it then maps
 in 4 ``mmap`` calls instead of ~90 (~0.6 ms less per instance here), for ~10 MB of shared
 memory per sandbox instead of ~4 MB (only the pages a run writes are copied per instance)."""
-_RESEED_CODE = "import random\nrandom.seed()\nresult = None"
-"""Run on the pool thread in each instance made from the warmed state: ``random.seed()`` with
-no argument draws 2,496 bytes from ``os.urandom`` (the host's secure random)."""
+_RESEED_CODE = (
+    "import os, random\nrandom.seed(int.from_bytes(os.urandom(32)))\n"
+    "os.write(1, b'')\nos.write(2, b'')\nresult = None"
+)
+"""Run on the pool thread in each instance made from the warmed state, and after each rewind:
+seeds ``random`` with 256 bits from ``os.urandom`` (the host's secure random; ``seed()`` with
+no argument draws 2,496 bytes, whose crossing into the guest costs ~0.1 ms more for no use:
+Mersenne Twister is not a secure generator whatever its seed), and takes the stdout and stderr
+streams (an empty write), so that every instance holds them under the same handles before any
+user code runs: a rewound instance must hold what the state's instance held."""
+_PROBE_CODE = "import os, random\nos.write(1, b'')\nresult = [random.random(), os.getcwd()]"
+"""The rewind's one-time check (``_Pool._take_target``): ``os`` calls that go through the WASI
+adapter's state, in memory the rewind rewrote."""
 # Background threads making instances. One: with two, the runs' own thread and both makers
 # share 2 cores, and neither back-to-back latency nor runs/s improved here (load 5-6).
 _FILLERS = 1
 _MAX_POOL = 64
 """At most this many ready instances per sandbox (each ~0.5 MB resident, see docs/sandbox.md)."""
+_MAX_LIVES = 1000
+"""Runs one instance serves (rewound between them) before it is closed and replaced: whatever
+a long-lived wasmtime store accumulates call after call stays bounded (no growth was measured
+over 300 runs, but nothing promises none)."""
 
 
 class _Pool:
@@ -841,14 +870,38 @@ class _Pool:
     the first instance's, which every instance would otherwise replay) and writes the pages a
     run writes, so the user's run takes few faults. The state holds no host resource (a warmed
     guest has opened no stream or directory: checked, else no state is kept) and is per pool,
-    so per tools and grants: the guest caches the tool list. An instance serves exactly one run;
-    it is then closed here, off the caller's path.
+    so per tools and grants: the guest caches the tool list.
+
+    After its run, an instance made from the warmed state is rewound here, off the caller's
+    path, instead of being closed: its linear memory is made to hold again, byte for byte, what
+    the first instance made from the state held right after its reseed run (captured once, the
+    rewind target), copying back only the pages the instance may have changed
+    (``Instance.rewind``: its private pages, which stay private, so the next run takes no
+    copy-on-write fault for them), and it is reseeded. What is not linear memory must then be
+    as in a fresh instance, so an instance is rewound only when (else it is closed, as before):
+    its run returned normally (a trap leaves the wasm stack pointer mid-call: the instance is
+    poisoned); its memory did not grow (wasmtime's view of the size cannot shrink); its guest
+    holds exactly the resources the target's instance held and was given no other since (the
+    component's handle table is then as fresh: the adapter's state in memory names the stdout
+    and stderr streams by handle); no tool call of the run still runs (``ToolHost.rewound``);
+    the sandbox grants no files (a ``MemoryDir`` is the instance's own, and would keep what a
+    run wrote); and it has served fewer than ``_MAX_LIVES`` runs. The wasm globals need no
+    check: after a call returns they hold what they held before it, except the WASI adapter's
+    pointer to its state, which the instance set in its own first (reseed) run, at the same
+    address as the target's instance did (the same memory, the same deterministic allocation),
+    and the target holds that state there. A rewind that goes wrong anyway is caught by the
+    reseed run that follows it (the adapter checks its state's magic numbers): that instance is
+    closed and the pool stops rewinding.
 
     Rejected: prefaulting the state's hot pages at instantiation (``MADV_POPULATE_WRITE``, as
     for the image): the reseed run writes them anyway, and together they cost as much as the
     faults (measured, load 7); reseeding inside the user's run (its faults would move back onto
     the caller's path); one process-wide state per interpreter build (the tool list and the
-    granted directories' environment are in the guest's memory: the key would be every input).
+    granted directories' environment are in the guest's memory: the key would be every input);
+    rewinding with ``restore_memory`` (maps the state anew: every page the next run writes
+    faults again, which is what a new instance costs); tracking written pages with the kernel's
+    soft-dirty bits (clearing them is process-wide: two pools rewinding at once would wipe
+    each other's record, and a missed page is a leak between runs).
     """
 
     def __init__(self, config: _Config, size: int) -> None:
@@ -860,9 +913,19 @@ class _Pool:
         self._closed = False
         self._failed = False
         self._making = 0
+        self._out = 0
+        """Instances taken and not yet released: they come back to be rewound, so the pool
+        does not make others for their places meanwhile (one a caller made on its own thread
+        is not counted: it is rewound if there is room when it comes back, else freed)."""
         self._warmed: MemoryState | None = None
         """The memory of the first instance after warming, from which later ones start."""
         self._warm_state = True
+        self._rewind_to: tuple[MemoryState, frozenset[tuple[str, int]], int] | None = None
+        """The rewind target: the memory of the first instance made from the warmed state right
+        after its reseed run, the resources its guest held then, and how many it had made."""
+        self._rewind = not config.files
+        self.rewinds = 0
+        """How many times an instance was rewound to serve again (for tests and benchmarks)."""
         self._threads: list[threading.Thread] = []
         for index in range(min(size, _FILLERS)):
             thread = threading.Thread(
@@ -878,12 +941,19 @@ class _Pool:
         with self._cond:
             # The newest first: its pages are likelier still in the CPU's caches.
             live = self._ready.pop() if self._ready else None
+            if live is not None:
+                live.out = True
+                self._out += 1
             self._cond.notify_all()
         return live
 
     def release(self, live: _Live) -> None:
-        """An instance after its one run: freed in the background (inline if there is none)."""
+        """An instance after its run (from :meth:`take` or :meth:`make_now`): rewound or freed
+        in the background (freed inline if there is no background thread)."""
         with self._cond:
+            if live.out:
+                live.out = False
+                self._out -= 1
             if self._threads and not self._closed and len(self._used) < _MAX_POOL:
                 self._used.append(live)
                 self._cond.notify_all()
@@ -901,34 +971,69 @@ class _Pool:
                 while (
                     not self._closed
                     and not self._used
-                    and (self._failed or len(self._ready) + self._making >= self._size)
+                    and (self._failed or self._held() >= self._size)
                 ):
                     self._cond.wait()
                 if self._closed:
                     return
-                used = list(self._used)
-                self._used.clear()
-                make = not self._failed and len(self._ready) + self._making < self._size
+                used = self._used.popleft() if self._used else None
+                room = self._held() < self._size
+                make = room and (used is not None or not self._failed)
                 if make:
                     self._making += 1
-            for old in used:
-                old.close()
-            if not make:
-                continue
-            try:
-                live = self._make()
-            except Exception:  # noqa: BLE001 - a run makes its own and reports the failure
-                with self._cond:
-                    self._making -= 1
-                    self._failed = True
-                continue
+            live: _Live | None = None
+            if used is not None:
+                if make and self._rewound(used):
+                    live = used
+                else:
+                    used.close()
+            if make and live is None and used is None:
+                try:
+                    live = self._make()
+                except Exception:  # noqa: BLE001 - a run makes its own and reports the failure
+                    with self._cond:
+                        self._making -= 1
+                        self._failed = True
+                    continue
             with self._cond:
-                self._making -= 1
+                if make:
+                    self._making -= 1
+                if live is None:
+                    continue
                 if not self._closed:
                     self._ready.append(live)
                     continue
             live.close()
             return
+
+    def _held(self) -> int:
+        """Instances ready, being made or rewound, and out serving runs (under the lock)."""
+        return len(self._ready) + self._making + self._out
+
+    def _rewound(self, live: _Live) -> bool:
+        """Rewind ``live`` after its run and reseed it, ready to serve again (see the class);
+        False (the caller closes it) when it may not be rewound."""
+        target = self._rewind_to
+        if (
+            target is None
+            or live.made_from is None
+            or live.made_from is not self._warmed
+            or live.lives >= _MAX_LIVES
+            or live.dead
+        ):
+            return False
+        state, held, made = target
+        instance = live.instance
+        if (
+            instance.context.made != made
+            or instance.holdings() != held
+            or not live.host.rewound()
+            or not instance.rewind(state)
+        ):
+            return False
+        live.lives += 1
+        self.rewinds += 1
+        return True
 
     def _make(self) -> _Live:
         """A fresh instance ready for one run (on the pool thread).
@@ -941,7 +1046,7 @@ class _Pool:
         state = self._warmed
         if state is not None:
             try:
-                return self._from_state(state)
+                return self._from_state(state, target=True)
             except GuestError:
                 # Never seen; should it happen, the pool goes on the slower way.
                 _log.warning("a pooled instance failed from the warmed state", exc_info=True)
@@ -960,37 +1065,75 @@ class _Pool:
             raise
         return live
 
-    def _from_state(self, state: MemoryState) -> _Live:
+    def _from_state(self, state: MemoryState, *, target: bool = False) -> _Live:
+        """An instance made from ``state`` and reseeded; with ``target`` (the pool thread), the
+        first one's memory becomes the rewind target."""
         live = _Live(self._config, memory=state)
         try:
             live.reseed()
+            if target and self._rewind and self._rewind_to is None:
+                self._rewind = False  # taken once (on the pool thread): a failure is not retried
+                if not self._take_target(live):
+                    live.close()
+                    return self._from_state(state)
         except BaseException:
             live.close()
             raise
         return live
+
+    def _take_target(self, live: _Live) -> bool:
+        """Capture ``live``'s memory (made from the warmed state and reseeded, before any
+        user run) as the rewind target, and try it once: a run, a rewind, a run that goes
+        through the WASI adapter's state (which the rewind must have kept where the instance
+        looks for it). False when that fails: the pool then never rewinds, and ``live`` is
+        the caller's to close. Else ``live`` serves afterwards as any rewound instance."""
+        instance = live.instance
+        target = (instance.capture_memory(exact=True), instance.holdings(), instance.context.made)
+        self._rewind_to = target
+        try:
+            probe = live.execute(_PROBE_CODE, _WARM_INPUTS, None, None)
+            if not probe.ok or not self._rewound(live):
+                raise HostError(f"the rewind probe failed: {probe.error}")
+            live.reseed()
+            if not self._rewound(live):
+                raise HostError("an instance could not be rewound after its reseed run")
+        except (GuestError, HostError):
+            self._rewind_to = None
+            _log.warning("instances of this pool will not be rewound", exc_info=True)
+            return False
+        return True
 
     def make_now(self) -> _Live:
         """An instance for a run that found no ready one, made on the caller's thread: from the
         warmed state (reseeded first) once there is one, else fresh from the image (its
         start-up then runs in the user's call)."""
         state = self._warmed
+        live = None
         if state is not None:
             try:
-                return self._from_state(state)
+                live = self._from_state(state)
             except GuestError:
                 _log.warning("an instance failed from the warmed state", exc_info=True)
-        return _Live(self._config)
+        return live if live is not None else _Live(self._config)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._warmed = None  # its memfd goes once the last instance made from it does
+            self._rewind_to = None
             left = [*self._ready, *self._used]
             self._ready.clear()
             self._used.clear()
             self._cond.notify_all()
         for live in left:
             live.close()
+        # What a filler is making or rewinding is closed by it when it sees the pool closed:
+        # wait for that (a make is bounded by its instantiation budget, a rewind is ~1 ms), so
+        # that nothing of the pool outlives close().
+        me = threading.current_thread()
+        for thread in self._threads:
+            if thread is not me:
+                thread.join()
 
 
 class _LoopThread:
@@ -1284,7 +1427,7 @@ class Sandbox:
         if limits is not None:
             _check_run_limits(limits, self.limits)
         run_limits = limits or self.limits
-        payload = _encode_inputs(inputs, keep=False, max_value=run_limits.output)
+        payload = _encode_inputs(inputs, keep=False, max_value=run_limits.output, seed=True)
         with self._instance(record, hooks) as live:
             return live.execute(code, payload, context, loop, on_output, limits)
 

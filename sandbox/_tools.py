@@ -612,6 +612,18 @@ class ToolHost:
         for flight in flights:
             flight.abandon("was cancelled (its run ended)")
 
+    def rewound(self) -> bool:
+        """Ready this host for its instance's next life (the pool rewinds an instance to its
+        warmed state instead of making a new one): False when a call of an earlier run still
+        runs on a thread (a stuck sync call would hold one of the next run's threads); else the
+        call handles count from the start again, as in a fresh instance (a guest could
+        otherwise tell how many calls earlier runs made)."""
+        with self._cond:
+            if self._threads or self._flights or self._queued:
+                return False
+            self._handles = 0
+        return True
+
     def stop(self, kind: str, message: str) -> StopRun:
         """Remember why the run must end, and return the exception that ends it."""
         stop = StopRun(kind, message)

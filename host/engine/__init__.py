@@ -11,6 +11,7 @@ from mighty.engine._memory import (
     learn_hot_pages,
     live_memories,
     restore_memory,
+    rewind_memory,
 )
 from mighty.engine._native import immortal, quick_call
 from mighty.engine._signals import SignalShield, shielded
@@ -40,6 +41,7 @@ __all__ = [
     "live_memories",
     "quick_call",
     "restore_memory",
+    "rewind_memory",
     "shielded",
     "state_from_pages",
     "wasmtime_version",

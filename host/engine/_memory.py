@@ -50,6 +50,7 @@ __all__ = [
     "learn_hot_pages",
     "live_memories",
     "restore_memory",
+    "rewind_memory",
 ]
 
 _WASM32_MAX = 1 << 32
@@ -70,6 +71,12 @@ _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.memcmp.restype = ctypes.c_int
 _libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+# Called once per run of pages by ``rewind_memory`` (hundreds per rewind): without releasing
+# the GIL (``PyDLL``), as each copy is a few microseconds; through ``CDLL`` every call let a
+# running guest's thread take the GIL and back (~2x the rewind's time with a run beside it).
+_memmove_holding_gil = ctypes.PyDLL(None).memmove
+_memmove_holding_gil.restype = ctypes.c_void_p
+_memmove_holding_gil.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.restype = ctypes.c_int
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
@@ -437,6 +444,129 @@ def restore_memory(account: MemoryAccount, state: MemoryState) -> None:
     if not _map_state(memory.base, state):
         raise OSError(ctypes.get_errno(), "mighty: cannot remap linear memory")
     memory.state = state
+
+
+def rewind_memory(account: MemoryAccount, target: MemoryState) -> bool:
+    """Make the one linear memory charged to ``account`` hold ``target`` again by copying
+    ``target``'s bytes over every page the memory may have changed, in place: its private pages
+    stay private (no copy-on-write fault when the guest writes them again, unlike
+    :func:`restore_memory`, which maps the state anew). The memory must have been made from a
+    state (``states=``) of the same image and size as ``target`` (``target`` is typically that
+    state after one constant call, captured from another memory made from it). Returns False,
+    changing nothing, when it cannot: another size (the guest grew its memory), another image,
+    a memory not made from a state, or no readable page map. The store must not be running.
+
+    Which pages are copied: every page the page map shows as the memory's own (present and not
+    the file's, or swapped out): whatever the guest wrote is among them; and every page where
+    ``target`` differs from the state the memory was made from (the others hold that state's
+    bytes, read from its file, so they hold ``target``'s too). Nothing else can differ.
+    """
+    with _MEMORIES_LOCK:
+        table = list(_MEMORIES.values())
+    memories = [m for m in table if m.account is account]
+    if len(memories) != 1:
+        return False
+    memory = memories[0]
+    made_from = memory.state
+    if (
+        made_from is None
+        or memory.size != target.size
+        or made_from.size != target.size
+        or made_from.image is not target.image
+    ):
+        return False
+    reference = _state_view(target)
+    differing = _differing_pages(made_from, target)
+    if not reference or differing is None:
+        return False
+    pages = memory.size // _HOST_PAGE
+    try:
+        with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+            pagemap.seek(memory.base // _HOST_PAGE * 8)
+            raw = pagemap.read(pages * 8)
+    except OSError:
+        return False
+    if raw is None or len(raw) != pages * 8:
+        return False
+    copy = bytearray(raw[7::8].translate(_OWN))
+    for start, end in differing:
+        copy[start:end] = b"\x01" * (end - start)
+    for run in re.finditer(rb"\x01+", copy):
+        offset = run.start() * _HOST_PAGE
+        _memmove_holding_gil(
+            memory.base + offset, reference + offset, (run.end() - run.start()) * _HOST_PAGE
+        )
+    return True
+
+
+_OWN = bytes(1 if (b & 0x80 and not b & 0x20) or b & 0x40 else 0 for b in range(256))
+"""A page-map entry's top byte -> 1 for a page of the memory's own: present (bit 63) and not a
+file page (bit 61), or swapped out (bit 62)."""
+_STATE_VIEWS: dict[int, int] = {}
+_DIFFERING: dict[tuple[int, int], list[tuple[int, int]]] = {}
+_VIEWS_LOCK = threading.Lock()
+
+
+def _state_view(state: MemoryState) -> int:
+    """A read-only mapping of ``state``'s whole memory (image, zeros, its pages), kept while
+    the state lives, to copy pages from; 0 if it cannot be mapped."""
+    with _VIEWS_LOCK:
+        address = _STATE_VIEWS.get(id(state))
+        if address is not None:
+            return address
+        mapped = _libc.mmap(
+            None, state.size, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
+        )
+        if mapped is None or mapped == _MAP_FAILED:
+            return 0
+        address = int(mapped)
+        if not _map_state(address, state) or _libc.mprotect(address, state.size, _PROT_READ):
+            _libc.munmap(address, state.size)
+            return 0
+        _STATE_VIEWS[id(state)] = address
+        unmap = weakref.finalize(state, _unmap_state_view, id(state), address, state.size)
+        unmap.atexit = False  # as for image views: a daemon thread may still read it at exit
+        return address
+
+
+def _unmap_state_view(key: int, address: int, length: int) -> None:
+    with _VIEWS_LOCK:
+        _STATE_VIEWS.pop(key, None)
+        for pair in [pair for pair in _DIFFERING if key in pair]:
+            del _DIFFERING[pair]
+    _libc.munmap(address, length)
+
+
+def _differing_pages(first: MemoryState, second: MemoryState) -> list[tuple[int, int]] | None:
+    """Page index ranges ``[start, end)`` where two states of one image and size differ
+    (compared once per pair, then kept while both live); None if either cannot be mapped.
+    Outside both states' ranges both hold the image or zeros, so only those are compared."""
+    key = (id(first), id(second))
+    with _VIEWS_LOCK:
+        known = _DIFFERING.get(key)
+    if known is not None:
+        return known
+    one, two = _state_view(first), _state_view(second)
+    if not one or not two:
+        return None
+    candidates = bytearray(first.size // _HOST_PAGE)
+    for offset, length, _at in (*first.ranges, *second.ranges):
+        candidates[offset // _HOST_PAGE : (offset + length) // _HOST_PAGE] = b"\x01" * (
+            length // _HOST_PAGE
+        )
+    differing: list[tuple[int, int]] = []
+    for index in (i for i, flag in enumerate(candidates) if flag):
+        at = index * _HOST_PAGE
+        if _libc.memcmp(one + at, two + at, _HOST_PAGE):
+            if differing and differing[-1][1] == index:
+                differing[-1] = (differing[-1][0], index + 1)
+            else:
+                differing.append((index, index + 1))
+    with _VIEWS_LOCK:
+        # Forgotten with either state (its view's finalizer drops the pairs it is in).
+        if id(first) in _STATE_VIEWS and id(second) in _STATE_VIEWS:
+            _DIFFERING[key] = differing
+    return differing
 
 
 def _changed_ranges(memory: _Memory) -> list[tuple[int, int]]:

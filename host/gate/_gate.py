@@ -243,7 +243,8 @@ class GuestContext:
         """The store context of the import being served (set by the gate for each call)."""
         self._tables: dict[int, dict[int, Any]] = {}
         self._known_kinds: dict[int, ResourceKind] = {}
-        self._next_rep = itertools.count(1)
+        self.made = 0
+        """How many resources the guest has been given so far (each one's rep is its number)."""
         # The hooked call of each import, made on its first call (None: the hook chain).
         self._frames: dict[_Registered, _Serve | None] = {}
 
@@ -276,7 +277,8 @@ class GuestContext:
     def new(self, kind: ResourceKind, obj: Any) -> Handle:
         """Store ``obj`` as a new resource of ``kind``; return it from a host function."""
         self._known_kinds[kind.type_id] = kind
-        rep = next(self._next_rep)
+        self.made += 1
+        rep = self.made
         self._tables.setdefault(kind.type_id, {})[rep] = obj
         return Handle(kind, rep)
 

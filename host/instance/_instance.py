@@ -31,6 +31,7 @@ from mighty.engine import (
     get_engine,
     learn_hot_pages,
     restore_memory,
+    rewind_memory,
     shielded,
 )
 from mighty.gate import CallHook, Gate, GuestContext, Handle, Seed
@@ -387,6 +388,22 @@ class Instance:
         if self._closed:
             raise Closed("instance is closed")
         restore_memory(self._meter.account, state)
+
+    def rewind(self, state: MemoryState) -> bool:
+        """Make this live instance's linear memory hold ``state`` again, copying back only the
+        pages it may have changed (:func:`mighty.engine.rewind_memory`: the instance must have
+        been made with ``memory=`` a state of the same image and size), and forget its captured
+        stdout and stderr. Returns False, changing nothing, when it cannot (closed, poisoned,
+        recording, the memory grew, no page map). Between calls only. What is not memory (the
+        resources the guest holds, wasm globals) is the caller's to check: see
+        ``mighty.sandbox``'s pool, the one user."""
+        if self._closed or self._poisoned is not None or self._recording is not None:
+            return False
+        if not rewind_memory(self._meter.account, state):
+            return False
+        for capture in self._outputs():
+            capture.clear()
+        return True
 
     def holdings(self) -> frozenset[tuple[str, int]]:
         """The host resources the guest holds right now, as ``(kind, rep)`` pairs."""

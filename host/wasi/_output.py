@@ -112,6 +112,12 @@ class CaptureOutput(OutputStream):
     def close(self) -> None:
         """Nothing to release: the capture outlives the guest's handle."""
 
+    def clear(self) -> None:
+        """Forget what was written (kept and counted): for an instance rewound to serve anew."""
+        self.total = 0
+        self._kept = 0
+        self._chunks = []
+
     @property
     def kept(self) -> int:
         """Bytes kept in memory (at most ``cap``)."""

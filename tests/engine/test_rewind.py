@@ -1,0 +1,142 @@
+"""Rewinding a memory in place: after ``Instance.rewind(target)`` the memory holds ``target``
+byte for byte, whatever the instance wrote, and a rewind that cannot be exact changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mighty import Component, Instance
+from mighty.engine import MemoryState
+
+_PAGE = 65536
+_PAGES = 3
+_SIZE = _PAGES * _PAGE
+
+_PATTERN = "".join(f"\\{b:02x}" for b in bytes(range(256)) * 20)
+
+_WAT = f"""
+(component
+  (core module $m
+    (memory {_PAGES})
+    (func (export "poke") (param $a i32) (param $v i32) local.get $a local.get $v i32.store8)
+    (func (export "peek") (param $a i32) (result i32) local.get $a i32.load8_u)
+    (func (export "grow") (param $n i32) (result i32) local.get $n memory.grow)
+    (func (export "hash") (param $len i32) (result i32)
+      (local $i i32) (local $h i32)
+      i32.const 0x811c9dc5 local.set $h
+      (block $done (loop $l
+        local.get $i local.get $len i32.ge_u br_if $done
+        local.get $h local.get $i i32.load8_u i32.xor i32.const 16777619 i32.mul local.set $h
+        local.get $i i32.const 1 i32.add local.set $i
+        br $l))
+      local.get $h)
+    (data (i32.const 4096) "{_PATTERN}")
+    (data (i32.const 131072) "image bytes past the first page")
+  )
+  (core instance $i (instantiate $m))
+  (func (export "poke") (param "a" u32) (param "v" u8) (canon lift (core func $i "poke")))
+  (func (export "peek") (param "a" u32) (result u8) (canon lift (core func $i "peek")))
+  (func (export "grow") (param "n" u32) (result s32) (canon lift (core func $i "grow")))
+  (func (export "hash") (param "len" u32) (result u32) (canon lift (core func $i "hash")))
+)
+"""
+
+
+def _model() -> bytearray:
+    memory = bytearray(_SIZE)
+    memory[4096 : 4096 + 5120] = bytes(range(256)) * 20
+    text = b"image bytes past the first page"
+    memory[131072 : 131072 + len(text)] = text
+    return memory
+
+
+def _fnv(memory: bytes) -> int:
+    h = 0x811C9DC5
+    for b in memory:
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+Pokes = list[tuple[int, int]]
+_pokes = st.lists(st.tuples(st.integers(0, _SIZE - 1), st.integers(0, 255)), max_size=40)
+
+
+def _poke(instance: Instance, model: bytearray, pokes: Pokes) -> None:
+    for at, value in pokes:
+        instance.call("poke", at, value)
+        model[at] = value
+
+
+@pytest.fixture(scope="module")
+def component(wat: Callable[[str], bytes]) -> Component:
+    loaded = Component.load(wat(_WAT), use_cache=False)
+    assert loaded.images  # the rewind is about memories made from an image's states
+    return loaded
+
+
+def _states(component: Component, base: Pokes, target: Pokes) -> tuple[MemoryState, MemoryState]:
+    """A base state (the image after ``base``) and a target: another instance made from the
+    base, after ``target``."""
+    with Instance(component) as first:
+        _poke(first, bytearray(_SIZE), base)
+        made_from = first.capture_memory(gap=0)
+    with Instance(component, memory=made_from) as second:
+        _poke(second, bytearray(_SIZE), target)
+        return made_from, second.capture_memory(exact=True)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(base=_pokes, target=_pokes, before=_pokes, runs=st.lists(_pokes, min_size=1, max_size=3))
+def test_a_rewound_memory_holds_the_target_byte_for_byte(
+    component: Component, base: Pokes, target: Pokes, before: Pokes, runs: list[Pokes]
+) -> None:
+    """Any writes, before and between rewinds: afterwards the memory is the target exactly
+    (pages the target changed that the instance never wrote, pages it wrote that the target
+    never changed)."""
+    made_from, goal = _states(component, base, target)
+    expected = _model()
+    for at, value in (*base, *target):
+        expected[at] = value
+    with Instance(component, memory=made_from) as instance:
+        _poke(instance, bytearray(_SIZE), before)
+        for run in runs:
+            assert instance.rewind(goal)
+            assert instance.call("hash", _SIZE) == _fnv(expected)
+            for at, _value in run[:5]:
+                assert instance.call("peek", at) == expected[at]
+            _poke(instance, bytearray(_SIZE), run)
+        assert instance.rewind(goal)
+        assert instance.call("hash", _SIZE) == _fnv(expected)
+
+
+def test_a_memory_that_grew_is_not_rewound_and_keeps_its_bytes(component: Component) -> None:
+    """The size cannot go back (wasmtime's view of it): the rewind says no, nothing changes."""
+    made_from, goal = _states(component, [(10, 1)], [(20, 2)])
+    with Instance(component, memory=made_from) as instance:
+        instance.call("poke", 30, 3)
+        assert instance.call("grow", 1) == _PAGES
+        assert not instance.rewind(goal)
+        assert [instance.call("peek", a) for a in (10, 20, 30)] == [1, 0, 3]
+
+
+def test_a_memory_not_made_from_a_state_is_not_rewound(component: Component) -> None:
+    """Fresh from the image: no state says which pages hold what, so no rewind."""
+    _made_from, goal = _states(component, [], [(20, 2)])
+    with Instance(component) as instance:
+        instance.call("poke", 30, 3)
+        assert not instance.rewind(goal)
+        assert instance.call("peek", 30) == 3
+
+
+def test_a_closed_instance_is_not_rewound(component: Component) -> None:
+    """After close there is no memory to rewind."""
+    made_from, goal = _states(component, [], [])
+    instance = Instance(component, memory=made_from)
+    instance.close()
+    assert not instance.rewind(goal)
