@@ -42,6 +42,11 @@ from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
 from mighty.engine._state import MAX_GAP, MemoryState, freeze
 
+try:
+    from mighty.engine import _pages  # the rewind's page copy, compiled (_pages.c)
+except ImportError:  # not built: the pure-Python copy
+    _pages = None  # type: ignore[assignment]
+
 __all__ = [
     "MemoryAccount",
     "capture_memory",
@@ -488,9 +493,12 @@ def rewind_memory(account: MemoryAccount, target: MemoryState) -> bool:
         return False
     if raw is None or len(raw) != pages * 8:
         return False
-    copy = bytearray(raw[7::8].translate(_OWN))
-    for start, end in differing:
-        copy[start:end] = b"\x01" * (end - start)
+    if _pages is not None and os.environ.get("MIGHTY_PURE_PYTHON", "") in ("", "0"):
+        _pages.copy_back(memory.base, reference, raw, differing, _HOST_PAGE)
+        return True
+    # The pure-Python path (and the compiled one's oracle): one copy per run of pages.
+    own = raw[7::8].translate(_OWN)
+    copy = (int.from_bytes(own, "big") | int.from_bytes(differing, "big")).to_bytes(pages, "big")
     for run in re.finditer(rb"\x01+", copy):
         offset = run.start() * _HOST_PAGE
         _memmove_holding_gil(
@@ -503,7 +511,7 @@ _OWN = bytes(1 if (b & 0x80 and not b & 0x20) or b & 0x40 else 0 for b in range(
 """A page-map entry's top byte -> 1 for a page of the memory's own: present (bit 63) and not a
 file page (bit 61), or swapped out (bit 62)."""
 _STATE_VIEWS: dict[int, int] = {}
-_DIFFERING: dict[tuple[int, int], list[tuple[int, int]]] = {}
+_DIFFERING: dict[tuple[int, int], bytes] = {}
 _VIEWS_LOCK = threading.Lock()
 
 
@@ -537,10 +545,10 @@ def _unmap_state_view(key: int, address: int, length: int) -> None:
     _libc.munmap(address, length)
 
 
-def _differing_pages(first: MemoryState, second: MemoryState) -> list[tuple[int, int]] | None:
-    """Page index ranges ``[start, end)`` where two states of one image and size differ
-    (compared once per pair, then kept while both live); None if either cannot be mapped.
-    Outside both states' ranges both hold the image or zeros, so only those are compared."""
+def _differing_pages(first: MemoryState, second: MemoryState) -> bytes | None:
+    """One byte per page, 1 where two states of one image and size differ (compared once per
+    pair, then kept while both live); None if either cannot be mapped. Outside both states'
+    ranges both hold the image or zeros, so only those are compared."""
     key = (id(first), id(second))
     with _VIEWS_LOCK:
         known = _DIFFERING.get(key)
@@ -554,14 +562,12 @@ def _differing_pages(first: MemoryState, second: MemoryState) -> list[tuple[int,
         candidates[offset // _HOST_PAGE : (offset + length) // _HOST_PAGE] = b"\x01" * (
             length // _HOST_PAGE
         )
-    differing: list[tuple[int, int]] = []
+    mask = bytearray(len(candidates))
     for index in (i for i, flag in enumerate(candidates) if flag):
         at = index * _HOST_PAGE
         if _libc.memcmp(one + at, two + at, _HOST_PAGE):
-            if differing and differing[-1][1] == index:
-                differing[-1] = (differing[-1][0], index + 1)
-            else:
-                differing.append((index, index + 1))
+            mask[index] = 1
+    differing = bytes(mask)
     with _VIEWS_LOCK:
         # Forgotten with either state (its view's finalizer drops the pairs it is in).
         if id(first) in _STATE_VIEWS and id(second) in _STATE_VIEWS:

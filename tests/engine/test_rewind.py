@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mighty import Component, Instance
-from mighty.engine import MemoryState
+from mighty.engine import MemoryState, _memory
 
 _PAGE = 65536
 _PAGES = 3
@@ -89,16 +89,27 @@ def _states(component: Component, base: Pokes, target: Pokes) -> tuple[MemorySta
         return made_from, second.capture_memory(exact=True)
 
 
+_PATHS = ["compiled", "pure"] if _memory._pages is not None else ["pure"]
+
+
+@pytest.mark.parametrize("path", _PATHS)
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(base=_pokes, target=_pokes, before=_pokes, runs=st.lists(_pokes, min_size=1, max_size=3))
 def test_a_rewound_memory_holds_the_target_byte_for_byte(
-    component: Component, base: Pokes, target: Pokes, before: Pokes, runs: list[Pokes]
+    component: Component,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    base: Pokes,
+    target: Pokes,
+    before: Pokes,
+    runs: list[Pokes],
 ) -> None:
-    """Any writes, before and between rewinds: afterwards the memory is the target exactly
-    (pages the target changed that the instance never wrote, pages it wrote that the target
-    never changed)."""
+    """Any writes, before and between rewinds, compiled copy or pure Python: afterwards the
+    memory is the target exactly (pages the target changed that the instance never wrote,
+    pages it wrote that the target never changed)."""
+    monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
     made_from, goal = _states(component, base, target)
     expected = _model()
     for at, value in (*base, *target):

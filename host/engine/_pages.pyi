@@ -1,0 +1,3 @@
+"""Stub of the compiled module host/engine/_pages.c (a rewind's page copy in C)."""
+
+def copy_back(dst: int, src: int, pagemap: bytes, mask: bytes, page: int, /) -> int: ...
