@@ -22,6 +22,11 @@ durable: those do not outlive their runtime anyway).
 beside a live runtime: SQLite WAL lets a reader see the last commit); ``put_forked`` writes a
 new agent's row and its journaled messages in one transaction (``mty fork``).
 
+A journaled message's ``seq`` grows for as long as its agent is stored, never reused after its
+row is deleted (``inbox_seq`` keeps each agent's last one): the idempotency keys of a message's
+calls are derived from it (mighty.wasi), so a number used again would give a new message the
+keys of one handled before, and a server honouring keys would drop its effects as repeats.
+
 Rejected: one file per agent (100,000 small files, a rename per write for atomicity, no cheap
 "which schemas are stored" query); a key-value store outside the standard library (a new
 native dependency for what SQLite, in every Python, does well).
@@ -85,6 +90,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     body    BLOB NOT NULL,
     PRIMARY KEY (address, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox_seq (address TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS timers (
     id     INTEGER PRIMARY KEY,
     due    REAL NOT NULL,
@@ -289,12 +295,19 @@ class SnapshotStore:
         return seq
 
     def _inbox_insert(self, address: str, sender: str, name: str, body: bytes) -> int:
-        """Add a journaled message inside the caller's transaction; its ``seq``."""
+        """Add a journaled message inside the caller's transaction; its ``seq``, past every
+        one ``address`` had (see the module doc)."""
         row = self._db.execute(
-            "SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?", (address,)
+            "SELECT max((SELECT ifnull(max(seq), 0) FROM inbox WHERE address = ?), "
+            "(SELECT ifnull(max(seq), 0) FROM inbox_seq WHERE address = ?))",
+            (address, address),
         ).fetchone()
         seq = int(row[0]) + 1 if row else 1
         self._db.execute("INSERT INTO inbox VALUES (?,?,?,?,?)", (address, seq, sender, name, body))
+        self._db.execute(
+            "INSERT INTO inbox_seq VALUES (?, ?) ON CONFLICT (address) DO UPDATE SET seq = ?",
+            (address, seq, seq),
+        )
         return seq
 
     def inbox_done(self, address: str, seq: int) -> None:

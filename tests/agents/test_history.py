@@ -115,7 +115,8 @@ def test_history_json_parses_and_matches_what_a_live_runtime_showed(
     assert found["ok"] is True
     assert found["agent"] == "worker:1"
     assert [e["kind"] for e in found["entries"]] == KINDS
-    assert [e["seq"] for e in found["entries"] if e["kind"] == "message"] == [1, 2, 3]
+    # Numbered past the two messages handled before the crash: a seq is never used again.
+    assert [e["seq"] for e in found["entries"] if e["kind"] == "message"] == [3, 4, 5]
     assert (
         found["entries"][0]["component"]
         == json.loads(crashed["live"].stdout)["entries"][0]["component"]

@@ -203,6 +203,27 @@ def test_inbox_rows_go_with_the_state_that_includes_them(tmp_path: Path) -> None
         store.close()
 
 
+def test_a_seq_is_never_used_again(tmp_path: Path) -> None:
+    """A message journaled after the inbox emptied gets the next seq, not 1 again (its calls'
+    idempotency keys are derived from it), in this store and after a reopen."""
+    store = SnapshotStore(tmp_path)
+    try:
+        first = store.inbox_put("worker:1", "host", "work", b"1")
+        store.put(_snapshot(), sync=True, done=first)
+        second = store.inbox_put("worker:1", "host", "work", b"2")
+        store.inbox_done("worker:1", second)
+        assert (first, second) == (1, 2)
+        assert store.inbox("worker:1") == []
+    finally:
+        store.close()
+    store = SnapshotStore(tmp_path)
+    try:
+        assert store.inbox_put("worker:1", "host", "work", b"3") == 3
+        assert store.inbox_put("worker:2", "host", "work", b"x") == 1
+    finally:
+        store.close()
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a:1", "b:2"]), st.binary(max_size=64)), max_size=12))
 def test_inbox_keeps_each_agents_messages_in_order(
