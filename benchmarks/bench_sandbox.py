@@ -11,7 +11,9 @@ any call on a worker thread (a bare round trip between two threads, through lock
 pipes). The machine's load average is printed too, and the process CPU per sync call (the
 hand-off's bounded spin, ``MIGHTY_TOOL_SPIN_US``, costs CPU: see docs/sandbox.md). Last, pooled
 instances made from the pool's warmed state against instances warmed in full (as before it),
-interleaved in the same process (``--warm-state``: only that part).
+interleaved in the same process (``--warm-state``: only that part); and instances rewound after
+each run against instances closed after it, with Monty in the same process (``--rewind``: only
+that part).
 """
 
 from __future__ import annotations
@@ -188,9 +190,104 @@ def _warm_state_rows() -> list[Row]:
     return rows
 
 
+def _rewind_rows() -> list[Row]:
+    """Pooled instances rewound after each run against instances closed after it (each made
+    anew from the warmed state), interleaved in one process, with Monty's fresh session in the
+    same process: a spaced run's wall and caller-thread CPU, 60 back to back, and sustained
+    runs per second with the process CPU per run (pool thread included)."""
+    size = 4
+    rows: list[Row] = [
+        {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    ]
+    with Sandbox(tools=[add], pool=size) as rewound, Sandbox(tools=[add], pool=size) as closed:
+        closed._pool._rewind = False  # before its first instance is made from the state
+        boxes = {"rewound": rewound, "closed": closed}
+        for box in boxes.values():
+            _wait_full(box, size)
+            box.run("1")
+        labels = list(boxes)
+        spaced: dict[str, list[float]] = {label: [] for label in labels}
+        spaced_cpu: dict[str, list[float]] = {label: [] for label in labels}
+        back: dict[str, list[float]] = {label: [] for label in labels}
+        rate: dict[str, list[float]] = {label: [] for label in labels}
+        cpu: dict[str, list[float]] = {label: [] for label in labels}
+        for _ in range(100):
+            for label, box in boxes.items():
+                _wait_full(box, size)
+                time.sleep(0.01)
+                c0, t0 = time.thread_time(), time.perf_counter()
+                box.run("result = 1 + 1")
+                spaced[label].append(time.perf_counter() - t0)
+                spaced_cpu[label].append(time.thread_time() - c0)
+        for _ in range(3):
+            for label, box in boxes.items():
+                _wait_full(box, size)
+                back[label].extend(
+                    samples(lambda box=box: box.run("result = 1 + 1"), repeat=60, warmup=0)
+                )
+                _wait_full(box, size)
+                count = 0
+                c0, t0 = time.process_time(), time.perf_counter()
+                while time.perf_counter() - t0 < 2.0:
+                    box.run("result = 1 + 1")
+                    count += 1
+                took = time.perf_counter() - t0
+                rate[label].append(count / took)
+                cpu[label].append((time.process_time() - c0) / count)
+        assert rewound._pool.rewinds > 0 and closed._pool.rewinds == 0
+        monty = _monty()
+
+    def ms(xs: list[float]) -> float:
+        return round(statistics.median(xs) * 1e3, 3)
+
+    for label, name in (("closed", "closed after its run"), ("rewound", "rewound after its run")):
+        rows.append(
+            {
+                "name": f"pooled instance, {name}",
+                "spaced_run_p50_ms": ms(spaced[label]),
+                "spaced_run_caller_cpu_ms": ms(spaced_cpu[label]),
+                "back_to_back_p50_ms": ms(back[label]),
+                "runs_per_s_1_thread": round(statistics.mean(rate[label]), 1),
+                "process_cpu_per_run_ms": ms(cpu[label]),
+            }
+        )
+    rows.append(
+        {
+            "name": "rewound over closed (ratio)",
+            "spaced_run": round(ms(spaced["rewound"]) / ms(spaced["closed"]), 2),
+            "back_to_back": round(ms(back["rewound"]) / ms(back["closed"]), 2),
+            "runs_per_s": round(
+                statistics.mean(rate["rewound"]) / statistics.mean(rate["closed"]), 2
+            ),
+            "process_cpu_per_run": round(ms(cpu["rewound"]) / ms(cpu["closed"]), 2),
+        }
+    )
+    if monty is not None:
+        rows.append(
+            {
+                "name": "Monty fresh session '1 + 1', same process",
+                "p50_ms": round(monty * 1e3, 3),
+                "rewound_spaced_over_monty": round(ms(spaced["rewound"]) / (monty * 1e3), 2),
+                "rewound_back_to_back_over_monty": round(ms(back["rewound"]) / (monty * 1e3), 2),
+            }
+        )
+    else:
+        rows.append({"name": "Monty", "note": "pydantic-monty not installed"})
+    rows.append(
+        {
+            "name": "machine load after (1, 5, 15 min)",
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
+    return rows
+
+
 def main() -> None:
     if "--warm-state" in sys.argv:
         report(_warm_state_rows())
+        return
+    if "--rewind" in sys.argv:
+        report(_rewind_rows())
         return
     rows: list[dict[str, object]] = [
         {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
@@ -287,6 +384,7 @@ def main() -> None:
     rows.extend(_tool_call_parts(100))
     rows.extend(_handoff_floor())
     rows.extend(_warm_state_rows())
+    rows.extend(_rewind_rows())
     report(rows)
 
 

@@ -1007,8 +1007,11 @@ class _Pool:
             return
 
     def _held(self) -> int:
-        """Instances ready, being made or rewound, and out serving runs (under the lock)."""
-        return len(self._ready) + self._making + self._out
+        """Instances ready, being made or rewound, and (while instances are rewound) out serving
+        runs (under the lock). A pool that does not rewind makes a replacement as soon as one
+        is taken, as the one taken will be closed."""
+        out = self._out if self._rewind_to is not None else 0
+        return len(self._ready) + self._making + out
 
     def _rewound(self, live: _Live) -> bool:
         """Rewind ``live`` after its run and reseed it, ready to serve again (see the class);
