@@ -430,6 +430,9 @@ class AgentProcess:
         # Instantiation and init run under the default budget; the type's budget is for each
         # message (a tight per-message fuel must not make the agent unable to start).
         record = self.runtime.recorder
+        outside = self.runtime.import_journal
+        if outside is not None:
+            record = outside(self, record)
         journal = self.runtime.journal
         splitters = (
             LineSplitter(functools.partial(self.runtime.output, self, "stdout")),
@@ -1350,6 +1353,10 @@ class Runtime:
         store = SnapshotStore(state_dir) if state_dir is not None else None
         self.scheduler = Scheduler(workers or os.cpu_count() or 1)
         self.recorder = recorder
+        self.import_journal: Callable[[AgentProcess, Any], Any] | None = None
+        """An import journal kept outside this process (mighty.cluster's, in JetStream): given
+        an agent being instantiated and the record sink its instance would record into (the
+        runtime's ``recorder`` or None), the sink it records into instead. None: none."""
         self.capabilities = capabilities if capabilities is not None else Capabilities()
         self.broker = CapabilityBroker(self.capabilities)
         self.gate = Gate([WasiProvider(), AgentHostProvider(self), AgentToolsProvider()])

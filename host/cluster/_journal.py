@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import logging
 import shutil
 import tempfile
 import threading
@@ -63,7 +64,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from mighty._cbor import loads_untrusted
 from mighty._errors import HostError, MightyError
-from mighty.agents import NoProc
+from mighty.agents import AgentProcess, NoProc
 from mighty.trace import Recorder, TraceAnswers, TraceError, read_instances
 from mighty.wasi import HTTP_RESPONDER, IDEMPOTENCY_KEYS, IdempotencyKeys
 
@@ -88,6 +89,7 @@ __all__ = [
     "encode_entry",
 ]
 
+_log = logging.getLogger(__name__)
 _VERSION = 1
 ENTRY_DATA = 256 * 1024
 """The most log bytes one entry carries (a longer import record is cut in pieces)."""
@@ -275,8 +277,8 @@ class MessageLog:
 class ClusterJournal:
     """The journal stream of one node, and the logs of the messages its consumers run.
 
-    ``install`` makes it the runtime's record sink (wrapping the one already there): every
-    instance of a durable type gets a :class:`_JournalRecording`, which logs the imports of a
+    ``install`` makes it the runtime's ``import_journal``: every instance of a durable type
+    gets a :class:`_JournalRecording` (over the runtime's recorder), which logs the imports of a
     ``handle`` whose envelope's ``key`` (the durable message id) has a :class:`MessageLog`
     registered by the consumer (``register``)."""
 
@@ -316,15 +318,20 @@ class ClusterJournal:
         return self._scratch
 
     def install(self) -> None:
-        runtime = self.node.runtime
-        if not isinstance(runtime.recorder, _JournalSink):
-            runtime.recorder = _JournalSink(self, runtime.recorder)
+        """Journal the instances of durable types made from now on (the runtime's
+        ``import_journal``)."""
+        self.node.runtime.import_journal = self.sink
 
     def uninstall(self) -> None:
         runtime = self.node.runtime
-        sink = runtime.recorder
-        if isinstance(sink, _JournalSink) and sink.journal is self:
-            runtime.recorder = sink.inner
+        if runtime.import_journal == self.sink:
+            runtime.import_journal = None
+
+    def sink(self, process: AgentProcess, record: RecordSink | None) -> RecordSink | None:
+        """The record sink of a new instance of ``process``: a journal for a durable type."""
+        if process.type.name not in self.types:
+            return record
+        return _JournalSink(self, record)
 
     def close(self) -> None:
         self.uninstall()
@@ -413,22 +420,24 @@ class ClusterJournal:
                 time.sleep(0.05)
 
     def purge(self, name: str, message: str) -> None:
-        """Delete ``message``'s journal (its state is stored and it is acknowledged)."""
+        """Delete ``message``'s journal (its state is stored and it is acknowledged). Not
+        waited for: nobody reads a handled message's journal (one that stays, its purge lost
+        with the node, goes with the stream's ``max_age``)."""
         subject = self.subject(name, message)
-        try:
-            self.node._call(self._js.purge_stream(self.stream, subject=subject), 10)
-        except (nats.errors.Error, TimeoutError, MightyError, asyncio.CancelledError) as exc:
-            # Left to the stream's max_age: nobody reads a handled message's journal.
-            import logging
 
-            logging.getLogger(__name__).warning(
-                "durable %s: the journal of %r was not purged: %s", name, message, exc
-            )
+        async def purge() -> None:
+            try:
+                await self._js.purge_stream(self.stream, subject=subject)
+            except (nats.errors.Error, TimeoutError) as exc:
+                _log.warning("durable %s: the journal of %r was not purged: %s", name, message, exc)
+
+        with contextlib.suppress(RuntimeError):  # the node is closing: left to max_age
+            asyncio.run_coroutine_threadsafe(purge(), self.node._loop)
 
 
 class _JournalSink:
-    """The runtime's record sink while the node has durable types: instances of those types
-    get a journal recording; others get the wrapped sink's recording (or a pass-through)."""
+    """The record sink of a new instance of a durable agent: its journal recording, over the
+    sink it would have recorded into (the node's ``--record`` trace, if any)."""
 
     def __init__(self, journal: ClusterJournal, inner: RecordSink | None) -> None:
         self.journal = journal
@@ -449,36 +458,8 @@ class _JournalSink:
             if inner is None
             else inner.attach(component, budget, policy, agent=agent, name=name)
         )
-        if agent is None or agent.partition(":")[0] not in self.journal.types:
-            return also if also is not None else _PassThrough()
-        return _JournalRecording(self.journal, agent, (component, budget, policy, name), also)
-
-
-class _PassThrough:
-    """A recording that records nothing (an instance of a type that is not durable)."""
-
-    fuel_limit = 0
-
-    def __call__(
-        self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
-    ) -> Any:
-        return call()
-
-    def begin_export(self, name: str, args: Sequence[Any], budget: dict[str, Any]) -> None:
-        pass
-
-    def end_export(
-        self,
-        name: str,
-        result: Any,
-        error: BaseException | None,
-        fuel: int | None,
-        memory_peak: int | None,
-    ) -> None:
-        pass
-
-    def close(self, stdout: bytes, stderr: bytes) -> None:
-        pass
+        address = agent or ""
+        return _JournalRecording(self.journal, address, (component, budget, policy, name), also)
 
 
 class _JournalRecording:
@@ -507,12 +488,13 @@ class _JournalRecording:
         self._path: Path | None = None
         self._first = False
         self._slots = False
+        self._handle: tuple[Sequence[Any], dict[str, Any]] = ((), {})
 
     def __call__(
         self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
     ) -> Any:
-        log, also, inner = self._log, self._also, self._inner
-        if log is None or inner is None:
+        log, also = self._log, self._also
+        if log is None:
             if self._slots:  # a message with no journal: no keys, live HTTP
                 self._slots = False
                 ctx.take(IDEMPOTENCY_KEYS)
@@ -521,12 +503,15 @@ class _JournalRecording:
         if self._first:
             self._first = False
             self._slots = True
+            self._open(log)
             ctx.put(IDEMPOTENCY_KEYS, self.keys)
             answers = log.answers
             if answers is not None and answers.http is not None:
                 ctx.put(HTTP_RESPONDER, cast("Any", answers.http))
             else:
                 ctx.take(HTTP_RESPONDER)
+        inner = self._inner
+        assert inner is not None
         self.keys.position += 1
         answers = log.answers
         live = call if answers is None else (lambda: answers(ctx, binding, args, call))
@@ -550,11 +535,10 @@ class _JournalRecording:
 
     def begin_export(self, name: str, args: Sequence[Any], budget: dict[str, Any]) -> None:
         if name == "handle":
-            self._begin()
-        for recording in (self._inner, self._also):
-            if recording is not None:
-                recording.fuel_limit = int(budget["fuel"])
-                recording.begin_export(name, args, budget)
+            self._begin(args, budget)
+        if self._also is not None:
+            self._also.fuel_limit = int(budget["fuel"])
+            self._also.begin_export(name, args, budget)
 
     def end_export(
         self,
@@ -575,23 +559,32 @@ class _JournalRecording:
         if self._also is not None:
             self._also.close(stdout, stderr)
 
-    def _begin(self) -> None:
+    def _begin(self, args: Sequence[Any], budget: dict[str, Any]) -> None:
         self._end()
         log = self.journal.log_for(self.address)
         if log is None:
             return
-        component, budget, policy, name = self._attach
-        path = self.journal.scratch / f"{log.log}.trace"
-        # No source positions: the journal's hook does not keep them (as the local journal).
-        recorder = Recorder(path, flush="record", positions=False)
-        self._recorder, self._path, self._log = recorder, path, log
-        self._reader = path.open("rb")
-        self._inner = recorder.attach(component, budget, policy, agent=self.address, name=name)
+        self._log, self._handle = log, (args, budget)
         self.keys.agent = log.name
         self.keys.begin(log.message)
         self._first = True
         if log.answers is not None:
             self.journal.answered += 1
+
+    def _open(self, log: MessageLog) -> None:
+        """The message's first import: its scratch trace (a message with no import costs
+        none), with the ``handle`` call the import is in."""
+        component, budget, policy, name = self._attach
+        path = self.journal.scratch / f"{log.log}.trace"
+        # No source positions: the journal's hook does not keep them (as the local journal).
+        recorder = Recorder(path, flush="record", positions=False)
+        self._recorder, self._path = recorder, path
+        self._reader = path.open("rb")
+        inner = recorder.attach(component, budget, policy, agent=self.address, name=name)
+        args, call_budget = self._handle
+        inner.fuel_limit = int(call_budget["fuel"])
+        inner.begin_export("handle", args, call_budget)
+        self._inner = inner
 
     def _end(self) -> None:
         recorder, reader, path = self._recorder, self._reader, self._path

@@ -66,6 +66,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import os
 import stat
@@ -146,6 +147,7 @@ def _frame(payload: bytes) -> bytes:
     return head + _PACK_I(_crc32(head)) + payload
 
 
+@functools.cache  # read from the installed metadata (a parse of a file each time: ~0.2 ms)
 def _package_version(name: str) -> str:
     try:
         return metadata.version(name)
