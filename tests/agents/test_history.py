@@ -372,3 +372,114 @@ def test_a_log_whose_message_was_checkpointed_is_stale_and_not_forked(
     assert "already checkpointed" in json.loads(refused.stdout)["error"]["message"]
     assert mty("fork", "w", "--at", "0", "--as", "x", "--state-dir", state).returncode == 0
     assert not (state / "journal" / "worker_2.trace").exists()
+
+
+def _call(
+    template: dict[str, Any], interface: str, function: str, args: list[Any], res: Any
+) -> dict[str, Any]:
+    """``template`` (a logged import) as a call of ``interface.function``."""
+    return {**template, "if": interface, "fn": function, "args": args, "res": res, "out": "ok"}
+
+
+def _exchange(
+    template: dict[str, Any], first: int, body: bytes, status: int | None
+) -> list[dict[str, Any]]:
+    """The wasi:http and wasi:io imports of one POST, its handles numbered from ``first``;
+    without ``status``, it ends at ``handle`` (in flight at a crash)."""
+    from mighty.abi import Err, Ok, Variant
+    from mighty.trace import HandleRef
+
+    types, streams = "wasi:http/types", "wasi:io/streams"
+    fields, request, out_body, out, future, response, in_body, stream = (
+        HandleRef(i, n, first + k)
+        for k, (i, n) in enumerate(
+            [
+                (types, "fields"),
+                (types, "outgoing-request"),
+                (types, "outgoing-body"),
+                (streams, "output-stream"),
+                (types, "future-incoming-response"),
+                (types, "incoming-response"),
+                (types, "incoming-body"),
+                (streams, "input-stream"),
+            ]
+        )
+    )
+    request_calls = [
+        (types, "[static]fields.from-list", [[("content-type", b"application/json")]], Ok(fields)),
+        (types, "[constructor]outgoing-request", [fields], request),
+        (types, "[method]outgoing-request.set-method", [request, Variant("post")], Ok(None)),
+        (types, "[method]outgoing-request.set-scheme", [request, Variant("HTTP")], Ok(None)),
+        (types, "[method]outgoing-request.set-authority", [request, "127.0.0.1:9"], Ok(None)),
+        (types, "[method]outgoing-request.set-path-with-query", [request, "/v1/x"], Ok(None)),
+        (types, "[method]outgoing-request.body", [request], Ok(out_body)),
+        ("wasi:http/outgoing-handler", "handle", [request, None], Ok(future)),
+        (types, "[method]outgoing-body.write", [out_body], Ok(out)),
+        (streams, "[method]output-stream.blocking-write-and-flush", [out, body], Ok(None)),
+    ]
+    response_calls = [
+        (types, "[method]future-incoming-response.get", [future], Ok(Ok(response))),
+        (types, "[method]incoming-response.status", [response], status),
+        (types, "[method]incoming-response.consume", [response], Ok(in_body)),
+        (types, "[method]incoming-body.stream", [in_body], Ok(stream)),
+        (streams, "[method]input-stream.read", [stream, 65536], Ok(b'{"ok": true}')),
+        (streams, "[method]input-stream.read", [stream, 65536], Err(Variant("closed"))),
+    ]
+    calls = request_calls + (response_calls if status is not None else [])
+    return [_call(template, *call) for call in calls]
+
+
+def test_an_http_request_is_one_entry_and_a_fork_takes_it_whole(
+    crashed: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two requests back to back and one cut at its ``handle``, among tool calls: one import
+    entry each (method, URL, status or none), the log's imports numbered without a gap; --limit
+    cuts between entries; a fork at the second request copies all of its calls."""
+    from mighty.agents import fork_agent
+    from mighty.trace import Recorder, TraceReader
+
+    state = _copy(crashed, tmp_path)
+    log = state / "journal" / "worker_1.trace"
+    with TraceReader(log) as reader:
+        records = list(reader.records())
+    log.unlink()
+    first = next(i for i, record in enumerate(records) if record.get("k") == "import")
+    count1, count2, count3 = records[first : first + 3]
+    body = [*records[:first], count1]
+    body += _exchange(count1, 100, b'{"q": 1}', 200) + _exchange(count1, 200, b'{"q": 22}', 201)
+    body += [count2, count3, *_exchange(count1, 300, b'{"q": 333}', None)]
+    recorder = Recorder(log, flush="call", positions=False)
+    for step, record in enumerate(body):
+        recorder.append({**record, "s": step} if record.get("k") == "import" else record)
+    recorder.close()
+    found = read_history(state, "w")
+    entries = [e.to_json() for e in found.entries]
+    assert [e["kind"] for e in entries] == ["checkpoint", "message"] + ["import"] * 6 + [
+        "message"
+    ] * 2
+    http = [e.get("http") for e in entries[2:8]]
+    url = "http://127.0.0.1:9/v1/x"
+    assert [None if h is None else (h["method"], h["url"], h["status"]) for h in http] == [
+        None,
+        ("POST", url, 200),
+        ("POST", url, 201),
+        None,
+        None,
+        ("POST", url, None),
+    ]
+    assert [h["request_bytes"] for h in http if h is not None] == [8, 9, 10]
+    assert [e["import"] for e in entries[2:8]] == [1, 17, 33, 34, 35, 45]
+    assert [e.get("imports", 1) for e in entries[2:8]] == [1, 16, 16, 1, 1, 10]
+    assert entries[3]["summary"] == (
+        f"http POST {url}, 8-byte body -> 200, 12-byte body read (16 imports)"
+    )
+    assert "no response logged" in entries[7]["summary"]
+    limited = read_history(state, "w", limit=4)
+    assert [e.to_json() for e in limited.entries] == entries[:4]
+    assert limited.more > 0
+    fork = fork_agent(state, "w", 4, "second")
+    assert (fork.messages, fork.imports) == (1, 33)
+    forked = read_history(state, "second")
+    assert [(e.kind, e.summary) for e in forked.entries] == [
+        (e["kind"], e["summary"]) for e in entries[:5]
+    ]
