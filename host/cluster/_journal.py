@@ -244,9 +244,28 @@ class MessageLog:
         self.name = name
         self.message = message
         self.recovered = recovered
-        self.log = f"{journal.node.name}-{journal.node.started_at:.6f}-{next(journal._logs_made)}"
+        self.log = ""
         self.entries = 0
         """Entries published so far by this run."""
+        self.runs = 0
+        """``handle`` calls begun for it here (more than one: a retry, ``RetryPolicy``)."""
+        self._earlier = False
+        self._new_log()
+
+    def _new_log(self) -> None:
+        node = self.journal.node
+        self.log = f"{node.name}-{node.started_at:.6f}-{next(self.journal._logs_made)}"
+
+    def begin(self) -> None:
+        """A ``handle`` of the message begins. A second one here (a retry after the agent
+        crashed on it) runs live, as a local retry does, logged under a log of its own (two
+        runs' records in one log would not be one trace)."""
+        self.runs += 1
+        if self.runs > 1:
+            self._earlier = self._earlier or self.stored
+            self.recovered = Recovered(logs=self.recovered.logs)
+            self.entries = 0
+            self._new_log()
 
     @property
     def answers(self) -> TraceAnswers | None:
@@ -255,7 +274,7 @@ class MessageLog:
     @property
     def stored(self) -> bool:
         """Something of this message is in JetStream (its journal is to be purged)."""
-        return self.entries > 0 or self.recovered.logs > 0
+        return self.entries > 0 or self.recovered.logs > 0 or self._earlier
 
     def append(self, data: bytes) -> None:
         """Publish ``data`` (the log's new bytes) and wait for JetStream to store it."""
@@ -564,6 +583,7 @@ class _JournalRecording:
         log = self.journal.log_for(self.address)
         if log is None:
             return
+        log.begin()
         self._log, self._handle = log, (args, budget)
         self.keys.agent = log.name
         self.keys.begin(log.message)

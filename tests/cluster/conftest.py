@@ -134,3 +134,12 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Component:
     from tests.agents.conftest import _build_path
 
     return Component.load(_build_path("counter", tmp_path_factory.mktemp("counter")))
+
+
+@pytest.fixture(scope="session")
+def steps(tmp_path_factory: pytest.TempPathFactory) -> Component:
+    """tests/cluster/journal_agent/steps.py (a durable agent calling a counted tool), built once."""
+    from tests.agents.conftest import _build_path
+
+    source = ROOT / "tests" / "cluster" / "journal_agent"
+    return Component.load(_build_path("steps", tmp_path_factory.mktemp("steps"), source))

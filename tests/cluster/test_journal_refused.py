@@ -26,18 +26,11 @@ from mighty.agents import AgentType, Grants, Runtime
 from mighty.capabilities import Capabilities
 from mighty.cluster import Frame, NatsServer, Node, encode, parse_cluster
 from mighty.cluster._journal import JournalEntry, encode_entry
-from tests.agents.conftest import _build_path
 from tests.cluster.test_journal import trace_bytes
-from tests.cluster.test_journal_kill import AGENT, _journal_entries
+from tests.cluster.test_journal_kill import _journal_entries
 from tests.cluster.test_ledger import pending
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def steps(tmp_path_factory: pytest.TempPathFactory) -> Component:
-    """tests/cluster/journal_agent/steps.py, built once (cached)."""
-    return Component.load(_build_path("steps", tmp_path_factory.mktemp("steps"), AGENT))
 
 
 def _strand(url: str, msg_id: str, entries: list[bytes]) -> None:

@@ -1,4 +1,5 @@
-"""A durable agent whose message calls a counted tool N times (tests/cluster/test_journal_kill.py)."""
+"""A durable agent whose `run` calls a counted tool N times and whose `crash` traps
+(tests/cluster/test_journal_*.py)."""
 
 from mighty_agent import Agent, export, on, tools
 
@@ -13,6 +14,18 @@ class Steps(Agent):
         self.handled += 1
         self.results = self.results + got
         return {"handled": self.handled}
+
+    @on("crash")
+    def crash(self, body, sender):
+        # A trap (the stack runs out), not an exception: the agent crashes on this message.
+        import sys
+
+        sys.setrecursionlimit(10**6)
+
+        def down(n):
+            return down(n + 1) + 1
+
+        return down(0)
 
     @on("status")
     def status(self, body, sender):
