@@ -188,12 +188,19 @@ class _Consumer(threading.Thread):
         except Exception:  # noqa: BLE001 -- a consumer thread must not die silently
             _log.exception("durable consumer of %s failed", self.name_)
 
-    def _process(self) -> AgentProcess | None:
+    def _process(self, *, starting: bool = False) -> AgentProcess | None:
+        """The agent, once it runs (None: gone). ``starting``: the consumer's first look, which
+        may come before the agent is started (a name is claimed, and this consumer attached,
+        just before ``start``: without a supervisor nothing started it later, and the
+        consumer ended at once, leaving the name's messages unconsumed)."""
         deadline = time.monotonic() + 30
         while not self.stopped.is_set() and time.monotonic() < deadline:
             try:
                 process = self.node.runtime.process(self.address)
             except NoProc:
+                if starting:
+                    time.sleep(0.01)
+                    continue
                 return None
             if process.alive and process.instance is not None:
                 return process
@@ -212,7 +219,7 @@ class _Consumer(threading.Thread):
             ),
             10,
         )
-        process = self._process()
+        process = self._process(starting=True)
         if process is None:
             return
         self._restore_stored(process)
