@@ -267,6 +267,16 @@ class Supervisor:
         return self._strategy
 
     @property
+    def intensity(self) -> int:
+        """The most restarts allowed within ``period`` seconds."""
+        return self._intensity
+
+    @property
+    def period(self) -> float:
+        """The window, in seconds, the restart intensity counts over."""
+        return self._period
+
+    @property
     def state(self) -> SupervisorState:
         """new, starting, running, stopped or failed (gave up past the restart intensity)."""
         with self._lock:

@@ -20,7 +20,8 @@
    the new address, which it uses from then on), and the old instance is closed.
 
 Senders keep the address they had. Order is kept per sender. A supervised agent moves with its
-child spec: it becomes a remote child of its supervisor (see _moved). A target without the
+child spec: it becomes a remote child of its supervisor, and may move on from there (see
+_moved). A target without the
 agent's component pulls it from this node first (``type_for``).
 """
 
@@ -42,7 +43,15 @@ from mighty.abi import Err
 from mighty.agents import AgentError, AgentType, AskTimeout, BadSpawn, NoProc
 from mighty.agents.hosting import Envelope
 from mighty.cluster._frames import Frame, encode, node_subject
-from mighty.cluster._moved import Reporter, moved_op, relocate, supervised_extra
+from mighty.cluster._moved import (
+    Policy,
+    Reporter,
+    follow,
+    moved_op,
+    relocate,
+    supervised_extra,
+    unfollow,
+)
 from mighty.engine import Component, ComponentStore, check_lowering
 from mighty.trace import migration_link
 
@@ -139,6 +148,8 @@ def migrate(
     except BaseException:
         if process.name is not None:
             node.handing_off(process.name, None)
+        if supervised is not None and locked:
+            unfollow(node, supervised, prepared, node.qualify(local))
         if locked:
             process.turn_lock.release()
         process.mailbox.resume()
@@ -203,7 +214,7 @@ def _check(node: Node, address: str, target: str) -> tuple[str, Any]:
     return local, process
 
 
-def _prepare(node: Node, process: Any, target: str, supervised: dict[str, str] | None) -> str:
+def _prepare(node: Node, process: Any, target: str, supervised: dict[str, Any] | None) -> str:
     """A fresh, paused instance of the agent's component on ``target``: its address.
 
     A target without the component pulls it from this node first (see ``_shipped``).
@@ -286,7 +297,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
     op = frame.extra.get("op")
     if op == "component":
         return serve_component(node, frame)
-    if op in ("exited", "restart", "halt"):
+    if op in ("exited", "moved", "restart", "halt"):
         return moved_op(node, frame, op)
     if op is not None:
         raise BadSpawn(f"migrate: unknown op {str(op)[:32]!r}")
@@ -314,6 +325,11 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
             if isinstance(outcome, Err):
                 raise BadSpawn(f"restore refused: {outcome.value}")
         previous = frame.extra.get("from")
+        reporter = process.on_exit
+        if isinstance(reporter, Reporter) and reporter.home != frame.node:
+            if not isinstance(previous, str):
+                raise BadSpawn("migrate: a remote child moving on needs its old address")
+            follow(node, process, previous)  # before it takes a message: see _moved
         if frame.name:
             if isinstance(previous, str):
                 node.expect_takeover(frame.name, previous)
@@ -525,6 +541,6 @@ def _reporter(node: Node, frame: Frame) -> Reporter | None:
         isinstance(sup.get(k), str) for k in ("home", "sup", "child")
     ):
         raise BadSpawn("migrate: sup takes {home, sup, child: str}")
-    if sup["home"] != frame.node:
-        raise BadSpawn("migrate: a supervised agent comes from its supervisor's node")
-    return Reporter(node, sup["home"], sup["sup"], sup["child"])
+    if sup["home"] not in node.config.peers:
+        raise BadSpawn(f"migrate: its supervisor's node {sup['home'][:64]!r} is no peer")
+    return Reporter(node, sup["home"], sup["sup"], sup["child"], Policy.from_wire(sup))

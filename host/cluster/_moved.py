@@ -17,22 +17,67 @@ child spec follows the agent:
   purpose, the child is reported stopped ("node b left"), which restarts a permanent child the
   same way (a transient one is not restarted).
 
-Not done: moving such a remote child on again (from the target to a third node, or back):
-refused, with a message saying so; and a child whose home node dies keeps running on the
-target unsupervised (its next crash buries it), as the children of a dead cluster supervisor.
+**Moving on again.** A remote child on b may migrate on to c: the prepare frame carries its
+home, supervisor, child name and policy as the first move's did; c, once the state is restored
+and before the agent takes a message, tells the home (op ``moved``: from b's address to c's),
+whose handle then points at c (crashes on c are reported home, restarts revive it on c, c's
+death restarts it at home). Moving it back home makes it a local child of its supervisor
+again (``Supervisor.relocate`` with the start it had). A migration that fails after c told the
+home is told back (op ``moved``, c's address to b's) by b. Rejected: b telling the home at its
+commit (the agent runs on c from the restore on: a crash there before the home heard of the
+move was reported from an address the home did not know, and the child was buried).
+
+**The home dies.** A remote child's crashes are reported to a node that may be gone. When its
+node declares the home dead, or hears it leave, the child is *adopted*: the node puts it under
+a one-child supervisor of its own (``<node>/<child>``, one_for_one) with the policy the home
+supervisor had for it (the child's restart type, the supervisor's intensity and period, sent
+with the prepare frame), registered as the node's one-child supervisors of cluster children
+are (a later migration takes it along; a cluster supervisor's stop stops it for good). A
+cluster supervisor's child is thereby in the shape the cluster supervisor gives its children
+anyway (a one-child supervisor on the node it runs on, the cluster supervisor following it by
+its name), so "adopted by the cluster supervisor" and "by a supervisor of its node" are one
+mechanism. One crash is restarted once: the adoption and a crash report race under one lock;
+a crash whose report the home never acknowledged waits (bounded: ``dead_after`` and a few
+heartbeats) for the home to be declared dead, then the adoption revives it, and a report the
+home acknowledged before it died leaves a crashed agent that the adoption's start revives; an
+old home's ``restart`` or ``halt`` for an adopted child is refused. A crash that nobody can
+take (NATS gone, the home live but not answering) settles the child's queue, as before.
+
+When the home comes back (a new process with the same node name), the adopted child stays
+where it is, supervised by its new node: its state and mailbox are there, and moving it back
+would pause it again for no failure of its own (Akka's sharding does not move entities back to
+a rejoining node either; OTP's takeover of distributed applications is opt-in). The name stays
+held there, so nothing runs twice: a second copy's spawn at home is refused naming the holder.
+Rejected: handing it back on the home's return (the home's fresh tree starts its child at the
+moment it joins, before a hand-back could land: the two would race for the name); supervising
+it from the cluster supervisor's node (a child of a local tree is no cluster child, and the
+node it runs on is the one that sees its crashes first).
+
+Not done: an old home that was only cut off (declared dead, not dead) keeps a handle on the
+adopted child; its ops on it are refused, and its supervisor counts those as failed restarts.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from mighty._errors import BadInput, HostError
-from mighty.agents import AgentError, BadSpawn, NoProc, Supervisor
+from mighty.agents import (
+    AgentError,
+    BadSpawn,
+    ChildSpec,
+    NoProc,
+    Refused,
+    Supervisor,
+    SupervisorEvent,
+    SupervisorStartFailed,
+)
 from mighty.cluster._frames import Frame
 
 if TYPE_CHECKING:
@@ -40,23 +85,73 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Moved",
+    "Policy",
     "Reporter",
+    "adopt",
     "find_supervisor",
+    "follow",
     "moved_op",
     "on_membership",
     "relocate",
     "supervised_extra",
+    "unfollow",
 ]
 
 _log = logging.getLogger(__name__)
 _OP_TIMEOUT = 10.0
 _RESTART_TIMEOUT = 300.0
 _MAX_DEPTH = 32
+_RESTARTS = ("permanent", "transient", "temporary")
+_ADOPT = threading.Lock()
+"""Held while a remote child is adopted or revived by its home's restart: one crash, one
+revive."""
+
+Restart = Literal["permanent", "transient", "temporary"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the home supervisor does after a crash of the child: the child's restart type, and
+    the supervisor's intensity within period (an adoptive supervisor keeps them)."""
+
+    restart: Restart = "permanent"
+    intensity: int = 3
+    period: float = 5.0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"restart": self.restart, "intensity": self.intensity, "period": self.period}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Policy:
+        """From a frame's fields (absent: the defaults), or BadSpawn."""
+        if not isinstance(data, dict):
+            raise BadSpawn("migrate: a policy is {restart, intensity, period}")
+        restart = data.get("restart", "permanent")
+        intensity = data.get("intensity", 3)
+        period = data.get("period", 5.0)
+        if (
+            restart not in _RESTARTS
+            or type(intensity) is not int
+            or intensity < 0
+            or type(period) not in (int, float)
+            or not 0 < period < 1e9
+        ):
+            raise BadSpawn("migrate: a bad policy (restart, intensity >= 0, period > 0)")
+        return cls(cast("Restart", restart), intensity, float(period))
+
+    @classmethod
+    def of(cls, supervisor: Supervisor, child: str) -> Policy:
+        restart: Restart = "permanent"
+        for info in supervisor.which_children():
+            if info.name == child:
+                restart = info.restart
+        return cls(restart, supervisor.intensity, supervisor.period)
 
 
 @dataclass
 class Moved:
-    """The home supervisor's handle on a child that migrated to ``address`` (node:type:pid)."""
+    """The home supervisor's handle on a child that migrated to ``address`` (node:type:pid);
+    a later move of the child changes its address in place (op ``moved``)."""
 
     node: Node
     address: str
@@ -94,16 +189,29 @@ class _Relocated:
     handle: Moved
     home_start: Callable[[], Any]
     target: str | None
+    policy: Policy
 
 
 class Reporter:
     """The on_exit of a migrated supervised agent: tells its home node's supervisor."""
 
-    def __init__(self, node: Node, home: str, supervisor: str, child: str) -> None:
+    def __init__(
+        self, node: Node, home: str, supervisor: str, child: str, policy: Policy | None = None
+    ) -> None:
         self.node = node
         self.home = home
         self.supervisor = supervisor
         self.child = child
+        self.policy = policy or Policy()
+
+    def extra(self) -> dict[str, Any]:
+        """Who supervises the agent, for the prepare frame of a move on."""
+        return {
+            "home": self.home,
+            "sup": self.supervisor,
+            "child": self.child,
+            **self.policy.to_wire(),
+        }
 
     def __call__(self, process: Any, crashed: bool, reason: str) -> None:
         node = self.node
@@ -123,22 +231,45 @@ class Reporter:
         def report() -> None:
             try:
                 node.request(self.home, frame, _OP_TIMEOUT)
+                return
             except (AgentError, HostError) as exc:
-                # The home node refused it, or could not be reached (NATS gone, this node
-                # leaving: ClusterError): nobody will restart it, so settle its queue, as for an
-                # unsupervised crash. Nothing may escape this thread.
-                _log.warning(
-                    "node %s: %s crashed and its supervisor on node %s did not hear it (%s)",
-                    node.name,
-                    process.address,
-                    self.home,
-                    exc,
-                )
-                with suppress(AgentError, HostError):
-                    node.runtime.stop(process.address)
+                failure = exc
+            # The home did not hear it. Gone: the adoption restarts it (see the module
+            # docstring). Else (NATS gone, the home refused it, this node leaving) nobody will
+            # restart it, so settle its queue, as for an unsupervised crash. Nothing may escape
+            # this thread.
+            try:
+                if self._orphaned(process):
+                    return
+            except Exception:  # noqa: BLE001 -- as below: stopped, never a thread's error
+                _log.exception("node %s: adopting %s failed", node.name, process.address)
+            _log.warning(
+                "node %s: %s crashed and its supervisor on node %s did not hear it (%s)",
+                node.name,
+                process.address,
+                self.home,
+                failure,
+            )
+            with suppress(AgentError, HostError):
+                node.runtime.stop(process.address)
 
         # on_exit runs on a worker thread: the request waits on the node's pool, not there.
         threading.Thread(target=report, name=f"report-{process.address}", daemon=True).start()
+
+    def _orphaned(self, process: Any) -> bool:
+        """Wait (bounded) for the home to be declared dead; True once the crashed ``process``
+        was adopted (by this call or by the membership listener)."""
+        node = self.node
+        config = node.config
+        deadline = time.monotonic() + config.dead_after + 4 * config.heartbeat + 1.0
+        while not node.closed and time.monotonic() < deadline:
+            if process.on_exit is not self:
+                return True  # adopted meanwhile: the adoption's start revived it
+            if node.is_down(self.home):
+                adopt(node, process, self)
+                return process.on_exit is not self
+            time.sleep(config.heartbeat / 2)
+        return False
 
 
 def _walk(supervisor: Supervisor, depth: int = 0) -> Iterator[tuple[Supervisor, str, Any]]:
@@ -157,17 +288,20 @@ def find_supervisor(node: Node, process: Any) -> tuple[Supervisor, str] | None:
     return None
 
 
-def supervised_extra(node: Node, process: Any) -> dict[str, str] | None:
+def supervised_extra(node: Node, process: Any) -> dict[str, Any] | None:
     """For the prepare frame: who supervises ``process`` (None: nobody), or MigrationFailed."""
     from mighty.cluster._migrate import MigrationFailed
 
-    if process.on_exit is None:
+    reporter = process.on_exit
+    if reporter is None:
         return None
-    if isinstance(process.on_exit, Reporter):
-        raise MigrationFailed(
-            f"{process.address} is a remote child of a supervisor on node "
-            f"{process.on_exit.home}; moving it on again is not supported"
-        )
+    if isinstance(reporter, Reporter):
+        if node.is_down(reporter.home):
+            raise MigrationFailed(
+                f"{process.address}: its supervisor's node {reporter.home} is down and this "
+                "node is adopting it; move it once adopted"
+            )
+        return reporter.extra()  # a remote child moving on: its home stays its home
     found = find_supervisor(node, process)
     if found is None:
         raise MigrationFailed(
@@ -177,11 +311,19 @@ def supervised_extra(node: Node, process: Any) -> dict[str, str] | None:
     supervisor, child = found
     if (supervisor.name, child) in node.relocated:
         raise MigrationFailed(f"supervisor {supervisor.name!r} already has a moved child {child!r}")
-    return {"home": node.name, "sup": supervisor.name, "child": child}
+    return {
+        "home": node.name,
+        "sup": supervisor.name,
+        "child": child,
+        **Policy.of(supervisor, child).to_wire(),
+    }
 
 
-def relocate(node: Node, process: Any, extra: dict[str, str], new_address: str) -> None:
-    """At the commit: the supervisor's child spec follows the agent to ``new_address``."""
+def relocate(node: Node, process: Any, extra: dict[str, Any], new_address: str) -> None:
+    """At the commit: the supervisor's child spec follows the agent to ``new_address`` (a
+    remote child moving on: the target told its home, see ``follow``)."""
+    if extra["home"] != node.name:
+        return
     found = find_supervisor(node, process)
     if found is None:
         _log.warning("migration: %s left its supervisor as it moved", process.address)
@@ -199,6 +341,7 @@ def relocate(node: Node, process: Any, extra: dict[str, str], new_address: str) 
         handle,
         lambda: None,
         new_address.partition(":")[0],
+        Policy.of(supervisor, child),
     )
     try:
         relocated.home_start = supervisor.relocate(child, handle, lambda: _start(node, relocated))
@@ -207,6 +350,73 @@ def relocate(node: Node, process: Any, extra: dict[str, str], new_address: str) 
         return
     with node._lock:
         node.relocated[(supervisor.name, child)] = relocated
+
+
+def follow(node: Node, process: Any, previous: str) -> None:
+    """The target of a remote child moving on (its state restored, no message taken yet):
+    its home hears of the move; a child moving back home is a local child again. BadSpawn when
+    the home does not know it there (the migration then fails, the agent stays)."""
+    reporter = process.on_exit
+    if not isinstance(reporter, Reporter):
+        return
+    here = node.qualify(process.address)
+    if reporter.home == node.name:
+        _come_home(node, process, reporter, previous)
+        return
+    frame = Frame(
+        "migrate",
+        node=node.name,
+        to=here,
+        name=reporter.child,
+        extra={"op": "moved", "sup": reporter.supervisor, "from": previous},
+    )
+    try:
+        node.request(reporter.home, frame, _OP_TIMEOUT)
+    except AgentError as exc:
+        raise BadSpawn(
+            f"the supervisor of {reporter.child!r} on node {reporter.home} did not take the "
+            f"move: {exc.message}"
+        ) from None
+
+
+def unfollow(node: Node, extra: dict[str, Any], prepared: str, address: str) -> None:
+    """A remote child's move on failed: if its target told the home, tell it back (best
+    effort; the home only takes it while its handle points at ``prepared``)."""
+    home = extra.get("home")
+    if not isinstance(home, str) or home == node.name:
+        return
+    frame = Frame(
+        "migrate",
+        node=node.name,
+        to=address,
+        name=str(extra.get("child", "")),
+        extra={"op": "moved", "sup": extra.get("sup"), "from": prepared},
+    )
+    with suppress(AgentError, HostError):
+        node.request(home, frame, _OP_TIMEOUT)
+
+
+def _come_home(node: Node, process: Any, reporter: Reporter, previous: str) -> None:
+    key = (reporter.supervisor, reporter.child)
+    with node._lock:
+        relocated = node.relocated.get(key)
+    if relocated is None or relocated.handle.address != previous:
+        raise BadSpawn(
+            f"node {node.name} does not supervise {reporter.child!r} at {previous} any more"
+        )
+    supervisor, child = relocated.supervisor, relocated.child
+
+    def exited(process: Any, crashed: bool, reason: str) -> None:
+        supervisor.child_exited(child, crashed=crashed, reason=reason, handle=process)
+
+    try:
+        supervisor.relocate(child, process, relocated.home_start)
+    except BadInput as exc:
+        raise BadSpawn(f"{child!r} cannot come home: {exc.message}") from None
+    process.on_exit = exited
+    with node._lock:
+        node.relocated.pop(key, None)
+    node.hold_supervisor(process.address, supervisor)
 
 
 def _start(node: Node, relocated: _Relocated) -> Any:
@@ -224,6 +434,7 @@ def _start(node: Node, relocated: _Relocated) -> Any:
                 "size": relocated.size,
                 "init": relocated.init,
                 "sup": relocated.supervisor.name,
+                "policy": relocated.policy.to_wire(),
             },
         )
         address = node.request(target, frame, _RESTART_TIMEOUT).to
@@ -241,7 +452,7 @@ def _start(node: Node, relocated: _Relocated) -> Any:
 def on_membership(node: Node, dead: str, alive: bool) -> None:
     """A node died: every child moved there is reported crashed to its supervisor; a node that
     left on purpose: stopped (a permanent child is restarted all the same, a transient one is
-    not)."""
+    not). Every remote child here whose home it was is adopted."""
     if alive:
         return
     left = node.has_left(dead)
@@ -254,19 +465,116 @@ def on_membership(node: Node, dead: str, alive: bool) -> None:
             reason=f"node {dead} left" if left else f"node {dead} is down",
             handle=relocated.handle,
         )
+    for process in node.runtime.agents():
+        reporter = process.on_exit
+        if isinstance(reporter, Reporter) and reporter.home == dead:
+            adopt(node, process, reporter)
+
+
+def adopt(node: Node, process: Any, reporter: Reporter) -> Supervisor | None:
+    """Put the remote child ``process``, whose home is gone, under a one-child supervisor of
+    this node with its home's policy; a crashed one is revived (its crash was never
+    restarted). None when it was adopted already or could not be."""
+    runtime = node.runtime
+    name = process.name
+    with _ADOPT:
+        if process.on_exit is not reporter:
+            return None  # adopted already, or moved home
+        if name is None:
+            _log.warning("node %s: %s has no name to adopt it by", node.name, process.address)
+            return None
+        policy = reporter.policy
+        if not process.alive and policy.restart == "temporary":
+            process.on_exit = None
+            with suppress(AgentError):
+                runtime.stop(process.address)  # a temporary child is never restarted
+            return None
+        holder: list[Supervisor] = []
+
+        def exited(crashed_process: Any, crashed: bool, reason: str) -> None:
+            holder[0].child_exited(
+                reporter.child, crashed=crashed, reason=reason, handle=crashed_process
+            )
+
+        def start() -> Any:
+            address = runtime.whereis(name)
+            if address is not None:
+                found = runtime.process(address)
+                found.on_exit = exited
+                if not found.alive:
+                    found.revive()
+                return found
+            return runtime.spawn_process(
+                process.type.name,
+                process.init,
+                name=name,
+                on_exit=exited,
+                agent_type=process.type,
+            )
+
+        def emit(event: SupervisorEvent) -> None:
+            runtime.emit(
+                f"supervisor.{event.kind}",
+                event.supervisor,
+                {"child": event.child, "reason": event.reason},
+            )
+
+        supervisor = Supervisor(
+            f"{node.name}/{reporter.child}",
+            [ChildSpec(reporter.child, start, policy.restart)],
+            "one_for_one",
+            policy.intensity,
+            policy.period,
+            on_event=emit,
+        )
+        holder.append(supervisor)
+        try:
+            supervisor.start()
+        except SupervisorStartFailed as exc:
+            _log.warning("node %s: adopting %s failed: %s", node.name, process.address, exc)
+            process.on_exit = None
+            with suppress(AgentError):
+                runtime.stop(process.address)
+            return None
+    node.hold_supervisor(process.address, supervisor)
+    _log.warning(
+        "node %s: adopted %s (%r): its supervisor's node %s is gone",
+        node.name,
+        process.address,
+        reporter.child,
+        reporter.home,
+    )
+    runtime.emit("agent.adopted", process.address, {"home": reporter.home, "by": supervisor.name})
+    return supervisor
+
+
+def _adopted(process: Any, home: str) -> None:
+    """Refuse an op of ``home`` on ``process``, a child it no longer supervises."""
+    reporter = process.on_exit
+    if not isinstance(reporter, Reporter) or reporter.home != home:
+        raise Refused(f"{process.address} is not supervised by node {home} (adopted here)")
 
 
 def moved_op(node: Node, frame: Frame, op: str) -> Frame:
-    """The ops of moved supervised agents: exited (at home), restart and halt (on the target)."""
+    """The ops of moved supervised agents: exited and moved (at home), restart and halt (on
+    the node it runs on)."""
     from mighty.cluster._migrate import type_for
 
     runtime = node.runtime
-    if op == "exited":
+    if op in ("exited", "moved"):
         supervisor = frame.extra.get("sup")
         with node._lock:
             relocated = node.relocated.get((str(supervisor), frame.name))
-        if relocated is None or relocated.handle.address != frame.to:
-            raise NoProc(f"node {node.name} supervises no moved child {frame.name!r} at {frame.to}")
+        expected = frame.to if op == "exited" else frame.extra.get("from")
+        if relocated is None or relocated.handle.address != expected:
+            raise NoProc(f"node {node.name} supervises no moved child {frame.name!r} at {expected}")
+        if op == "moved":
+            where = frame.to.partition(":")[0]
+            if frame.to.count(":") != 2 or where not in node.config.peers:
+                raise BadSpawn(f"moved: a bad address {frame.to!r}")
+            relocated.handle.address = frame.to
+            relocated.target = where
+            return Frame("ok", node=node.name)
         relocated.supervisor.child_exited(
             frame.name,
             crashed=frame.extra.get("crashed") is not False,
@@ -275,25 +583,30 @@ def moved_op(node: Node, frame: Frame, op: str) -> Frame:
         )
         return Frame("ok", node=node.name)
     if op == "halt":
-        runtime.process(node.localize(frame.to)).halt(timeout=_OP_TIMEOUT)
+        process = runtime.process(node.localize(frame.to))
+        _adopted(process, frame.node)
+        process.halt(timeout=_OP_TIMEOUT)
         return Frame("ok", node=node.name)
     # restart
     supervisor = frame.extra.get("sup")
     init = frame.extra.get("init", b"")
     if not frame.name or not isinstance(supervisor, str) or not isinstance(init, bytes):
         raise BadSpawn("restart takes a name, {sup: str, init: bytes}")
+    policy = Policy.from_wire(frame.extra.get("policy", {}))
     address = runtime.whereis(frame.name)
     if address is not None:
         process = runtime.process(address)
-        if not process.alive:
-            process.revive()
+        with _ADOPT:
+            _adopted(process, frame.node)
+            if not process.alive:
+                process.revive()
         return Frame("ok", node=node.name, to=node.qualify(address))
     agent_type = type_for(node, frame)
     process = runtime.spawn_process(
         frame.type,
         init,
         name=frame.name,
-        on_exit=Reporter(node, frame.node, supervisor, frame.name),
+        on_exit=Reporter(node, frame.node, supervisor, frame.name, policy),
         agent_type=agent_type,
     )
     return Frame("ok", node=node.name, to=node.qualify(process.address))

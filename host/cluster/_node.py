@@ -602,6 +602,15 @@ class Node:
             self._trees.append(supervisor)
         return supervisor
 
+    def hold_supervisor(self, local: str, supervisor: Supervisor) -> None:
+        """``supervisor`` is this node's one-child supervisor of the agent at ``local`` now
+        (an adopted remote child, or one back home): stopping that agent stops it for good."""
+        with self._lock:
+            for address, held in list(self._supervisors.items()):
+                if held is supervisor:
+                    del self._supervisors[address]
+            self._supervisors[local] = supervisor
+
     def supervision_trees(self) -> list[Supervisor]:
         """The supervisors adopted, and the one-child ones of this node's cluster children."""
         with self._lock:
@@ -1256,6 +1265,15 @@ class Node:
                 return False
             time.sleep(0.02)
         return True
+
+    def is_down(self, node: str) -> bool:
+        """``node`` was declared dead, or left, and has not been heard from since."""
+        return node in self._dead
+
+    @property
+    def closed(self) -> bool:
+        """This node has left the cluster (``close``)."""
+        return self._closed
 
     def has_left(self, node: str) -> bool:
         """``node`` left the cluster on purpose (it said so as it closed) and has not come back;

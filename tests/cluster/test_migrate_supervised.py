@@ -15,6 +15,7 @@ from mighty.agents import (
     AgentError,
     AgentType,
     Runtime,
+    Supervisor,
     SupervisorSpec,
     start_tree,
 )
@@ -57,6 +58,10 @@ def _moved_child(counter: Component, url: str, made: list[tuple[Runtime, Node]])
     return node_b.localize(node_a.migrate("ctr", "b").new_address)
 
 
+def _adoptive(node: Node) -> Supervisor | None:
+    return next((s for s in node.supervision_trees() if s.name == f"{node.name}/ctr"), None)
+
+
 def _count(runtime: Runtime, to: str) -> int:
     try:
         return int(runtime.ask(to, "get", timeout=30)["count"])
@@ -87,8 +92,6 @@ def test_a_supervised_agent_moves_with_its_child_spec(
         assert _count(a, "ctr") == 5  # the state moved, the name follows
         handle = {c.name: c.handle for c in root.which_children()}["ctr"]
         assert getattr(handle, "address", None) == moved  # a remote child of root now
-        with pytest.raises(MigrationFailed, match="moving it on again is not supported"):
-            node_b.migrate(moved, "a")
 
         # A crash on node b: root (on a) restarts it there: same address, init again.
         with pytest.raises(AgentError):
@@ -118,6 +121,8 @@ def test_a_supervised_agent_moves_with_its_child_spec(
 def test_a_cluster_supervisors_child_migrates_and_its_nodes_die(
     counter: Component, nats_server: NatsServer
 ) -> None:
+    """A cluster child moved a -> b: restarted on b after a crash there, adopted by b when a
+    goes (its next crash restarted on b), restarted on t by the cluster supervisor when b dies."""
     made = [_node(nats_server.url, n, counter) for n in ("a", "b", "t")]
     (a, node_a), (b, node_b), (t, node_t) = made
     try:
@@ -145,6 +150,17 @@ def test_a_cluster_supervisors_child_migrates_and_its_nodes_die(
         assert not [e for e in supervisor.events if e.kind == "child_stopped"]
         assert node_t.whereis("ctr") == moved
         assert _count(t, "ctr") == 3
+        # a was its home: b adopts it under a one-child supervisor, which restarts its next
+        # crash on b (once); the cluster supervisor still follows it by name.
+        _until(lambda: _adoptive(node_b) is not None, "b did not adopt ctr")
+        with pytest.raises(AgentError):
+            t.ask("ctr", "work", {"n": 50_000_000}, timeout=60)
+        _until(lambda: _count(t, "ctr") == 0, "ctr not restarted on b after a went")
+        assert b.process(node_b.localize(moved)).stats.restarts == 2
+        adoptive = _adoptive(node_b)
+        assert adoptive is not None and adoptive.which_children()[0].restarts == 1
+        assert node_t.whereis("ctr") == moved
+        assert not [e for e in supervisor.events if e.kind == "child_stopped"]
         # Node b dies: the cluster supervisor restarts the child on the node left (t).
         b.shutdown(drain=False, timeout=2)
         node_b.close()
