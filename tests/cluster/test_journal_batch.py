@@ -1,11 +1,15 @@
 """A crash inside a batch of durable messages: the batch is handled again one by one from the
 state before it, and the messages that had run are answered from their journals (their tool
-calls are not made again)."""
+calls and HTTP requests are not made again)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import cbor2
 import nats
@@ -15,6 +19,7 @@ from mighty import Component
 from mighty.agents import AgentType, Grants, Runtime
 from mighty.capabilities import Capabilities
 from mighty.cluster import Frame, NatsServer, Node, encode, parse_cluster
+from mighty.wasi import Policy
 from tests.cluster.test_journal_kill import _journal_entries
 from tests.cluster.test_ledger import pending
 
@@ -47,11 +52,50 @@ def _store(url: str, messages: list[tuple[str, object]]) -> None:
     asyncio.run(go())
 
 
+class Effects:
+    """A loopback HTTP server that answers each POST and notes it (its body and its
+    Idempotency-Key header)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+        effects = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                effects.seen.append((body["i"], self.headers.get("Idempotency-Key", "")))
+                data = json.dumps({"answer": 100 + body["i"]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def effects() -> Iterator[Effects]:
+    server = Effects()
+    yield server
+    server.close()
+
+
 def test_a_batch_rerun_after_a_crash_answers_from_the_journals(
     steps: Component,
     nats_server: NatsServer,
+    effects: Effects,
 ) -> None:
-    """run, crash, run in one batch: each run's two tool calls made once, both runs counted."""
+    """run, fetch, crash, run, fetch in one batch: each call and request made once."""
     calls: list[int] = []
 
     def step(i: int, idempotency_key: str = "") -> int:
@@ -70,19 +114,34 @@ def test_a_batch_rerun_after_a_crash_answers_from_the_journals(
     for name in ("a", "t"):
         runtime = Runtime(workers=1, capabilities=Capabilities().with_tool("step", step))
         grants = Grants(tools=frozenset({"step"}))
-        runtime.register(AgentType("steps", steps, grants=grants))
+        policy = Policy().with_http(effects.url, methods=["POST"])
+        runtime.register(AgentType("steps", steps, grants=grants, policy=policy))
         made.append((runtime, Node(runtime, parse_cluster(data), name=name).start()))
     (_ra, node_a), (rt, _node_t) = made
     try:
-        _store(nats_server.url, [("run", {"n": 2}), ("crash", None), ("run", {"n": 2})])
+        fetch = {"n": 2, "url": f"{effects.url}/effect"}
+        _store(
+            nats_server.url,
+            [
+                ("run", {"n": 2}),
+                ("fetch", fetch),
+                ("crash", None),
+                ("run", {"n": 2}),
+                ("fetch", fetch),
+            ],
+        )
         node_a.spawn_on("a", "steps", name="st", supervise=(100, 5.0))
         deadline = time.monotonic() + 180
         while pending(nats_server.url, ["dur_st"]) > 0 or _journal_entries(nats_server.url):
             assert time.monotonic() < deadline, "the batch was never settled"
             time.sleep(0.05)
-        assert rt.ask("st", "status", timeout=10) == {"handled": 2, "results": [1, 11, 1, 11]}
+        results = [1, 11, 100, 101, 1, 11, 100, 101]
+        assert rt.ask("st", "status", timeout=10) == {"handled": 4, "results": results}
         assert calls == [0, 1, 0, 1]
-        assert node_a.durable.journal.answered == 2
+        assert [i for i, _key in effects.seen] == [0, 1, 0, 1]
+        keys = [key for _i, key in effects.seen]
+        assert all(len(key) == 32 for key in keys) and len(set(keys)) == 4
+        assert node_a.durable.journal.answered == 4
     finally:
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)

@@ -1,7 +1,7 @@
-"""A durable agent whose `run` calls a counted tool N times and whose `crash` traps
-(tests/cluster/test_journal_*.py)."""
+"""A durable agent whose `run` calls a counted tool N times, whose `fetch` POSTs N times and
+whose `crash` traps (tests/cluster/test_journal_*.py)."""
 
-from mighty_agent import Agent, export, on, tools
+from mighty_agent import Agent, export, http, on, tools
 
 
 class Steps(Agent):
@@ -11,6 +11,16 @@ class Steps(Agent):
     @on("run")
     def run(self, body, sender):
         got = [tools.step(i=i) for i in range(body["n"])]
+        self.handled += 1
+        self.results = self.results + got
+        return {"handled": self.handled}
+
+    @on("fetch")
+    def fetch(self, body, sender):
+        got = []
+        for i in range(body["n"]):
+            response = http.post(body["url"], json={"i": i}, timeout=60)
+            got.append(response.json()["answer"])
         self.handled += 1
         self.results = self.results + got
         return {"handled": self.handled}
