@@ -385,9 +385,11 @@ class _Consumer(threading.Thread):
         delivered = getattr(message.metadata, "num_delivered", None)
         return msg_id in self._journaled or not isinstance(delivered, int) or delivered > 1
 
-    def _prepare(self, message: Any, msg_id: str, process: AgentProcess) -> MessageLog:
+    def _prepare(self, message: Any, msg_id: str, process: AgentProcess) -> MessageLog | None:
         """Register the message's journal log (with the answers of its journal when it may
-        have run before); ``recovered.refusal`` says when it must not run."""
+        have run before); ``recovered.refusal`` says when it must not run. None: its journal
+        could not be read now (NATS did not answer): the message is left unacknowledged, to
+        be redelivered and its journal read again."""
         journal = self.durable.journal
         recovered = Recovered()
         if self._again(message, msg_id):
@@ -398,7 +400,13 @@ class _Consumer(threading.Thread):
             except JournalCorrupt as exc:
                 recovered = Recovered(refusal=exc.message, logs=1)
             except (nats.errors.Error, MightyError) as exc:
-                recovered = Recovered(refusal=f"its journal could not be read: {exc}")
+                _log.warning(
+                    "durable %s: the journal of %s could not be read (left to be redelivered): %s",
+                    self.name_,
+                    msg_id,
+                    exc,
+                )
+                return None
         log = MessageLog(journal, self.name_, msg_id, recovered)
         journal.register(self.address, log)
         return log
@@ -483,49 +491,15 @@ class _Consumer(threading.Thread):
             durable.skipped += 1
             node._call(message.ack(), 10)
             return True
-        runtime = node.runtime
         process = self._process()
         if process is None:
             return False
         log = self._prepare(message, msg_id, process)
-        crashed = False
-        if log.recovered.refusal:
-            # Not run: its journal cannot answer it, and running it live could repeat what
-            # the journal says was done. Counted as handled (as a crash is), state unchanged.
-            durable.refused += 1
-            _log.warning(
-                "durable %s: message %s refused: %s", self.name_, msg_id, log.recovered.refusal
-            )
-        else:
-            try:
-                future, _ = runtime.deliver_ask(
-                    self.address,
-                    frame.name,
-                    frame.body,
-                    sender=frame.sender,
-                    timeout=_HANDLE_TIMEOUT,
-                    key=msg_id,
-                )
-            except NoProc:
-                self.durable.journal.unregister(self.address, msg_id)
-                return False
-            except AgentError as exc:
-                self.durable.journal.unregister(self.address, msg_id)
-                _log.warning("durable %s: %s not delivered: %s", self.name_, frame.id, exc.message)
-                return True  # mailbox full for a minute: left unacknowledged, redelivered later
-            try:
-                future.result(_HANDLE_TIMEOUT)
-            except AgentError as exc:
-                crashed = "crashed" in exc.message
-            self._ran(msg_id)
-            answers = log.answers
-            if answers is not None and answers.divergence is not None:
-                _log.warning(
-                    "durable %s: message %s left its journal: %s",
-                    self.name_,
-                    msg_id,
-                    answers.divergence,
-                )
+        if log is None:
+            return True  # not acknowledged: redelivered after ack_wait
+        crashed = self._run_one(frame, msg_id, log)
+        if crashed is None:
+            return self._process() is not None  # not delivered: left unacknowledged
         process = self._process()
         if process is None:
             return False
@@ -544,3 +518,44 @@ class _Consumer(threading.Thread):
         node._call(message.ack(), 10)
         self._finish([msg_id])
         return True
+
+    def _run_one(self, frame: Frame, msg_id: str, log: MessageLog) -> bool | None:
+        """Run the message (unless its journal refuses it): whether it crashed the agent;
+        None when it was not delivered (a gone agent, or a mailbox full for a minute)."""
+        if log.recovered.refusal:
+            # Not run: its journal cannot answer it, and running it live could repeat what
+            # the journal says was done. Counted as handled (as a crash is), state unchanged.
+            self.durable.refused += 1
+            _log.warning(
+                "durable %s: message %s refused: %s", self.name_, msg_id, log.recovered.refusal
+            )
+            return False
+        try:
+            future, _ = self.node.runtime.deliver_ask(
+                self.address,
+                frame.name,
+                frame.body,
+                sender=frame.sender,
+                timeout=_HANDLE_TIMEOUT,
+                key=msg_id,
+            )
+        except AgentError as exc:
+            self.durable.journal.unregister(self.address, msg_id)
+            if not isinstance(exc, NoProc):
+                _log.warning("durable %s: %s not delivered: %s", self.name_, msg_id, exc.message)
+            return None
+        crashed = False
+        try:
+            future.result(_HANDLE_TIMEOUT)
+        except AgentError as exc:
+            crashed = "crashed" in exc.message
+        self._ran(msg_id)
+        answers = log.answers
+        if answers is not None and answers.divergence is not None:
+            _log.warning(
+                "durable %s: message %s left its journal: %s",
+                self.name_,
+                msg_id,
+                answers.divergence,
+            )
+        return crashed
