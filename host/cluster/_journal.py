@@ -26,7 +26,16 @@ wins, as the local ``.prev`` log does), its number in the log, the message id an
 with a checksum over all of them. Read back, entries are bounded (count, bytes, each entry's
 size), checked (checksum, message id, numbers without a gap) and the log parsed by the trace
 reader (its frames' checksums): anything else is :class:`JournalCorrupt`, and the message is
-refused (not run), never run live over a journal that could not be read.
+refused (not run), never run live over a journal that could not be read. (A journal NATS does
+not return now is no answer at all: the message is left to be redelivered.) The scratch trace
+is made at a message's first import, so a message with none costs nothing here; it is deleted
+when the ``handle`` call ends. A second run of one message on one node (a ``RetryPolicy``
+retry after the agent crashed on it) runs live under a log of its own, as a local retry does.
+
+The hook: the node sets the runtime's ``import_journal``, which wraps the record sink of each
+new instance of a durable type (the node's ``--record`` trace goes on underneath); the
+consumer registers a :class:`MessageLog` under the message id before delivering it, with that
+id as the envelope's ``key``, and the instance's recording finds it at ``handle``.
 
 Rejected:
 - The journal on the node's disk (as the local one is): it dies with the node, which is the
@@ -39,6 +48,11 @@ Rejected:
   write and a read per import.
 - One subject per agent for all its messages: a message's entries could then only be found or
   purged by scanning the agent's subject.
+- Replacing the runtime's ``recorder`` with a wrapping sink: the migration's link record and
+  the hot swap's record append to that recorder, which a wrapper would have had to imitate.
+- Waiting for the acknowledgement of the records of imports with no outside effect (clocks,
+  random) only at the next import that has one: fewer round trips, but which imports have
+  effects is not a property the gate knows; not done (benchmarks/README.md has the cost).
 """
 
 from __future__ import annotations
