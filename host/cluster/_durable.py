@@ -48,7 +48,13 @@ from mighty._errors import MightyError
 from mighty.abi import Err
 from mighty.agents import AgentCrashed, AgentError, AgentProcess, NoProc
 from mighty.cluster._frames import Frame, FrameError, decode, encode
-from mighty.cluster._journal import ClusterJournal, JournalCorrupt, MessageLog, Recovered
+from mighty.cluster._journal import (
+    ClusterJournal,
+    JournalCorrupt,
+    MessageLog,
+    Recovered,
+    publish_until,
+)
 from mighty.engine import check_lowering
 
 if TYPE_CHECKING:
@@ -114,28 +120,11 @@ class Durable:
             from mighty.agents import Refused
 
             raise Refused(f"{name}: a message of {len(data)} bytes exceeds the frame limit")
-        headers = {"Nats-Msg-Id": msg_id}
-        # Retried under the same id until the deadline: a store whose acknowledgement was lost
-        # is dropped by JetStream as a duplicate, so a retry never stores a message twice.
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                node._call(
-                    self._js.publish(
-                        self.subject(name), data, timeout=max(0.05, left), headers=headers
-                    ),
-                    max(0.05, left) + 1,
-                )
-                return
-            except (nats.errors.Error, TimeoutError, MightyError) as exc:
-                if node._closed or deadline - time.monotonic() <= 0.05:
-                    from mighty.agents import AskTimeout
+        why = publish_until(node, self._js, self.subject(name), data, msg_id, timeout)
+        if why is not None:
+            from mighty.agents import AskTimeout
 
-                    raise AskTimeout(
-                        f"JetStream did not store the message for {name}: {exc}"
-                    ) from None
-                time.sleep(0.05)
+            raise AskTimeout(f"JetStream did not store the message for {name}: {why}")
 
     def attach(self, name: str, address: str) -> None:
         """Start consuming ``name``'s durable messages for the local agent at ``address``."""
@@ -448,24 +437,31 @@ class _Consumer(threading.Thread):
         journal = self.durable.journal
         for message, msg_id, frame in fresh:
             journal.register(self.address, MessageLog(journal, self.name_, msg_id, Recovered()))
-            try:
-                future, _ = self.node.runtime.deliver_ask(
-                    self.address,
-                    frame.name,
-                    frame.body,
-                    sender=frame.sender,
-                    timeout=_HANDLE_TIMEOUT,
-                    key=msg_id,
-                )
-            except AgentError as exc:
-                journal.unregister(self.address, msg_id)
-                if not isinstance(exc, NoProc):
-                    _log.warning(
-                        "durable %s: %s not delivered: %s", self.name_, msg_id, exc.message
-                    )
+            future = self._deliver_one(frame, msg_id)
+            if future is None:
                 break
             delivered.append((message, msg_id, future))
         return delivered
+
+    def _deliver_one(self, frame: Frame, msg_id: str) -> Any:
+        """Put one message (its journal log registered) in the agent's mailbox: its reply's
+        future; None when it was not delivered (a gone agent, a mailbox full for a minute:
+        redelivered later), its log unregistered."""
+        try:
+            future, _ = self.node.runtime.deliver_ask(
+                self.address,
+                frame.name,
+                frame.body,
+                sender=frame.sender,
+                timeout=_HANDLE_TIMEOUT,
+                key=msg_id,
+            )
+        except AgentError as exc:
+            self.durable.journal.unregister(self.address, msg_id)
+            if not isinstance(exc, NoProc):
+                _log.warning("durable %s: %s not delivered: %s", self.name_, msg_id, exc.message)
+            return None
+        return future
 
     def _ack(self, messages: list[Any]) -> None:
         if not messages:
@@ -530,19 +526,8 @@ class _Consumer(threading.Thread):
                 "durable %s: message %s refused: %s", self.name_, msg_id, log.recovered.refusal
             )
             return False
-        try:
-            future, _ = self.node.runtime.deliver_ask(
-                self.address,
-                frame.name,
-                frame.body,
-                sender=frame.sender,
-                timeout=_HANDLE_TIMEOUT,
-                key=msg_id,
-            )
-        except AgentError as exc:
-            self.durable.journal.unregister(self.address, msg_id)
-            if not isinstance(exc, NoProc):
-                _log.warning("durable %s: %s not delivered: %s", self.name_, msg_id, exc.message)
+        future = self._deliver_one(frame, msg_id)
+        if future is None:
             return None
         crashed = False
         try:

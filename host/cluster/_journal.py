@@ -101,6 +101,7 @@ __all__ = [
     "assemble",
     "decode_entry",
     "encode_entry",
+    "publish_until",
 ]
 
 _log = logging.getLogger(__name__)
@@ -430,27 +431,14 @@ class ClusterJournal:
         return assemble(entries, message, component, self.scratch)
 
     def publish(self, name: str, message: str, data: bytes, entry_id: str) -> None:
-        """Store one entry; retried under the same id (JetStream drops a duplicate) for 10 s."""
-        node = self.node
-        deadline = time.monotonic() + 10.0
-        headers = {"Nats-Msg-Id": entry_id}
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                node._call(
-                    self._js.publish(
-                        self.subject(name, message), data, timeout=max(0.05, left), headers=headers
-                    ),
-                    max(0.05, left) + 1,
-                )
-                self.published += 1
-                return
-            except (nats.errors.Error, TimeoutError, MightyError) as exc:
-                if node._closed or deadline - time.monotonic() <= 0.05:
-                    raise HostError(
-                        f"durable {name}: JetStream did not store the journal of {message!r}: {exc}"
-                    ) from None
-                time.sleep(0.05)
+        """Store one entry (retried for 10 s; see :func:`publish_until`)."""
+        subject = self.subject(name, message)
+        why = publish_until(self.node, self._js, subject, data, entry_id, 10.0)
+        if why is not None:
+            raise HostError(
+                f"durable {name}: JetStream did not store the journal of {message!r}: {why}"
+            )
+        self.published += 1
 
     def purge(self, name: str, message: str) -> None:
         """Delete ``message``'s journal (its state is stored and it is acknowledged). Not
@@ -466,6 +454,29 @@ class ClusterJournal:
 
         with contextlib.suppress(RuntimeError):  # the node is closing: left to max_age
             asyncio.run_coroutine_threadsafe(purge(), self.node._loop)
+
+
+def publish_until(
+    node: Node, js: Any, subject: str, data: bytes, msg_id: str, timeout: float
+) -> str | None:
+    """Publish ``data`` on ``subject`` with the message id ``msg_id`` until JetStream has
+    stored it or ``timeout`` seconds passed: None when stored, else why not. A store whose
+    acknowledgement was lost is dropped by JetStream as a duplicate of the id, so a retry never
+    stores it twice."""
+    headers = {"Nats-Msg-Id": msg_id}
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            node._call(
+                js.publish(subject, data, timeout=max(0.05, left), headers=headers),
+                max(0.05, left) + 1,
+            )
+            return None
+        except (nats.errors.Error, TimeoutError, MightyError) as exc:
+            if node._closed or deadline - time.monotonic() <= 0.05:
+                return str(exc)
+            time.sleep(0.05)
 
 
 class _JournalSink:

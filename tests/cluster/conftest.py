@@ -16,6 +16,7 @@ import pytest
 
 from mighty import Component
 from mighty.agents import AgentType, MailboxSettings, Runtime
+from mighty.capabilities import Capabilities
 from mighty.cluster import ClusterConfig, NatsServer, Node, parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,6 +135,46 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Component:
     from tests.agents.conftest import _build_path
 
     return Component.load(_build_path("counter", tmp_path_factory.mktemp("counter")))
+
+
+class DurablePair:
+    """Node a (which runs the agents) and node t (which places nothing), in this process, each
+    with one agent type of ``[cluster] durable``; all closed at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.made: list[tuple[Runtime, Node]] = []
+
+    def __call__(
+        self, agent_type: AgentType, capabilities: Capabilities | None = None
+    ) -> tuple[Node, Runtime]:
+        """Start both with ``agent_type``: (node a, node t's runtime)."""
+        data = {
+            "servers": [self.url],
+            "peers": {"a": {}, "t": {"spawn": False}},
+            "heartbeat": 0.2,
+            "dead_after": 1.0,
+            "durable": [agent_type.name],
+        }
+        for name in ("a", "t"):
+            runtime = Runtime(workers=1, capabilities=capabilities)
+            runtime.register(agent_type)
+            self.made.append((runtime, Node(runtime, parse_cluster(data), name=name).start()))
+        (_ra, node_a), (rt, _nt) = self.made[-2:]
+        return node_a, rt
+
+    def close(self) -> None:
+        for runtime, node in reversed(self.made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+@pytest.fixture
+def durable_pair(nats_server: NatsServer) -> Iterator[DurablePair]:
+    """Two in-process nodes with a durable type (see DurablePair), closed at the end."""
+    made = DurablePair(nats_server.url)
+    yield made
+    made.close()
 
 
 @pytest.fixture(scope="session")

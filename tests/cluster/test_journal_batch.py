@@ -16,10 +16,11 @@ import nats
 import pytest
 
 from mighty import Component
-from mighty.agents import AgentType, Grants, Runtime
+from mighty.agents import AgentType, Grants
 from mighty.capabilities import Capabilities
-from mighty.cluster import Frame, NatsServer, Node, encode, parse_cluster
+from mighty.cluster import Frame, NatsServer, encode
 from mighty.wasi import Policy
+from tests.cluster.conftest import DurablePair
 from tests.cluster.test_journal_kill import _journal_entries
 from tests.cluster.test_ledger import pending
 
@@ -93,6 +94,7 @@ def effects() -> Iterator[Effects]:
 def test_a_batch_rerun_after_a_crash_answers_from_the_journals(
     steps: Component,
     nats_server: NatsServer,
+    durable_pair: DurablePair,
     effects: Effects,
 ) -> None:
     """run, fetch, crash, run, fetch in one batch: each call and request made once."""
@@ -103,46 +105,32 @@ def test_a_batch_rerun_after_a_crash_answers_from_the_journals(
         calls.append(i)
         return 10 * i + 1
 
-    data = {
-        "servers": [nats_server.url],
-        "peers": {"a": {}, "t": {"spawn": False}},
-        "heartbeat": 0.2,
-        "dead_after": 1.0,
-        "durable": ["steps"],
-    }
-    made: list[tuple[Runtime, Node]] = []
-    for name in ("a", "t"):
-        runtime = Runtime(workers=1, capabilities=Capabilities().with_tool("step", step))
-        grants = Grants(tools=frozenset({"step"}))
-        policy = Policy().with_http(effects.url, methods=["POST"])
-        runtime.register(AgentType("steps", steps, grants=grants, policy=policy))
-        made.append((runtime, Node(runtime, parse_cluster(data), name=name).start()))
-    (_ra, node_a), (rt, _node_t) = made
-    try:
-        fetch = {"n": 2, "url": f"{effects.url}/effect"}
-        _store(
-            nats_server.url,
-            [
-                ("run", {"n": 2}),
-                ("fetch", fetch),
-                ("crash", None),
-                ("run", {"n": 2}),
-                ("fetch", fetch),
-            ],
-        )
-        node_a.spawn_on("a", "steps", name="st", supervise=(100, 5.0))
-        deadline = time.monotonic() + 180
-        while pending(nats_server.url, ["dur_st"]) > 0 or _journal_entries(nats_server.url):
-            assert time.monotonic() < deadline, "the batch was never settled"
-            time.sleep(0.05)
-        results = [1, 11, 100, 101, 1, 11, 100, 101]
-        assert rt.ask("st", "status", timeout=10) == {"handled": 4, "results": results}
-        assert calls == [0, 1, 0, 1]
-        assert [i for i, _key in effects.seen] == [0, 1, 0, 1]
-        keys = [key for _i, key in effects.seen]
-        assert all(len(key) == 32 for key in keys) and len(set(keys)) == 4
-        assert node_a.durable.journal.answered == 4
-    finally:
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+    grants = Grants(tools=frozenset({"step"}))
+    policy = Policy().with_http(effects.url, methods=["POST"])
+    node_a, rt = durable_pair(
+        AgentType("steps", steps, grants=grants, policy=policy),
+        Capabilities().with_tool("step", step),
+    )
+    fetch = {"n": 2, "url": f"{effects.url}/effect"}
+    _store(
+        nats_server.url,
+        [
+            ("run", {"n": 2}),
+            ("fetch", fetch),
+            ("crash", None),
+            ("run", {"n": 2}),
+            ("fetch", fetch),
+        ],
+    )
+    node_a.spawn_on("a", "steps", name="st", supervise=(100, 5.0))
+    deadline = time.monotonic() + 180
+    while pending(nats_server.url, ["dur_st"]) > 0 or _journal_entries(nats_server.url):
+        assert time.monotonic() < deadline, "the batch was never settled"
+        time.sleep(0.05)
+    results = [1, 11, 100, 101, 1, 11, 100, 101]
+    assert rt.ask("st", "status", timeout=10) == {"handled": 4, "results": results}
+    assert calls == [0, 1, 0, 1]
+    assert [i for i, _key in effects.seen] == [0, 1, 0, 1]
+    keys = [key for _i, key in effects.seen]
+    assert all(len(key) == 32 for key in keys) and len(set(keys)) == 4
+    assert node_a.durable.journal.answered == 4

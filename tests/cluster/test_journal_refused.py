@@ -22,10 +22,11 @@ import pytest
 from nats.js.api import ConsumerConfig
 
 from mighty import Component
-from mighty.agents import AgentType, Grants, Runtime
+from mighty.agents import AgentType, Grants
 from mighty.capabilities import Capabilities
-from mighty.cluster import Frame, NatsServer, Node, encode, parse_cluster
+from mighty.cluster import Frame, NatsServer, encode
 from mighty.cluster._journal import JournalEntry, encode_entry
+from tests.cluster.conftest import DurablePair
 from tests.cluster.test_journal import trace_bytes
 from tests.cluster.test_journal_kill import _journal_entries
 from tests.cluster.test_ledger import pending
@@ -78,6 +79,7 @@ def _strand(url: str, msg_id: str, entries: list[bytes]) -> None:
 def test_a_journal_that_cannot_answer_is_not_run_live(
     steps: Component,
     nats_server: NatsServer,
+    durable_pair: DurablePair,
     tmp_path: Path,
     case: str,
     journal: Callable[[Path, str], list[bytes]],
@@ -90,40 +92,25 @@ def test_a_journal_that_cannot_answer_is_not_run_live(
         calls.append(i)
         return 10 * i + 1
 
-    data = {
-        "servers": [nats_server.url],
-        "peers": {"a": {}, "t": {"spawn": False}},
-        "heartbeat": 0.2,
-        "dead_after": 1.0,
-        "durable": ["steps"],
-    }
-    made: list[tuple[Runtime, Node]] = []
-    for name in ("a", "t"):
-        runtime = Runtime(workers=1, capabilities=Capabilities().with_tool("step", step))
-        grants = Grants(tools=frozenset({"step"}))
-        runtime.register(AgentType("steps", steps, grants=grants))
-        made.append((runtime, Node(runtime, parse_cluster(data), name=name).start()))
-    (_ra, node_a), (rt, _node_t) = made
-    try:
-        _strand(nats_server.url, "m-1", journal(tmp_path, steps.sha256))
-        node_a.spawn_on("a", "steps", name="st", supervise=(100, 5.0))
-        deadline = time.monotonic() + 120
-        while pending(nats_server.url, ["dur_st"]) > 0 or _journal_entries(nats_server.url):
-            assert time.monotonic() < deadline, "the stranded message was never settled"
-            time.sleep(0.05)
-        assert calls == []
-        assert rt.ask("st", "status", timeout=10) == {"handled": 0, "results": []}
-        if case == "garbage":
-            assert node_a.durable.refused == 1
-        else:
-            assert node_a.durable.journal.answered == 1 and node_a.durable.refused == 0
-        rt.send("st", "run", {"n": 2})
-        while rt.ask("st", "status", timeout=10)["handled"] < 1:
-            assert time.monotonic() < deadline, "the next message was not handled"
-            time.sleep(0.05)
-        assert calls == [0, 1]
-        assert rt.ask("st", "status", timeout=10) == {"handled": 1, "results": [1, 11]}
-    finally:
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+    node_a, rt = durable_pair(
+        AgentType("steps", steps, grants=Grants(tools=frozenset({"step"}))),
+        Capabilities().with_tool("step", step),
+    )
+    _strand(nats_server.url, "m-1", journal(tmp_path, steps.sha256))
+    node_a.spawn_on("a", "steps", name="st", supervise=(100, 5.0))
+    deadline = time.monotonic() + 120
+    while pending(nats_server.url, ["dur_st"]) > 0 or _journal_entries(nats_server.url):
+        assert time.monotonic() < deadline, "the stranded message was never settled"
+        time.sleep(0.05)
+    assert calls == []
+    assert rt.ask("st", "status", timeout=10) == {"handled": 0, "results": []}
+    if case == "garbage":
+        assert node_a.durable.refused == 1
+    else:
+        assert node_a.durable.journal.answered == 1 and node_a.durable.refused == 0
+    rt.send("st", "run", {"n": 2})
+    while rt.ask("st", "status", timeout=10)["handled"] < 1:
+        assert time.monotonic() < deadline, "the next message was not handled"
+        time.sleep(0.05)
+    assert calls == [0, 1]
+    assert rt.ask("st", "status", timeout=10) == {"handled": 1, "results": [1, 11]}
