@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +138,53 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Component:
     from tests.agents.conftest import _build_path
 
     return Component.load(_build_path("counter", tmp_path_factory.mktemp("counter")))
+
+
+class Effects:
+    """A loopback HTTP server that answers each POST ``{"i": I}`` with ``{"answer": 100 + I}``
+    and notes it (I and its Idempotency-Key header). With ``hold_at``, the first request for
+    that I is held (``holding`` set) until ``release`` is set: a node killed meanwhile."""
+
+    def __init__(self, hold_at: int | None = None) -> None:
+        self.seen: list[tuple[int, str]] = []
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        effects = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                effects.seen.append((body["i"], self.headers.get("Idempotency-Key", "")))
+                if body["i"] == hold_at and not effects.holding.is_set():
+                    effects.holding.set()
+                    effects.release.wait(600)
+                data = json.dumps({"answer": 100 + body["i"]}).encode()
+                with contextlib.suppress(OSError):  # its client may have been killed
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def effects() -> Iterator[Effects]:
+    """A loopback HTTP server that notes each request (see Effects)."""
+    server = Effects()
+    yield server
+    server.close()
 
 
 class DurablePair:

@@ -5,11 +5,7 @@ calls and HTTP requests are not made again)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import cbor2
 import nats
@@ -20,7 +16,7 @@ from mighty.agents import AgentType, Grants
 from mighty.capabilities import Capabilities
 from mighty.cluster import Frame, NatsServer, encode
 from mighty.wasi import Policy
-from tests.cluster.conftest import DurablePair
+from tests.cluster.conftest import DurablePair, Effects
 from tests.cluster.test_journal_kill import _journal_entries
 from tests.cluster.test_ledger import pending
 
@@ -51,44 +47,6 @@ def _store(url: str, messages: list[tuple[str, object]]) -> None:
             await nc.close()
 
     asyncio.run(go())
-
-
-class Effects:
-    """A loopback HTTP server that answers each POST and notes it (its body and its
-    Idempotency-Key header)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, str]] = []
-        effects = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                effects.seen.append((body["i"], self.headers.get("Idempotency-Key", "")))
-                data = json.dumps({"answer": 100 + body["i"]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def effects() -> Iterator[Effects]:
-    server = Effects()
-    yield server
-    server.close()
 
 
 def test_a_batch_rerun_after_a_crash_answers_from_the_journals(

@@ -1,11 +1,14 @@
 """kill -9 of a cluster node in the middle of a durable message: the new owner answers the
-message's completed tool calls from its journal in JetStream (each made once), makes the call
-in flight again with the same idempotency key, and ends in the state of a run without the crash.
+message's completed tool calls or HTTP requests from its journal in JetStream (each made once),
+makes the one in flight again with the same idempotency key, and ends in the state of a run
+without the crash.
 
 Nodes a (the cluster supervisor) and b (the agent, pinned there) are `mty node` processes;
 this process is node t and sends the message by name. The tool (journal_agent/counted.py)
 notes each call in a file and, on node b only, holds the call of step HOLD_AT until the test
-has SIGKILLed the node: the test waits for that call (the counter), not for time.
+has SIGKILLed the node; the loopback HTTP server (conftest.Effects) notes each request and
+holds the first of step HOLD_AT the same way. The test waits for that call (the counter), not
+for time.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pytest
 
 from mighty.agents import AgentError, Runtime
 from mighty.cluster import NatsServer, Node, parse_cluster
-from tests.cluster.conftest import ROOT, Mty
+from tests.cluster.conftest import ROOT, Effects, Mty
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +37,7 @@ tool = "counted:step"
 [agents.steps]
 source = "{source}"
 capabilities = ["step"]
+http = ["{origin}"]
 
 [cluster]
 servers = ["{url}"]
@@ -76,13 +80,17 @@ def _status(runtime: Runtime) -> dict[str, object] | None:
     return status
 
 
-def test_a_killed_nodes_message_is_finished_from_its_journal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["tool", "http"])
+def test_a_killed_nodes_message_is_finished_from_its_journal(tmp_path: Path, kind: str) -> None:
     """Completed calls once, the call in flight twice under one key, the state as uncrashed."""
     counts, marker = tmp_path / "counts.txt", tmp_path / "held"
     shutil.copy(AGENT / "counted.py", tmp_path / "counted.py")
+    web = Effects(hold_at=_HOLD_AT)
     with NatsServer() as server:
         manifest = tmp_path / "mighty.toml"
-        manifest.write_text(MANIFEST.format(source=AGENT / "steps.py", url=server.url))
+        manifest.write_text(
+            MANIFEST.format(source=AGENT / "steps.py", url=server.url, origin=web.url)
+        )
         env = {"COUNTS": str(counts), "MARKER": str(marker)}
         b = Mty("node", str(manifest), "--name", "b", "-q", env=env | {"HOLD_AT": str(_HOLD_AT)})
         a = Mty("node", str(manifest), "--name", "a", "-q", env=env)
@@ -98,12 +106,18 @@ def test_a_killed_nodes_message_is_finished_from_its_journal(tmp_path: Path) -> 
             while not (node.whereis("steps") or "").startswith("b:"):
                 assert time.monotonic() < deadline, "the agent never started on b"
                 time.sleep(0.05)
-            runtime.send("steps", "run", {"n": _STEPS}, timeout=30)
-            while not marker.exists():  # steps 0.._HOLD_AT-1 returned; _HOLD_AT is in flight
-                assert time.monotonic() < deadline, f"no held call: {counts.read_text()!r}"
+            if kind == "tool":
+                runtime.send("steps", "run", {"n": _STEPS}, timeout=30)
+            else:
+                body = {"n": _STEPS, "url": f"{web.url}/effect"}
+                runtime.send("steps", "fetch", body, timeout=30)
+            # Steps 0.._HOLD_AT-1 returned (the guest saw them: journaled); _HOLD_AT is held.
+            while not (marker.exists() or web.holding.is_set()):
+                assert time.monotonic() < deadline, f"no held call: {web.seen}, {counts}"
                 time.sleep(0.02)
-            assert _journal_entries(server.url) >= _HOLD_AT  # one entry per answered call
+            assert _journal_entries(server.url) >= _HOLD_AT  # an entry per import at least
             b.kill()
+            web.release.set()
             status = None
             while status is None or status.get("handled") != 1:
                 assert time.monotonic() < deadline, f"not recovered: {status}, {a.lines[-5:]}"
@@ -111,11 +125,16 @@ def test_a_killed_nodes_message_is_finished_from_its_journal(tmp_path: Path) -> 
                 time.sleep(0.1)
                 status = _status(runtime)
             assert (node.whereis("steps") or "").startswith("a:")
-            assert status == {"handled": 1, "results": [10 * i + 1 for i in range(_STEPS)]}
-            calls = [line.split(" ") for line in counts.read_text().splitlines()]
-            made = Counter(int(step) for step, _key in calls)
+            answer = (lambda i: 10 * i + 1) if kind == "tool" else (lambda i: 100 + i)
+            assert status == {"handled": 1, "results": [answer(i) for i in range(_STEPS)]}
+            if kind == "tool":
+                lines = counts.read_text().splitlines()
+                calls = [(int(step), key) for step, key in (line.split(" ") for line in lines)]
+            else:
+                calls = list(web.seen)
+            made = Counter(step for step, _key in calls)
             assert made == {i: 2 if i == _HOLD_AT else 1 for i in range(_STEPS)}, calls
-            keys = [key for step, key in calls if int(step) == _HOLD_AT]
+            keys = [key for step, key in calls if step == _HOLD_AT]
             assert len(keys[0]) == 32 and keys[0] == keys[1], keys
             assert len({key for _step, key in calls}) == _STEPS  # one key per call position
             while _journal_entries(server.url) > 0:  # purged once stored and acknowledged
@@ -123,6 +142,7 @@ def test_a_killed_nodes_message_is_finished_from_its_journal(tmp_path: Path) -> 
                 time.sleep(0.1)
         finally:
             marker.with_suffix(".release").write_text("")
+            web.close()
             runtime.shutdown(drain=False, timeout=2)
             node.close()
             a.finish()
