@@ -147,6 +147,9 @@ def _agent_starter(
         address = runtime.whereis(child.name)
         if address is not None:
             process = runtime._agents[address]
+            # Its crashes are reported here: a restart's own agent, or one that came to this
+            # node under the child's name to be supervised (a cluster's hand-back).
+            process.on_exit = exited
             if not process.alive:
                 process.revive()
             return process

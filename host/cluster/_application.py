@@ -3,7 +3,9 @@
 ``NodeApplication.from_manifest(path)`` builds what ``mighty.toml`` (with its ``[cluster]``
 block) describes for one node: the agent types, a ``Runtime`` with the manifest's workers and
 capabilities, and the ``Node`` that joins it to the cluster. ``start()`` registers the types,
-joins, adopts the local supervision tree and takes (or stands by for) the cluster supervisor;
+joins, starts and adopts the local supervision tree (``Node.start_tree``: children adopted
+elsewhere while this node was gone are handed back to it) and takes (or stands by for) the
+cluster supervisor;
 ``leads`` says whether this node sends the ``[[start]]`` messages (``send_start``);
 ``shutdown()`` stops the supervisor, the services stacked on the node (``on_shutdown``), the
 runtime, then leaves the cluster (peers hear it left) and closes the trace.
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mighty._errors import BadInput
-from mighty.agents import AgentOutput, Runtime, StartReply, load_manifest, start_tree
+from mighty.agents import AgentOutput, Runtime, StartReply, load_manifest
 from mighty.agents.hosting import agent_types, capabilities, send_start_messages, supervisor_spec
 from mighty.cluster._config import ClusterConfig, parse_cluster
 from mighty.cluster._lease import SupervisorLease
@@ -122,7 +124,7 @@ class NodeApplication:
         node.start()
         where = ", ".join(self.config.servers)
         self._note(f"node {node.name} joined cluster {self.config.name} at {where}")
-        node.adopt(start_tree(self.runtime, supervisor_spec(self.manifest.supervisor)))
+        node.start_tree(supervisor_spec(self.manifest.supervisor))
         self.supervisor = self._supervise()
         return self
 

@@ -104,12 +104,15 @@ class MigrationReport:
 
 
 def migrate(
-    node: Node, address: str, target: str, *, drain_timeout: float = 5.0
+    node: Node, address: str, target: str, *, drain_timeout: float = 5.0, handback: bool = False
 ) -> MigrationReport:
-    """Move the local agent at ``address`` to node ``target`` (see the module docstring)."""
+    """Move the local agent at ``address`` to node ``target`` (see the module docstring).
+
+    ``handback``: an adopted child goes back to its home, unsupervised and held there until
+    the home's tree takes it (see _moved)."""
     runtime = node.runtime
     local, process = _check(node, address, target)
-    supervised = supervised_extra(node, process)
+    supervised = None if handback else supervised_extra(node, process)
     # Instantiating on the target takes long for a big component: done before the pause.
     prepared = _prepare(node, process, target, supervised)
     started = time.monotonic()
@@ -135,7 +138,7 @@ def migrate(
             body=snapshot,
             name=process.name or "",
             to=prepared.partition(":")[2],
-            extra={"from": node.qualify(local)},
+            extra={"from": node.qualify(local), **({"hold": True} if handback else {})},
         )
         if process.name is not None:
             node.handing_off(process.name, target)  # its claim there is not a takeover
@@ -297,7 +300,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
     op = frame.extra.get("op")
     if op == "component":
         return serve_component(node, frame)
-    if op in ("exited", "moved", "restart", "halt"):
+    if op in ("exited", "moved", "restart", "halt", "handback"):
         return moved_op(node, frame, op)
     if op is not None:
         raise BadSpawn(f"migrate: unknown op {str(op)[:32]!r}")
@@ -340,8 +343,11 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
     if isinstance(previous, str):
         here = node.qualify(process.address)
         _link(runtime, process.address, node.name, previous, here, frame.body)
-    process.mailbox.resume()
-    process.wake()
+    if frame.extra.get("hold") is True:
+        node.hold(process)  # handed back: runs once its home's tree took it
+    else:
+        process.mailbox.resume()
+        process.wake()
     return Frame("ok", node=node.name, to=node.qualify(process.address))
 
 

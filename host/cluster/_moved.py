@@ -43,18 +43,26 @@ home acknowledged before it died leaves a crashed agent that the adoption's star
 old home's ``restart`` or ``halt`` for an adopted child is refused. A crash that nobody can
 take (NATS gone, the home live but not answering) settles the child's queue, as before.
 
-When the home comes back (a new process with the same node name), the adopted child stays
-where it is, supervised by its new node: its state and mailbox are there, and moving it back
-would pause it again for no failure of its own (Akka's sharding does not move entities back to
-a rejoining node either; OTP's takeover of distributed applications is opt-in). The name stays
-held there, so nothing runs twice: a second copy's spawn at home is refused naming the holder.
-Rejected: handing it back on the home's return (the home's fresh tree starts its child at the
-moment it joins, before a hand-back could land: the two would race for the name); supervising
-it from the cluster supervisor's node (a child of a local tree is no cluster child, and the
-node it runs on is the one that sees its crashes first).
+When the home comes back (a new process under the node's name), the child stays where it is,
+supervised by its new node, until the home starts a tree that has it (``Node.start_tree``, as
+`mty node` starts its ``[supervisor]``): before that tree starts, the home asks for its
+children back (op ``handback``), and the node that adopted one moves it home live (state and
+mailbox; senders keep their addresses), where it is held (no message taken) until the tree's
+start has taken it as its own child; the adoptive supervisor then lets go of it. One name moves
+as in any migration, so nothing runs twice. A home back without that tree (a library user's
+``Node``) leaves it where it is: a second copy at home is refused, naming the holder.
+Rejected: leaving it with the adoptive supervisor for good (the returning home's tree then
+fails to start: its child's name is held elsewhere); stopping it so that the home's tree
+starts it afresh (OTP's restart of a node's tree, but the state and the queued messages would
+go for no failure of the child); moving it back as soon as the home is heard again (that move
+and the tree's own start of the child race for the name); supervising it from the cluster
+supervisor's node (a child of a local tree is no cluster child, and the node it runs on is the
+one that sees its crashes first).
 
 Not done: an old home that was only cut off (declared dead, not dead) keeps a handle on the
 adopted child; its ops on it are refused, and its supervisor counts those as failed restarts.
+An adopted child moved on from the node that adopted it is a remote child of the adoptive
+supervisor, and is not handed back.
 """
 
 from __future__ import annotations
@@ -92,6 +100,7 @@ __all__ = [
     "follow",
     "moved_op",
     "on_membership",
+    "reclaim",
     "relocate",
     "supervised_extra",
     "unfollow",
@@ -99,6 +108,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 _OP_TIMEOUT = 10.0
+_HANDBACK_TIMEOUT = 600.0
+"""A hand-back is a migration, which may ship and compile the component."""
 _RESTART_TIMEOUT = 300.0
 _MAX_DEPTH = 32
 _RESTARTS = ("permanent", "transient", "temporary")
@@ -537,6 +548,8 @@ def adopt(node: Node, process: Any, reporter: Reporter) -> Supervisor | None:
                 runtime.stop(process.address)
             return None
     node.hold_supervisor(process.address, supervisor)
+    with node._lock:
+        node.orphans[name] = (reporter.home, supervisor)
     _log.warning(
         "node %s: adopted %s (%r): its supervisor's node %s is gone",
         node.name,
@@ -546,6 +559,55 @@ def adopt(node: Node, process: Any, reporter: Reporter) -> Supervisor | None:
     )
     runtime.emit("agent.adopted", process.address, {"home": reporter.home, "by": supervisor.name})
     return supervisor
+
+
+def reclaim(node: Node, names: list[str]) -> list[str]:
+    """Ask the nodes holding ``names`` to hand back the children they adopted from this node
+    (see ``Node.start_tree``); the addresses here of those handed back."""
+    back = []
+    for name in names:
+        owner = node.whereis(name)
+        where = None if owner is None else owner.partition(":")[0]
+        if where is None or where == node.name:
+            continue
+        frame = Frame("migrate", node=node.name, name=name, extra={"op": "handback"})
+        try:
+            back.append(node.request(where, frame, _HANDBACK_TIMEOUT).to)
+        except AgentError as exc:  # not ours to take back: the tree's start names the holder
+            _log.warning("node %s: %r not handed back by %s: %s", node.name, name, where, exc)
+    return back
+
+
+def _hand_back(node: Node, frame: Frame) -> Frame:
+    """Move the child adopted from ``frame.node`` back to it, live, and let go of it."""
+    from mighty.cluster._migrate import MigrationFailed, migrate
+
+    runtime = node.runtime
+    with node._lock:
+        found = node.orphans.get(frame.name)
+    address = runtime.whereis(frame.name) if frame.name else None
+    process = None if address is None else runtime.process(address)
+    if (
+        found is None
+        or found[0] != frame.node
+        or process is None
+        or find_supervisor(node, process) != (found[1], frame.name)
+    ):
+        raise NoProc(f"node {node.name} holds no {frame.name!r} adopted from node {frame.node}")
+    assert address is not None
+    supervisor = found[1]
+    if not node.wait_for([frame.node], 2 * node.config.dead_after + 5.0):
+        raise NoProc(f"node {frame.node} is not live here yet")
+    try:
+        report = migrate(node, address, frame.node, handback=True)
+    except MigrationFailed as exc:
+        raise Refused(f"handing {frame.name!r} back failed: {exc.message}") from None
+    with node._lock:
+        node.orphans.pop(frame.name, None)
+    supervisor.stop()  # its handle is the old process, halted: nothing else stops
+    node.drop_supervisor(supervisor)
+    _log.warning("node %s: handed %r back to node %s", node.name, frame.name, frame.node)
+    return Frame("ok", node=node.name, to=report.new_address)
 
 
 def _adopted(process: Any, home: str) -> None:
@@ -561,6 +623,8 @@ def moved_op(node: Node, frame: Frame, op: str) -> Frame:
     from mighty.cluster._migrate import type_for
 
     runtime = node.runtime
+    if op == "handback":
+        return _hand_back(node, frame)
     if op in ("exited", "moved"):
         supervisor = frame.extra.get("sup")
         with node._lock:

@@ -102,7 +102,7 @@ from mighty.cluster._frames import (
     sender_of,
 )
 from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
-from mighty.cluster._moved import on_membership
+from mighty.cluster._moved import on_membership, reclaim
 
 __all__ = ["ClusterError", "Node", "NodeStats"]
 
@@ -215,6 +215,13 @@ class Node:
 
     _cut_off_at = -1e9
     """When this node last saw its own lease stale (``_check_liveness``)."""
+    orphans: dict[str, tuple[str, Supervisor]]
+    """Remote children adopted here when their home went, by name: (the home, the adoptive
+    supervisor); handed back to a home that starts their tree again (see _moved)."""
+    _held: list[Any]
+    """Children handed back here, held until the tree that takes them started."""
+    _moving: dict[str, threading.Event]
+    """Agents migrating away: sends to their old address wait for the event (``moving``)."""
 
     def __init__(self, runtime: Runtime, config: ClusterConfig, *, name: str | None = None) -> None:
         node = name or config.node
@@ -262,7 +269,7 @@ class Node:
         self._dead_revisions: dict[str, dict[str, int]] = {}
         self.relocated: dict[tuple[str, str], Any] = {}
         """Supervised agents that migrated away, by (supervisor, child): see _moved."""
-        self._moving: dict[str, threading.Event] = {}
+        self.orphans, self._held, self._moving = {}, [], {}
         self._listeners: list[Callable[[str, bool], None]] = []
         self._inflight = 0
         self._ids = itertools.count(1)
@@ -601,6 +608,35 @@ class Node:
         with self._lock:
             self._trees.append(supervisor)
         return supervisor
+
+    def start_tree(self, spec: SupervisorSpec) -> Supervisor:
+        """Start the supervision tree ``spec`` here and ``adopt`` it. Its children that another
+        node adopted while this node was gone (an earlier process under this node's name) are
+        handed back first: moved here live (state and mailbox), held (no message taken) until
+        the tree's start has taken them as its own, then let run. `mty node` starts its
+        ``[supervisor]`` tree so."""
+        reclaim(self, _agent_names(spec))
+        try:
+            return self.adopt(start_tree(self.runtime, spec))
+        finally:
+            with self._lock:
+                held, self._held = self._held, []
+            for process in held:
+                process.mailbox.resume()
+                process.wake()
+
+    def hold(self, process: Any) -> None:
+        """A child handed back (``start_tree``): its mailbox stays paused until the tree
+        started."""
+        with self._lock:
+            self._held.append(process)
+
+    def drop_supervisor(self, supervisor: Supervisor) -> None:
+        """``supervisor`` no longer supervises an agent here (its child was handed back)."""
+        with self._lock:
+            for address, held in list(self._supervisors.items()):
+                if held is supervisor:
+                    del self._supervisors[address]
 
     def hold_supervisor(self, local: str, supervisor: Supervisor) -> None:
         """``supervisor`` is this node's one-child supervisor of the agent at ``local`` now
@@ -1388,6 +1424,17 @@ class Node:
             self._dead.add(node)
             self._note_tokens(node)
             self._notify(node, alive=False)
+
+
+def _agent_names(spec: SupervisorSpec) -> list[str]:
+    """The names of the agents of the tree ``spec``, at any depth."""
+    names = []
+    for child in spec.children:
+        if isinstance(child, SupervisorSpec):
+            names.extend(_agent_names(child))
+        else:
+            names.append(child.name)
+    return names
 
 
 def _address_value(value: bytes | None) -> str | None:
