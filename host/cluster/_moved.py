@@ -15,7 +15,10 @@ child spec follows the agent:
 - when the target node dies (heartbeats), the home node reports the child crashed ("node b
   is down") and the restart starts it at home again, as the spec first said; when it leaves on
   purpose, the child is reported stopped ("node b left"), which restarts a permanent child the
-  same way (a transient one is not restarted).
+  same way (a transient one is not restarted). A cluster supervisor's child is the exception:
+  its cluster supervisor, which follows it by name, restarts it, and the home's one-child
+  supervisor lets go of it (both restarted it before: two restarts for one death, one of them
+  refused the name and counted as a failed start).
 
 **Moving on again.** A remote child on b may migrate on to c: the prepare frame carries its
 home, supervisor, child name and policy as the first move's did; c, once the state is restored
@@ -128,9 +131,17 @@ class Policy:
     restart: Restart = "permanent"
     intensity: int = 3
     period: float = 5.0
+    cluster: bool = False
+    """A cluster supervisor's child: the death of the node it runs on is the cluster
+    supervisor's to restart (it follows the child by name), not its home supervisor's."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"restart": self.restart, "intensity": self.intensity, "period": self.period}
+        return {
+            "restart": self.restart,
+            "intensity": self.intensity,
+            "period": self.period,
+            "cluster": self.cluster,
+        }
 
     @classmethod
     def from_wire(cls, data: Any) -> Policy:
@@ -140,23 +151,27 @@ class Policy:
         restart = data.get("restart", "permanent")
         intensity = data.get("intensity", 3)
         period = data.get("period", 5.0)
+        cluster = data.get("cluster", False)
         if (
-            restart not in _RESTARTS
+            type(cluster) is not bool
+            or restart not in _RESTARTS
             or type(intensity) is not int
             or intensity < 0
             or type(period) not in (int, float)
             or not 0 < period < 1e9
         ):
-            raise BadSpawn("migrate: a bad policy (restart, intensity >= 0, period > 0)")
-        return cls(cast("Restart", restart), intensity, float(period))
+            raise BadSpawn("migrate: a bad policy (restart, intensity >= 0, period > 0, cluster)")
+        return cls(cast("Restart", restart), intensity, float(period), cluster)
 
     @classmethod
-    def of(cls, supervisor: Supervisor, child: str) -> Policy:
+    def of(cls, node: Node, supervisor: Supervisor, child: str) -> Policy:
         restart: Restart = "permanent"
         for info in supervisor.which_children():
             if info.name == child:
                 restart = info.restart
-        return cls(restart, supervisor.intensity, supervisor.period)
+        return cls(
+            restart, supervisor.intensity, supervisor.period, node.is_cluster_child(supervisor)
+        )
 
 
 @dataclass
@@ -326,7 +341,7 @@ def supervised_extra(node: Node, process: Any) -> dict[str, Any] | None:
         "home": node.name,
         "sup": supervisor.name,
         "child": child,
-        **Policy.of(supervisor, child).to_wire(),
+        **Policy.of(node, supervisor, child).to_wire(),
     }
 
 
@@ -352,7 +367,7 @@ def relocate(node: Node, process: Any, extra: dict[str, Any], new_address: str) 
         handle,
         lambda: None,
         new_address.partition(":")[0],
-        Policy.of(supervisor, child),
+        Policy.of(node, supervisor, child),
     )
     try:
         relocated.home_start = supervisor.relocate(child, handle, lambda: _start(node, relocated))
@@ -427,7 +442,7 @@ def _come_home(node: Node, process: Any, reporter: Reporter, previous: str) -> N
     process.on_exit = exited
     with node._lock:
         node.relocated.pop(key, None)
-    node.hold_supervisor(process.address, supervisor)
+    node.hold_supervisor(process.address, supervisor, cluster=relocated.policy.cluster)
 
 
 def _start(node: Node, relocated: _Relocated) -> Any:
@@ -470,6 +485,14 @@ def on_membership(node: Node, dead: str, alive: bool) -> None:
     with node._lock:
         lost = [r for r in node.relocated.values() if r.handle.where == dead]
     for relocated in lost:
+        if relocated.policy.cluster:
+            # Its cluster supervisor restarts it (it follows the child's name to the dead
+            # node): a restart here too would be a second one for one death.
+            with node._lock:
+                node.relocated.pop((relocated.supervisor.name, relocated.child), None)
+            relocated.supervisor.stop()
+            node.drop_supervisor(relocated.supervisor)
+            continue
         relocated.supervisor.child_exited(
             relocated.child,
             crashed=not left,
@@ -547,7 +570,7 @@ def adopt(node: Node, process: Any, reporter: Reporter) -> Supervisor | None:
             with suppress(AgentError):
                 runtime.stop(process.address)
             return None
-    node.hold_supervisor(process.address, supervisor)
+    node.hold_supervisor(process.address, supervisor, cluster=policy.cluster)
     with node._lock:
         node.orphans[name] = (reporter.home, supervisor)
     _log.warning(

@@ -221,6 +221,9 @@ class Node:
     _held: list[Any]
     """Children handed back here, held until the tree that takes them started."""
     _moving: dict[str, threading.Event]
+    _cluster: set[Supervisor]
+    """The one-child supervisors of cluster children here (``spawn_on(..., supervise=)``, or
+    adopted): a node death is their cluster supervisor's to restart, not theirs."""
     """Agents migrating away: sends to their old address wait for the event (``moving``)."""
 
     def __init__(self, runtime: Runtime, config: ClusterConfig, *, name: str | None = None) -> None:
@@ -269,7 +272,7 @@ class Node:
         self._dead_revisions: dict[str, dict[str, int]] = {}
         self.relocated: dict[tuple[str, str], Any] = {}
         """Supervised agents that migrated away, by (supervisor, child): see _moved."""
-        self.orphans, self._held, self._moving = {}, [], {}
+        self.orphans, self._held, self._moving, self._cluster = {}, [], {}, set()
         self._listeners: list[Callable[[str, bool], None]] = []
         self._inflight = 0
         self._ids = itertools.count(1)
@@ -632,20 +635,31 @@ class Node:
             self._held.append(process)
 
     def drop_supervisor(self, supervisor: Supervisor) -> None:
-        """``supervisor`` no longer supervises an agent here (its child was handed back)."""
+        """``supervisor`` no longer supervises an agent here (its child was handed back, or
+        its cluster supervisor restarts it elsewhere)."""
         with self._lock:
             for address, held in list(self._supervisors.items()):
                 if held is supervisor:
                     del self._supervisors[address]
+            self._cluster.discard(supervisor)
 
-    def hold_supervisor(self, local: str, supervisor: Supervisor) -> None:
+    def hold_supervisor(self, local: str, supervisor: Supervisor, *, cluster: bool) -> None:
         """``supervisor`` is this node's one-child supervisor of the agent at ``local`` now
-        (an adopted remote child, or one back home): stopping that agent stops it for good."""
+        (an adopted remote child, or one back home): stopping that agent stops it for good.
+        ``cluster``: the child is a cluster supervisor's (see ``is_cluster_child``)."""
         with self._lock:
             for address, held in list(self._supervisors.items()):
                 if held is supervisor:
                     del self._supervisors[address]
             self._supervisors[local] = supervisor
+            if cluster:
+                self._cluster.add(supervisor)
+
+    def is_cluster_child(self, supervisor: Supervisor) -> bool:
+        """``supervisor`` is this node's one-child supervisor of a cluster supervisor's child:
+        the death of the node the child runs on is the cluster supervisor's to restart."""
+        with self._lock:
+            return supervisor in self._cluster
 
     def supervision_trees(self) -> list[Supervisor]:
         """The supervisors adopted, and the one-child ones of this node's cluster children."""
@@ -1068,6 +1082,7 @@ class Node:
             raise BadSpawn(f"{name!r} stopped as it started")
         with self._lock:
             self._supervisors[address] = supervisor
+            self._cluster.add(supervisor)
         return Frame("ok", node=self.name, to=self.qualify(address))
 
     def _in_stop(self, frame: Frame) -> Frame:

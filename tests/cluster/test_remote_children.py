@@ -26,7 +26,7 @@ from mighty.agents import (
     start_tree,
 )
 from mighty.budget import Budget
-from mighty.cluster import ClusterError, NatsServer, Node
+from mighty.cluster import ClusterChild, ClusterError, ClusterSupervisor, NatsServer, Node
 from mighty.control import request
 from tests.cluster.conftest import Mty, config
 
@@ -261,6 +261,75 @@ def test_a_remote_child_moves_on_and_back_with_its_supervision(
         assert a.whereis("ctr") == local
         _until(lambda: root.which_children()[0].restarts == 2, "root did not count it")
         assert root.state == "running"
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+def test_an_adopted_child_keeps_its_homes_intensity(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """A child of a's root (intensity 1) moved to b, a gone: b restarts its first crash and,
+    at the second within the period, gives up as root would have: the child is stopped."""
+    made = [_node(nats_server.url, n, counter) for n in ("a", "b")]
+    (a, node_a), (b, node_b) = made
+    try:
+        assert node_a.wait_for(["b"], 60) and node_b.wait_for(["a"], 60)
+        spec = SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=1, period=600.0)
+        node_a.adopt(start_tree(a, spec))
+        local = node_b.localize(node_a.migrate("ctr", "b").new_address)
+        a.shutdown(drain=False, timeout=2)
+        node_a.close()  # leaves: b hears it at once
+        _until(lambda: _adoptive(node_b, "b/ctr") is not None, "b did not adopt ctr")
+        adoptive = _adoptive(node_b, "b/ctr")
+        assert adoptive is not None
+
+        _crash(b, "ctr")
+        _until(lambda: _count(b, "ctr") == 0, "ctr not restarted on b")
+        _crash(b, "ctr")
+        _until(lambda: adoptive.state == "failed", "b/ctr did not give up")
+        _until(lambda: b.whereis("ctr") is None, "ctr still registered on b")
+        with pytest.raises(AgentError):
+            b.ask(local, "get", timeout=5)
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+
+
+def test_a_cluster_child_moved_on_is_restarted_once_when_its_node_goes(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """A cluster child moved a -> b -> c: its crash on c is restarted on c by a's one-child
+    supervisor; c gone, only the cluster supervisor restarts it (a's lets go): one copy."""
+    peers = ("a", "b", "c", "t")
+    made = [_node(nats_server.url, n, counter, peers=peers) for n in peers]
+    (a, node_a), (b, node_b), (c, node_c), (t, node_t) = made
+    try:
+        assert all(node.wait_for(list(peers), 60) for _, node in made)
+        supervisor = ClusterSupervisor(node_t, [ClusterChild("ctr", "counter", node="a")]).start()
+        one_child = _adoptive(node_a, "a/ctr")
+        assert one_child is not None
+        on_b = node_a.migrate("ctr", "b").new_address
+        on_c = node_b.migrate(on_b, "c").new_address
+        _until(lambda: node_t.whereis("ctr") == on_c, "the name did not follow to c")
+        _crash(t, "ctr")
+        _until(lambda: _count(t, "ctr") == 0, "ctr not restarted on c")
+        _until(lambda: one_child.which_children()[0].restarts == 1, "a/ctr did not count it")
+        assert node_t.whereis("ctr") == on_c
+
+        c.shutdown(drain=False, timeout=2)
+        node_c.close()
+        _until(lambda: (node_t.whereis("ctr") or "c:").partition(":")[0] in "abt", "not moved")
+        _until(lambda: _count(t, "ctr") == 0, "ctr not answering after c went")
+        restarts = [e for e in supervisor.events if e.kind == "child_restarted"]
+        assert len(restarts) == 1, supervisor.events
+        assert one_child not in node_a.supervision_trees()  # let go: not a second restart
+        assert one_child.which_children()[0].restarts == 1
+        assert sum(r.whereis("ctr") is not None for r in (a, b, t)) == 1
+        assert supervisor.state == "running"
+        supervisor.stop()
     finally:
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
