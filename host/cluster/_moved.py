@@ -62,10 +62,16 @@ and the tree's own start of the child race for the name); supervising it from th
 supervisor's node (a child of a local tree is no cluster child, and the node it runs on is the
 one that sees its crashes first).
 
-Not done: an old home that was only cut off (declared dead, not dead) keeps a handle on the
-adopted child; its ops on it are refused, and its supervisor counts those as failed restarts.
-An adopted child moved on from the node that adopted it is a remote child of the adoptive
-supervisor, and is not handed back.
+A home that was only cut off (declared dead while it ran) still holds its handle on the child:
+when it is heard again, the node that adopted the child asks it (op ``moved``, from the
+child's address to the same), and if its supervisor still has the child there, the child
+reports to it again and the adoptive supervisor lets go (unless the child is being restarted
+at that moment: then it stays adopted).
+
+Not done: an adopted child moved on from the node that adopted it is a remote child of the
+adoptive supervisor, and is neither handed back nor given back; while a home is declared dead
+but running, its ops on the adopted child are refused (its supervisor counts a refused restart
+as a failed start).
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ _HANDBACK_TIMEOUT = 600.0
 _RESTART_TIMEOUT = 300.0
 _MAX_DEPTH = 32
 _RESTARTS = ("permanent", "transient", "temporary")
-_ADOPT = threading.Lock()
+_ADOPT = threading.RLock()
 """Held while a remote child is adopted or revived by its home's restart: one crash, one
 revive."""
 
@@ -480,6 +486,7 @@ def on_membership(node: Node, dead: str, alive: bool) -> None:
     left on purpose: stopped (a permanent child is restarted all the same, a transient one is
     not). Every remote child here whose home it was is adopted."""
     if alive:
+        _give_back(node, dead)
         return
     left = node.has_left(dead)
     with node._lock:
@@ -572,7 +579,7 @@ def adopt(node: Node, process: Any, reporter: Reporter) -> Supervisor | None:
             return None
     node.hold_supervisor(process.address, supervisor, cluster=policy.cluster)
     with node._lock:
-        node.orphans[name] = (reporter.home, supervisor)
+        node.orphans[name] = (reporter, supervisor)
     _log.warning(
         "node %s: adopted %s (%r): its supervisor's node %s is gone",
         node.name,
@@ -612,7 +619,7 @@ def _hand_back(node: Node, frame: Frame) -> Frame:
     process = None if address is None else runtime.process(address)
     if (
         found is None
-        or found[0] != frame.node
+        or found[0].home != frame.node
         or process is None
         or find_supervisor(node, process) != (found[1], frame.name)
     ):
@@ -631,6 +638,44 @@ def _hand_back(node: Node, frame: Frame) -> Frame:
     node.drop_supervisor(supervisor)
     _log.warning("node %s: handed %r back to node %s", node.name, frame.name, frame.node)
     return Frame("ok", node=node.name, to=report.new_address)
+
+
+def _give_back(node: Node, home: str) -> None:
+    """``home`` is heard again: the children adopted from it that its supervisor still holds
+    (it was cut off, not dead: op ``moved`` to the address they have) report to it again."""
+    runtime = node.runtime
+    with node._lock:
+        mine = [(n, r, s) for n, (r, s) in node.orphans.items() if r.home == home]
+    for name, reporter, adoptive in mine:
+        address = runtime.whereis(name)
+        if address is None:
+            continue
+        here = node.qualify(address)
+        frame = Frame(
+            "migrate",
+            node=node.name,
+            to=here,
+            name=reporter.child,
+            extra={"op": "moved", "sup": reporter.supervisor, "from": here},
+        )
+        try:
+            node.request(home, frame, _OP_TIMEOUT)
+        except (AgentError, HostError):
+            continue  # a new process under that name (or none): the child stays adopted
+        with _ADOPT:
+            try:
+                process = runtime.process(address)
+            except NoProc:
+                continue
+            found = find_supervisor(node, process)
+            # One being restarted stays adopted: its adoptive supervisor is at it.
+            if not process.alive or found is None or found[0] is not adoptive:
+                continue
+            process.on_exit = reporter
+            with node._lock:
+                node.orphans.pop(name, None)
+        node.drop_supervisor(adoptive)  # its handle is never reported to again
+        _log.warning("node %s: %r reports to node %s again", node.name, name, home)
 
 
 def _adopted(process: Any, home: str) -> None:

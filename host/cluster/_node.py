@@ -215,9 +215,10 @@ class Node:
 
     _cut_off_at = -1e9
     """When this node last saw its own lease stale (``_check_liveness``)."""
-    orphans: dict[str, tuple[str, Supervisor]]
-    """Remote children adopted here when their home went, by name: (the home, the adoptive
-    supervisor); handed back to a home that starts their tree again (see _moved)."""
+    orphans: dict[str, tuple[Any, Supervisor]]
+    """Remote children adopted here when their home went, by name: (the ``Reporter`` they had,
+    the adoptive supervisor); handed back to a home that starts their tree again, or to an old
+    home heard again that still supervises them (see _moved)."""
     _held: list[Any]
     """Children handed back here, held until the tree that takes them started."""
     _moving: dict[str, threading.Event]

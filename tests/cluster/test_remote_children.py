@@ -28,6 +28,7 @@ from mighty.agents import (
 from mighty.budget import Budget
 from mighty.cluster import ClusterChild, ClusterError, ClusterSupervisor, NatsServer, Node
 from mighty.control import request
+from tests.cluster._proxy import Proxy
 from tests.cluster.conftest import Mty, config
 
 pytestmark = pytest.mark.slow
@@ -334,3 +335,40 @@ def test_a_cluster_child_moved_on_is_restarted_once_when_its_node_goes(
         for runtime, node in reversed(made):
             runtime.shutdown(drain=False, timeout=2)
             node.close()
+
+
+def test_a_home_only_cut_off_supervises_its_child_again_when_heard(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """a (behind a stalled proxy) is declared dead by b, which adopts ctr; healed, a's root
+    still holds ctr: b gives it back (no adoptive supervisor), and root restarts its crash."""
+    proxy = Proxy(nats_server.port)
+    made: list[tuple[Runtime, Node]] = []
+    try:
+        a = Runtime(workers=1)
+        a.register(AgentType("counter", counter, budget=Budget(fuel=_FUEL)))
+        node_a = Node(a, config(proxy.url), name="a").start()
+        made.append((a, node_a))
+        made.append(_node(nats_server.url, "b", counter))
+        b, node_b = made[1]
+        assert node_a.wait_for(["b"], 60) and node_b.wait_for(["a"], 60)
+        root = node_a.adopt(
+            start_tree(a, SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5))
+        )
+        local = node_b.localize(node_a.migrate("ctr", "b").new_address)
+        proxy.pause()
+        _until(lambda: _adoptive(node_b, "b/ctr") is not None, "b did not adopt ctr")
+        proxy.resume()
+        _until(lambda: _adoptive(node_b, "b/ctr") is None, "b did not give ctr back")
+        assert not node_b.orphans
+
+        _crash(b, "ctr")
+        _until(lambda: _count(b, "ctr") == 0, "ctr not restarted on b")
+        _until(lambda: root.which_children()[0].restarts == 1, "root did not count it")
+        assert b.process(local).stats.restarts == 1
+        assert b.whereis("ctr") == local
+    finally:
+        for runtime, node in reversed(made):
+            runtime.shutdown(drain=False, timeout=2)
+            node.close()
+        proxy.close()
