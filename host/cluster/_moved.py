@@ -395,15 +395,8 @@ def follow(node: Node, process: Any, previous: str) -> None:
     if reporter.home == node.name:
         _come_home(node, process, reporter, previous)
         return
-    frame = Frame(
-        "migrate",
-        node=node.name,
-        to=here,
-        name=reporter.child,
-        extra={"op": "moved", "sup": reporter.supervisor, "from": previous},
-    )
     try:
-        node.request(reporter.home, frame, _OP_TIMEOUT)
+        _tell_moved(node, reporter.home, reporter.supervisor, reporter.child, previous, here)
     except AgentError as exc:
         raise BadSpawn(
             f"the supervisor of {reporter.child!r} on node {reporter.home} did not take the "
@@ -417,15 +410,23 @@ def unfollow(node: Node, extra: dict[str, Any], prepared: str, address: str) -> 
     home = extra.get("home")
     if not isinstance(home, str) or home == node.name:
         return
+    with suppress(AgentError, HostError):
+        _tell_moved(
+            node, home, str(extra.get("sup")), str(extra.get("child", "")), prepared, address
+        )
+
+
+def _tell_moved(node: Node, home: str, supervisor: str, child: str, old: str, new: str) -> None:
+    """Op ``moved`` to ``home``: its supervisor's child at ``old`` is at ``new`` now (an
+    AgentError, or a HostError when the home cannot be reached, unless it took it)."""
     frame = Frame(
         "migrate",
         node=node.name,
-        to=address,
-        name=str(extra.get("child", "")),
-        extra={"op": "moved", "sup": extra.get("sup"), "from": prepared},
+        to=new,
+        name=child,
+        extra={"op": "moved", "sup": supervisor, "from": old},
     )
-    with suppress(AgentError, HostError):
-        node.request(home, frame, _OP_TIMEOUT)
+    node.request(home, frame, _OP_TIMEOUT)
 
 
 def _come_home(node: Node, process: Any, reporter: Reporter, previous: str) -> None:
@@ -651,15 +652,8 @@ def _give_back(node: Node, home: str) -> None:
         if address is None:
             continue
         here = node.qualify(address)
-        frame = Frame(
-            "migrate",
-            node=node.name,
-            to=here,
-            name=reporter.child,
-            extra={"op": "moved", "sup": reporter.supervisor, "from": here},
-        )
         try:
-            node.request(home, frame, _OP_TIMEOUT)
+            _tell_moved(node, home, reporter.supervisor, reporter.child, here, here)
         except (AgentError, HostError):
             continue  # a new process under that name (or none): the child stays adopted
         with _ADOPT:

@@ -84,6 +84,12 @@ def _crash(runtime: Runtime, to: str) -> None:
         runtime.ask(to, "work", {"n": 50_000_000}, timeout=60)
 
 
+def _close(made: list[tuple[Runtime, Node]]) -> None:
+    for runtime, node in reversed(made):
+        runtime.shutdown(drain=False, timeout=2)
+        node.close()
+
+
 def _adoptive(node: Node, name: str) -> Supervisor | None:
     return next((s for s in node.supervision_trees() if s.name == name), None)
 
@@ -157,9 +163,7 @@ def test_a_remote_child_whose_home_node_goes_is_adopted_and_restarted_once(
             assert _adoptive(node_b, "b/ctr") is adoptive
     finally:
         home.finish()
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+        _close(made)
 
 
 def _home(manifest: Path, sock: str) -> Mty:
@@ -263,9 +267,7 @@ def test_a_remote_child_moves_on_and_back_with_its_supervision(
         _until(lambda: root.which_children()[0].restarts == 2, "root did not count it")
         assert root.state == "running"
     finally:
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+        _close(made)
 
 
 def test_an_adopted_child_keeps_its_homes_intensity(
@@ -294,9 +296,7 @@ def test_an_adopted_child_keeps_its_homes_intensity(
         with pytest.raises(AgentError):
             b.ask(local, "get", timeout=5)
     finally:
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+        _close(made)
 
 
 def test_a_cluster_child_moved_on_is_restarted_once_when_its_node_goes(
@@ -332,9 +332,7 @@ def test_a_cluster_child_moved_on_is_restarted_once_when_its_node_goes(
         assert supervisor.state == "running"
         supervisor.stop()
     finally:
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+        _close(made)
 
 
 def test_a_home_only_cut_off_supervises_its_child_again_when_heard(
@@ -368,7 +366,5 @@ def test_a_home_only_cut_off_supervises_its_child_again_when_heard(
         assert b.process(local).stats.restarts == 1
         assert b.whereis("ctr") == local
     finally:
-        for runtime, node in reversed(made):
-            runtime.shutdown(drain=False, timeout=2)
-            node.close()
+        _close(made)
         proxy.close()
