@@ -136,9 +136,9 @@ class _LogRecording:
     def __call__(
         self, ctx: GuestContext, binding: Binding, args: Sequence[Any], call: Callable[[], Any]
     ) -> Any:
-        # Every import of the message, answered from a log or live: its idempotency key's
-        # position, the same in a re-run as in the first run.
-        self._keys.position += 1
+        # Every import of the message, answered from a log or live: a keyed one is its
+        # idempotency key's position, the same in a re-run as in the first run.
+        self._keys.step(binding.interface, binding.name)
         inner, also = self._inner, self._also
         if also is not None:
             if inner is None:

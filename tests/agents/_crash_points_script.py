@@ -13,6 +13,12 @@ its effect (PHASE ``before``) or after it (``after``): a crash with the call in 
 
 Tool calls wait until every send has returned, so the test knows which messages were
 accepted (a send returns once the message's inbox row is written).
+
+With a seventh argument, BASE_URL, the agent is tests/agents/guests/fetching.py instead: each
+``work`` makes three HTTP requests, ``POST BASE_URL/effect``, granted that origin only; the
+test's server counts them, notes their ``Idempotency-Key`` and kills this process at the
+chosen request (CRASH_AT and PHASE are not used here). After its sends the process tells the
+server with ``GET BASE_URL/sent``.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ import os
 import signal
 import sys
 import threading
+import urllib.request
 
 from mighty import Component
 from mighty.agents import AgentType, Grants, Runtime
 from mighty.budget import Budget
 from mighty.capabilities import Capabilities
+from mighty.wasi import Policy
 
 
 def _append(path: str, line: str) -> None:
@@ -66,6 +74,7 @@ def main() -> None:
         effect("pause", 0, idempotency_key)
         return "go"
 
+    base = sys.argv[7] if len(sys.argv) > 7 else None
     capabilities = Capabilities().with_tool("count", count).with_tool("pause", pause)
     worker = AgentType(
         "worker",
@@ -73,13 +82,19 @@ def main() -> None:
         budget=Budget(timeout=3600.0),
         durable=True,
         grants=Grants(tools=frozenset({"count", "pause"})),
+        policy=Policy() if base is None else Policy().with_http(base, methods=["POST"]),
     )
     with Runtime(workers=1, state_dir=state_dir, capabilities=capabilities) as runtime:
         runtime.register(worker)
-        address = runtime.whereis("w") or runtime.spawn("worker", name="w")
+        address = runtime.whereis("w") or runtime.spawn(
+            "worker", None if base is None else {"base": base}, name="w"
+        )
         for _ in range(int(sends)):
             runtime.send(address, "work")
         sent.set()
+        if base is not None:
+            with urllib.request.urlopen(f"{base}/sent", timeout=600) as answer:
+                answer.read()
         status = runtime.ask(address, "status", timeout=600)
         print(json.dumps({"status": status}))
 

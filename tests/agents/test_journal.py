@@ -323,3 +323,31 @@ def test_a_log_of_a_checkpointed_message_does_not_answer_the_next(
         assert old is not None and old.answers is not None
     finally:
         store.close()
+
+
+def test_an_idempotency_key_counts_only_the_calls_it_may_be_given_to() -> None:
+    """Polls, reads and clock calls between a message's requests and tool calls do not move
+    its keys (a re-run polls a response answered from the log fewer times); each keyed call
+    has its own key, per message."""
+    from mighty.wasi import IdempotencyKeys
+
+    handle = ("wasi:http/outgoing-handler@0.2.0", "handle")
+    tool = ("mighty:agent/tools", "call")
+    poll = ("wasi:io/poll@0.2.0", "[method]pollable.block")
+    read = ("wasi:io/streams@0.2.0", "[method]input-stream.read")
+
+    def keys(message: int, calls: list[tuple[str, str]]) -> list[str]:
+        found = IdempotencyKeys("worker:1")
+        found.begin(message)
+        made = []
+        for interface, function in calls:
+            found.step(interface, function)
+            if (interface, function) in (handle, tool):
+                made.append(found.key())
+        return made
+
+    slow = keys(7, [handle, poll, poll, read, read, tool, handle, poll])
+    quick = keys(7, [handle, read, tool, handle])
+    assert slow == quick
+    assert len(set(slow)) == 3
+    assert set(keys(8, [handle, tool, handle])).isdisjoint(slow)
