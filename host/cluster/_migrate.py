@@ -300,7 +300,7 @@ def accept_migration(node: Node, frame: Frame) -> Frame:
     op = frame.extra.get("op")
     if op == "component":
         return serve_component(node, frame)
-    if op in ("exited", "moved", "restart", "halt", "handback"):
+    if op in ("exited", "moved", "restart", "halt", "handback", "release"):
         return moved_op(node, frame, op)
     if op is not None:
         raise BadSpawn(f"migrate: unknown op {str(op)[:32]!r}")

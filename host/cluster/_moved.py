@@ -68,10 +68,13 @@ child's address to the same), and if its supervisor still has the child there, t
 reports to it again and the adoptive supervisor lets go (unless the child is being restarted
 at that moment: then it stays adopted).
 
-Not done: an adopted child moved on from the node that adopted it is a remote child of the
-adoptive supervisor, and is neither handed back nor given back; while a home is declared dead
-but running, its ops on the adopted child are refused (its supervisor counts a refused restart
-as a failed start).
+An adopted child moved on from the node that adopted it (a remote child of the adoptive
+supervisor there) carries its first home in its policy (``origin``): asked by that home, the
+node it runs on moves it there and has the adoptive supervisor let go (op ``release``).
+
+Not done: while a home is declared dead but running, its ops on the adopted child are refused
+(its supervisor counts a refused restart as a failed start); a home that was only cut off does
+not get back a child adopted and then moved on (it is the adoptive supervisor's remote child).
 """
 
 from __future__ import annotations
@@ -140,6 +143,8 @@ class Policy:
     cluster: bool = False
     """A cluster supervisor's child: the death of the node it runs on is the cluster
     supervisor's to restart (it follows the child by name), not its home supervisor's."""
+    origin: str = ""
+    """An adopted child's first home: the node its hand-back goes to (see ``reclaim``)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -147,6 +152,7 @@ class Policy:
             "intensity": self.intensity,
             "period": self.period,
             "cluster": self.cluster,
+            "origin": self.origin,
         }
 
     @classmethod
@@ -158,8 +164,11 @@ class Policy:
         intensity = data.get("intensity", 3)
         period = data.get("period", 5.0)
         cluster = data.get("cluster", False)
+        origin = data.get("origin", "")
         if (
             type(cluster) is not bool
+            or not isinstance(origin, str)
+            or len(origin) > 64
             or restart not in _RESTARTS
             or type(intensity) is not int
             or intensity < 0
@@ -167,7 +176,7 @@ class Policy:
             or not 0 < period < 1e9
         ):
             raise BadSpawn("migrate: a bad policy (restart, intensity >= 0, period > 0, cluster)")
-        return cls(cast("Restart", restart), intensity, float(period), cluster)
+        return cls(cast("Restart", restart), intensity, float(period), cluster, origin)
 
     @classmethod
     def of(cls, node: Node, supervisor: Supervisor, child: str) -> Policy:
@@ -175,8 +184,14 @@ class Policy:
         for info in supervisor.which_children():
             if info.name == child:
                 restart = info.restart
+        with node._lock:
+            origin = next((r.home for r, s in node.orphans.values() if s is supervisor), "")
         return cls(
-            restart, supervisor.intensity, supervisor.period, node.is_cluster_child(supervisor)
+            restart,
+            supervisor.intensity,
+            supervisor.period,
+            node.is_cluster_child(supervisor),
+            origin,
         )
 
 
@@ -618,6 +633,14 @@ def _hand_back(node: Node, frame: Frame) -> Frame:
         found = node.orphans.get(frame.name)
     address = runtime.whereis(frame.name) if frame.name else None
     process = None if address is None else runtime.process(address)
+    reporter = None if process is None else process.on_exit
+    if (
+        found is None
+        and isinstance(reporter, Reporter)
+        and reporter.policy.origin == frame.node
+        and reporter.home != frame.node
+    ):
+        return _hand_back_moved(node, frame, reporter)
     if (
         found is None
         or found[0].home != frame.node
@@ -639,6 +662,55 @@ def _hand_back(node: Node, frame: Frame) -> Frame:
     node.drop_supervisor(supervisor)
     _log.warning("node %s: handed %r back to node %s", node.name, frame.name, frame.node)
     return Frame("ok", node=node.name, to=report.new_address)
+
+
+def _hand_back_moved(node: Node, frame: Frame, reporter: Reporter) -> Frame:
+    """An adopted child moved on from the node that adopted it (its home now, which still
+    supervises it) goes back to its first home: moved there live, then its supervisor lets go
+    (op ``release``)."""
+    from mighty.cluster._migrate import MigrationFailed, migrate
+
+    address = node.runtime.whereis(frame.name)
+    if address is None or not node.wait_for([frame.node], 2 * node.config.dead_after + 5.0):
+        raise NoProc(f"node {frame.node} is not live here yet, or {frame.name!r} is gone")
+    old = node.qualify(address)
+    try:
+        report = migrate(node, address, frame.node, handback=True)
+    except MigrationFailed as exc:
+        raise Refused(f"handing {frame.name!r} back failed: {exc.message}") from None
+    release = Frame(
+        "migrate",
+        node=node.name,
+        to=old,
+        name=reporter.child,
+        extra={"op": "release", "sup": reporter.supervisor},
+    )
+    try:
+        node.request(reporter.home, release, _OP_TIMEOUT)
+    except (AgentError, HostError) as exc:
+        # It runs at home all the same; the old supervisor's handle points where nothing runs
+        # (a restart it makes is refused the name the home holds).
+        _log.warning(
+            "node %s: %s did not release %r: %s", node.name, reporter.home, frame.name, exc
+        )
+    _log.warning("node %s: handed %r back to node %s", node.name, frame.name, frame.node)
+    return Frame("ok", node=node.name, to=report.new_address)
+
+
+def _release(node: Node, frame: Frame) -> Frame:
+    """Op ``release``: this node's (adoptive) supervisor lets go of its moved child at
+    ``frame.to``, handed back to its first home."""
+    key = (str(frame.extra.get("sup")), frame.name)
+    with node._lock:
+        relocated = node.relocated.get(key)
+        if relocated is None or relocated.handle.address != frame.to:
+            raise NoProc(f"node {node.name} supervises no moved child {frame.name!r} at {frame.to}")
+        del node.relocated[key]
+        for name, (_, held) in list(node.orphans.items()):
+            if held is relocated.supervisor:
+                del node.orphans[name]
+    node.drop_supervisor(relocated.supervisor)  # its handle is never reported to again
+    return Frame("ok", node=node.name)
 
 
 def _give_back(node: Node, home: str) -> None:
@@ -687,6 +759,8 @@ def moved_op(node: Node, frame: Frame, op: str) -> Frame:
     runtime = node.runtime
     if op == "handback":
         return _hand_back(node, frame)
+    if op == "release":
+        return _release(node, frame)
     if op in ("exited", "moved"):
         supervisor = frame.extra.get("sup")
         with node._lock:

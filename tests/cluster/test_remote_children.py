@@ -368,3 +368,43 @@ def test_a_home_only_cut_off_supervises_its_child_again_when_heard(
     finally:
         _close(made)
         proxy.close()
+
+
+def test_an_adopted_child_moved_on_is_handed_back_to_its_first_home(
+    counter: Component, nats_server: NatsServer
+) -> None:
+    """ctr of a's root moved to b; a leaves, b adopts it, moves it on to c; a back with its tree
+    (Node.start_tree) gets it from c, state kept, b's supervisor lets go; root restarts it."""
+    peers = ("a", "b", "c", "t")
+    made = [_node(nats_server.url, n, counter, peers=peers) for n in ("a", "b", "c")]
+    (a, node_a), (b, node_b), (c, node_c) = made
+    try:
+        assert all(node.wait_for(["a", "b", "c"], 60) for _, node in made)
+        spec = SupervisorSpec("root", [AgentChild("ctr", "counter")], intensity=5)
+        node_a.start_tree(spec)
+        on_b = node_a.migrate("ctr", "b").new_address
+        assert b.ask("ctr", "incr", {"by": 6})["count"] == 6
+        a.shutdown(drain=False, timeout=2)
+        node_a.close()
+        _until(lambda: _adoptive(node_b, "b/ctr") is not None, "b did not adopt ctr")
+        on_c = node_b.migrate(on_b, "c").new_address
+        assert c.ask("ctr", "incr", {"by": 1})["count"] == 7
+
+        made.append(_node(nats_server.url, "a", counter, peers=peers))
+        a, node_a = made[-1]
+        root = node_a.start_tree(spec)
+        home = node_a.qualify(a.whereis("ctr") or "")
+        assert {i.name: i.handle for i in root.which_children()}["ctr"] is a.process(
+            node_a.localize(home)
+        )
+        assert _count(a, "ctr") == 7  # its state came along
+        _until(lambda: node_c.whereis("ctr") == home, "c does not see ctr at home")
+        assert c.whereis("ctr") is None and b.whereis("ctr") is None  # one copy
+        assert _adoptive(node_b, "b/ctr") is None
+        assert not node_b.relocated and not node_b.orphans
+        assert on_c.startswith("c:")
+        _crash(a, "ctr")
+        _until(lambda: _count(a, "ctr") == 0, "ctr not restarted at home")
+        _until(lambda: root.which_children()[0].restarts == 1, "root did not count it")
+    finally:
+        _close(made)
