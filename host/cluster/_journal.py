@@ -556,7 +556,9 @@ class _JournalRecording:
                 ctx.take(HTTP_RESPONDER)
         inner = self._inner
         assert inner is not None
-        self.keys.position += 1
+        # A keyed import (an HTTP request, a tool call) is its key's next position: the same
+        # in a re-run answered from the journal (whose polls may differ) as in the first run.
+        self.keys.step(binding.interface, binding.name)
         answers = log.answers
         live = call if answers is None else (lambda: answers(ctx, binding, args, call))
         target = live if also is None else (lambda: also(ctx, binding, args, live))
