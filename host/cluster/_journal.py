@@ -77,7 +77,7 @@ import nats.js.errors
 from nats.js.api import StorageType, StreamConfig
 
 from mighty._cbor import loads_untrusted
-from mighty._errors import HostError, MightyError
+from mighty._errors import BadInput, HostError, MightyError
 from mighty.agents import AgentProcess, NoProc
 from mighty.trace import Recorder, TraceAnswers, TraceError, read_instances
 from mighty.wasi import HTTP_RESPONDER, IDEMPOTENCY_KEYS, IdempotencyKeys
@@ -145,7 +145,7 @@ def _checksum(log: str, n: int, message: str, data: bytes) -> bytes:
 def encode_entry(entry: JournalEntry) -> bytes:
     """The wire form of ``entry`` (a CBOR map with a checksum over every field)."""
     if len(entry.data) > ENTRY_DATA:
-        raise ValueError(f"an entry carries at most {ENTRY_DATA} bytes, not {len(entry.data)}")
+        raise BadInput(f"an entry carries at most {ENTRY_DATA} bytes, not {len(entry.data)}")
     return cbor2.dumps(
         {
             "v": _VERSION,
