@@ -131,6 +131,8 @@ def _decode(data, pos, depth):
         result = {}
         for _ in range(n):
             key, pos = _decode(data, pos, depth + 1)
+            if isinstance(key, (dict, list)):  # added with the SDK's fix: was a TypeError
+                raise ValueError("CBOR map key is an array or a map")  # noqa: TRY004 - bad input
             value, pos = _decode(data, pos, depth + 1)
             result[key] = value
         return result, pos

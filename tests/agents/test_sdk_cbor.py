@@ -185,6 +185,9 @@ def cbor_ish(draw: st.DrawFn) -> bytes:
 @example(b"\xa1\x61k" * 64 + b"\x01")
 @example(b"\xa1\x61k" * 65 + b"\x01")
 @example(b"\x81" * 65 + b"\x01")
+@example(b"\xa1\xa0\x00")  # a map as a key: refused (a ValueError), not a TypeError
+@example(b"\xa1\x80\x18\x00")
+@example(b"\x81\xa1\xa0\x19\x00\x00")
 def test_fast_decoder_reads_what_the_reference_reads(data: bytes) -> None:
     """The same value, or the same error (type and text), from any bytes."""
     assert _outcome(FAST.loads, data) == _outcome(OLD.loads, data)

@@ -224,6 +224,8 @@ def loads(data):
             pos = end
         else:
             key, pos = _decode(data, pos, 1)
+            if key.__class__ is dict or key.__class__ is list:
+                raise ValueError("CBOR map key is an array or a map")
         try:
             initial = data[pos]
         except IndexError:
@@ -339,6 +341,8 @@ def _map(data, pos, n, depth):
             pos = end
         else:
             key, pos = _decode(data, pos, depth)
+            if key.__class__ is dict or key.__class__ is list:
+                raise ValueError("CBOR map key is an array or a map")
         try:
             initial = data[pos]
         except IndexError:
