@@ -87,8 +87,13 @@ def _many(
     before = len(_RESENT)
     with ThreadPoolExecutor(max_workers=3) as pool:
         outcomes = list(pool.map(make, rngs))
-    assert len(_RESENT) - before <= 1, "a signal was lost more than once in the tries"
-    return outcomes
+    # A code that prints whose signal was lost is not left running for the resend: it ends by
+    # itself at its output limit (2 MiB of 'x\n'; CI saw it once) with status 1. That is the
+    # same lost signal, counted with the resends.
+    ended = [o for o in outcomes if o[0] == 1 and '"kind": "output_limit"' in o[1]]
+    lost = len(_RESENT) - before + len(ended)
+    assert lost <= 1, "a signal was lost more than once in the tries"
+    return [o for o in outcomes if o not in ended]
 
 
 def _assert_clean(outcome: tuple[int, str, str], signum: int) -> None:
