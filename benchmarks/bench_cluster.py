@@ -1,5 +1,6 @@
 """Cluster: cross-node ask vs raw nats-py request/reply on the same server, vs in-process ask;
-sends/s to agents on 1, 2 and 3 nodes vs raw nats-py requests to 1, 2 and 3 responders; the
+sends/s to agents on 1, 2 and 3 nodes vs raw nats-py requests to 1, 2 and 3 responders;
+pipelined sends from one sender (``send_future``) vs raw nats-py requests 64 in flight; the
 pause of a live migration; and a partition's timeline (fence, declared dead, answered again).
 
 A real nats-server on loopback; the remote side runs in its own process in both cases (`mty
@@ -29,7 +30,10 @@ from mighty.agents import AgentType, Runtime
 from mighty.cluster import NatsServer, Node, parse_cluster
 
 N = int(os.environ.get("BENCH_N", "1000"))
+# BENCH_PARTITIONS=0 leaves out the migration and partition timelines (the message figures only).
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+PIPE_N = 10 * N
+"""Messages per pipelined-sends measurement."""
 
 RESPONDER = """
 import asyncio, sys, nats
@@ -146,6 +150,49 @@ def _raw_sends(url: str, targets: int) -> float:
     return asyncio.run(go())
 
 
+def _raw_pipelined(url: str, window: int = 64) -> float:
+    """Raw acknowledged sends/s from one sender: request/reply, ``window`` in flight at once,
+    to one responder (the baseline of pipelined sends)."""
+    body = b"\xa1an\x01"
+
+    async def go() -> float:
+        nc = await nats.connect(url)
+        room = asyncio.Semaphore(window)
+
+        async def one() -> None:
+            try:
+                await nc.request("raw.send.0", body, timeout=5)
+            finally:
+                room.release()
+
+        async def run(count: int) -> None:
+            tasks = []
+            for _ in range(count):
+                await room.acquire()
+                tasks.append(asyncio.ensure_future(one()))
+            await asyncio.gather(*tasks)
+
+        await run(500)  # warm-up
+        started = time.perf_counter()
+        await run(PIPE_N)
+        rate = PIPE_N / (time.perf_counter() - started)
+        await nc.close()
+        return rate
+
+    return asyncio.run(go())
+
+
+def _pipelined(runtime: Runtime, target: str) -> tuple[float, float]:
+    """Acknowledged sends/s from one thread with ``send_future`` (each acknowledged, waited
+    for at the end), and that thread's CPU per message (microseconds)."""
+    started, cpu = time.perf_counter(), time.thread_time()
+    futures = [runtime.send_future(target, "x", 1) for _ in range(PIPE_N)]
+    for future in futures:
+        future.result(60)
+    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    return PIPE_N / elapsed, cpu / PIPE_N * 1e6
+
+
 def _timed(fn: object, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -206,9 +253,10 @@ def main() -> None:
             for _ in range(ROUNDS):
                 rounds.append(_round(runtime, url, targets, local, threaded))
             rows.extend(_rows(rounds))
-            rows.append(_migration(url, echo))
-            rows.append(_partition(server, echo))
-            rows.append(_supervised_partition(server, echo))
+            if os.environ.get("BENCH_PARTITIONS", "1") != "0":
+                rows.append(_migration(url, echo))
+                rows.append(_partition(server, echo))
+                rows.append(_supervised_partition(server, echo))
         finally:
             threaded.close()
             runtime.shutdown(drain=False, timeout=2)
@@ -244,6 +292,8 @@ def _round(
         "inproc_p50": median(inproc),
         "one_sender": _rate(runtime, targets[:1], 1),
     }
+    out["raw_pipelined"] = _raw_pipelined(url)
+    out["pipelined"], out["pipelined_cpu_us"] = _pipelined(runtime, targets[0])
     for k in (1, 2, 3):
         out[f"raw_sends_{k}"] = _raw_sends(url, k)
         out[f"sends_{k}"] = _rate(runtime, targets[:k], SENDERS)
@@ -299,6 +349,17 @@ def _rows(rounds: list[dict[str, float]]) -> list[dict[str, object]]:
                 **({"one_sender_one_node": round(m("one_sender"))} if k == 1 else {}),
             }
         )
+    rows.append(
+        {
+            "name": "pipelined sends/s from one sender (send_future), one node",
+            "sends_per_s": round(m("pipelined")),
+            "sender_thread_cpu_us_per_send": round(m("pipelined_cpu_us"), 1),
+            "raw_requests_per_s_64_in_flight": round(m("raw_pipelined")),
+            "mighty_vs_raw": ratio("pipelined", "raw_pipelined"),
+            "vs_one_at_a_time": ratio("pipelined", "one_sender"),
+            "target_sends_per_s": 10_000,
+        }
+    )
     rows.append(
         {
             "name": "in-process sends/s (only enqueues)",

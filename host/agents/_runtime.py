@@ -193,6 +193,10 @@ class RemoteRouter(Protocol):
         self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None
     ) -> None: ...
 
+    def send_future(
+        self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None
+    ) -> Future[None]: ...
+
     def ask(
         self,
         to: str,
@@ -1764,6 +1768,35 @@ class Runtime:
     ) -> None:
         """Put a message in ``to``'s mailbox; returns when it is accepted."""
         self.send_raw(to, name, encode_body(body), sender=sender, timeout=timeout)
+
+    def send_future(
+        self,
+        to: str,
+        name: str,
+        body: Any = None,
+        *,
+        sender: str = HOST,
+        timeout: float | None = None,
+    ) -> Future[None]:
+        """``send`` without waiting for the acknowledgement: the future settles when the
+        message is accepted, or with the AgentError ``send`` would raise.
+
+        Messages from one sender to one address are put in the mailbox in the order sent.
+        To an agent on another node, many are in flight at once (``mighty.cluster``: pipes);
+        here the message is accepted at once, or waits for space in a full ``block`` mailbox
+        before this returns, as ``send`` does."""
+        data = encode_body(body)
+        future: Future[None] = Future()
+        try:
+            router, to = self._remote(to)
+            if router is not None:
+                return router.send_future(to, name, data, sender=sender, timeout=timeout)
+            self.send_raw(to, name, data, sender=sender, timeout=timeout)
+        except AgentError as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+        return future
 
     def ask(
         self,

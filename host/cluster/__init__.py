@@ -27,7 +27,8 @@ from mighty.cluster._frames import (
 )
 from mighty.cluster._lease import SupervisorLease
 from mighty.cluster._migrate import MigrationFailed, MigrationReport
-from mighty.cluster._node import ClusterError, Node, NodeStats, error_of
+from mighty.cluster._node import ClusterError, Node, NodeStats
+from mighty.cluster._replies import error_of
 from mighty.cluster._server import NatsServer, free_port, nats_server_binary
 from mighty.cluster._supervisor import ClusterChild, ClusterSupervisor, RemoteChild
 

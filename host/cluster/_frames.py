@@ -4,6 +4,8 @@ A request frame goes to its node's subject, which also names the sender
 (``<prefix>.node.<node>.<sender>``, :func:`node_subject`), and names what to do in ``k``:
 ``send`` (put a message in a mailbox; the reply acknowledges it), ``ask`` (request/reply;
 ``ttl`` is the asker's deadline in milliseconds left when it sent, so clocks need not agree),
+``sends`` (several messages from one sender to one agent, in ``m``, put in its mailbox in
+order; the reply acknowledges them all and names each that failed: see ``_pipes``),
 ``spawn``, ``stop``, ``migrate`` (an agent's state and mailbox moving in) and ``hb`` (a
 heartbeat, published to ``<prefix>.hb.<sender>``; the last one of a node that leaves carries
 ``leaving: true`` in ``x``). Every answer is a reply frame: ``ok`` with a
@@ -34,6 +36,7 @@ from mighty._errors import HostError
 
 __all__ = [
     "KINDS",
+    "MAX_BATCH",
     "MAX_FRAME",
     "VERSION",
     "Frame",
@@ -49,7 +52,9 @@ VERSION = 1
 """The frame version this node writes; a frame with a higher version is dropped."""
 MAX_FRAME = 8 << 20
 """The largest frame accepted by default (bytes); the node's ``max_frame`` lowers it."""
-KINDS = frozenset({"send", "ask", "spawn", "stop", "migrate", "hb", "ok", "err"})
+MAX_BATCH = 1024
+"""The most messages one ``sends`` frame carries."""
+KINDS = frozenset({"send", "sends", "ask", "spawn", "stop", "migrate", "hb", "ok", "err"})
 _MAX_TEXT = 512
 _MAX_CHAIN = 64
 _MAX_TTL_MS = 24 * 3600 * 1000
@@ -94,6 +99,8 @@ class Frame:
     code: str = ""
     msg: str = ""
     type: str = ""
+    batch: tuple[tuple[str, bytes], ...] = ()
+    """sends: the messages, (name, body) each, in the order they go in the mailbox."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Kind-specific data (heartbeat load, a migration's mailbox), checked by its reader."""
 
@@ -139,6 +146,8 @@ def encode(frame: Frame) -> bytes:
         value = getattr(frame, key)
         if value:
             data[key] = value
+    if frame.batch:
+        data["m"] = [[name, body] for name, body in frame.batch]
     if frame.extra:
         data["x"] = frame.extra
     return bytes(cbor2.dumps(data))
@@ -192,10 +201,32 @@ def decode(data: bytes, *, max_frame: int = MAX_FRAME) -> Frame:
             ):
                 raise FrameError("field 'chain' is not a short list of addresses", reason="field")
             fields["chain"] = tuple(value)
+        elif key == "m":
+            fields["batch"] = _batch(value)
         elif key == "x":
             if not isinstance(value, dict):
                 raise FrameError("field 'x' is not a map", reason="field")
             fields["extra"] = value
     if kind == "ask" and not fields.get("ttl"):
         raise FrameError("an ask carries its deadline (ttl > 0)", reason="field")
+    if kind == "sends" and not fields.get("batch"):
+        raise FrameError("a sends frame carries its messages (m)", reason="field")
     return Frame(kind, **fields)
+
+
+def _batch(value: Any) -> tuple[tuple[str, bytes], ...]:
+    """Field ``m``: a list of at most MAX_BATCH [name, body] pairs."""
+    if type(value) is not list or len(value) > MAX_BATCH:
+        raise FrameError(f"field 'm' is not a list of at most {MAX_BATCH} messages", reason="field")
+    batch = []
+    for item in value:
+        if (
+            type(item) is not list
+            or len(item) != 2
+            or type(item[0]) is not str
+            or len(item[0]) > _MAX_TEXT
+            or type(item[1]) is not bytes
+        ):
+            raise FrameError("field 'm' holds a message that is not [name, body]", reason="field")
+        batch.append((item[0], item[1]))
+    return tuple(batch)

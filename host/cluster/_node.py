@@ -55,7 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from concurrent.futures import CancelledError as FutureCancelled
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -73,13 +73,10 @@ from mighty.agents import (
     AgentChild,
     AgentCrashed,
     AgentError,
-    AskCycle,
     AskTimeout,
     BadSpawn,
-    CircuitOpenError,
     HandlerFailed,
     MailboxFullError,
-    MessageDropped,
     NoProc,
     Refused,
     Runtime,
@@ -89,6 +86,8 @@ from mighty.agents import (
     decode_body,
     start_tree,
 )
+from mighty.cluster._aio import eager as _eager
+from mighty.cluster._aio import settle as _set
 from mighty.cluster._config import ClusterConfig, check_node_name
 from mighty.cluster._durable import Durable
 from mighty.cluster._fence import Fence
@@ -103,6 +102,9 @@ from mighty.cluster._frames import (
 )
 from mighty.cluster._migrate import MigrationReport, accept_migration, forward_frame, migrate
 from mighty.cluster._moved import on_membership, reclaim
+from mighty.cluster._pipes import SendPipes
+from mighty.cluster._replies import acknowledgement, error_of
+from mighty.cluster._replies import error_frame as _err
 
 __all__ = ["ClusterError", "Node", "NodeStats"]
 
@@ -110,30 +112,6 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _KEY = re.compile(r"^[-_=A-Za-z0-9]{1,256}$")
-_ERRORS: dict[str, type[AgentError]] = {
-    cls.__name__: cls
-    for cls in (
-        NoProc,
-        AskTimeout,
-        Refused,
-        MailboxFullError,
-        MessageDropped,
-        CircuitOpenError,
-        HandlerFailed,
-        AgentCrashed,
-        AskCycle,
-        BadSpawn,
-    )
-}
-_BY_CODE: dict[str, type[AgentError]] = {
-    "noproc": NoProc,
-    "timeout": AskTimeout,
-    "refused": Refused,
-    "mailbox-full": MailboxFullError,
-    "circuit-open": CircuitOpenError,
-    "cycle": AskCycle,
-    "bad-spawn": BadSpawn,
-}
 _POOL = 8
 _SUB_PENDING = 65_536
 _SUB_PENDING_BYTES = 64 << 20
@@ -159,55 +137,6 @@ class NodeStats:
     received: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     """Frames dropped, by reason: garbage, version, size, field, peer."""
-
-
-def _set(future: Future[T], value: T | None = None, error: BaseException | None = None) -> None:
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)  # type: ignore[arg-type]
-    except InvalidStateError:
-        pass
-
-
-def _eager(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
-    """Run ``coro`` on ``loop``'s thread now, up to its first suspension; a task for the rest.
-
-    A reply's publish never suspends unless the client's buffer is full, so this saves the
-    loop iteration a task's first step waits for (Python 3.12's eager tasks, on 3.11).
-    """
-    try:
-        waiting = coro.send(None)
-    except StopIteration:
-        return
-    except Exception:  # noqa: BLE001 -- as a task's exception: logged, never raised here
-        _log.exception("cluster: a reply coroutine failed")
-        return
-    loop.create_task(_resume(coro, waiting))
-
-
-async def _resume(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
-    """Drive ``coro`` on from a suspension at ``waiting`` (a future, or None for a bare yield)."""
-    while True:
-        if waiting is None:
-            await asyncio.sleep(0)
-        else:
-            await asyncio.wait([waiting])
-        try:
-            waiting = coro.send(None)
-        except StopIteration:
-            return
-
-
-def error_of(frame: Frame) -> AgentError:
-    """The AgentError an ``err`` reply frame stands for."""
-    cls = _ERRORS.get(frame.type) or _BY_CODE.get(frame.code, HandlerFailed)
-    return cls(frame.msg or frame.code or "remote error")
-
-
-def _err(node: str, exc: AgentError) -> Frame:
-    return Frame("err", node=node, code=exc.code, type=type(exc).__name__, msg=exc.message)
 
 
 class Node:
@@ -275,13 +204,13 @@ class Node:
         """Supervised agents that migrated away, by (supervisor, child): see _moved."""
         self.orphans, self._held, self._moving, self._cluster = {}, [], {}, set()
         self._listeners: list[Callable[[str, bool], None]] = []
-        self._inflight = 0
-        self._ids = itertools.count(1)
+        self._inflight, self._ids = 0, itertools.count(1)
         self._lock = threading.Lock()
-        self._closed = False
-        self.started_at = time.time()
+        self._closed, self.started_at = False, time.time()
         self.durable = Durable(self)
         self.fence = Fence(self)
+        self.pipes = SendPipes(self)
+        """Sends to other nodes, queued per sender and address (see ``_pipes``)."""
         # Kinds handled on the pool (they may block: instantiate a component, drain an agent).
         self._handlers: dict[str, Callable[[Frame], Frame]] = {
             "spawn": self._in_spawn,
@@ -456,6 +385,19 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The node's asyncio loop (NATS runs on it, in the node's own thread)."""
+        return self._loop
+
+    def next_id(self) -> int:
+        """A number no other frame of this node carries (frame ids, message ids)."""
+        return next(self._ids)
+
+    def note_bad_reply(self, to: str, what: str) -> None:
+        """A reply from ``to``'s node that decoded but does not fit what was asked: dropped."""
+        self._drop("field", f"{what} (from {to})")
 
     # -- calls onto the loop ----------------------------------------------------------------
 
@@ -698,33 +640,42 @@ class Node:
     def send(self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None) -> None:
         """RemoteRouter.send: returns when the remote mailbox accepted the message.
 
-        A send by name to an agent of a durable type returns when JetStream stored it.
+        A send by name to an agent of a durable type returns when JetStream stored it. The
+        message joins the sender's pipe to ``to`` (see ``_pipes``), behind any sent with
+        ``send_future`` before it.
         """
         wait = timeout if timeout is not None else self.config.ask_timeout
-        if self.durable.types and to.count(":") == 0:
-            owner = (self.whereis(to) or "").split(":")
-            if len(owner) == 3 and owner[1] in self.durable.types:
-                self.stats.sent += 1
-                self.durable.publish(to, name, body, sender=self.qualify(sender), timeout=wait)
-                return
-        node, target = self._target(to)
-        frame = Frame(
-            "send",
-            node=self.name,
-            to=target,
-            sender=self.qualify(sender),
-            name=name,
-            body=body,
-            ttl=max(1, int(wait * 1000)),
-            id=f"{self.name}-{next(self._ids)}",
-        )
-        self.stats.sent += 1
-        future: Future[bytes | None] = Future()
-        self._submit(node, to, frame, wait, future)
+        future = self.send_future(to, name, body, sender=sender, timeout=timeout)
         try:
             future.result(wait + 1.0)
         except FutureTimeout:
             raise AskTimeout(f"no acknowledgement from {to} within {wait:g} s") from None
+
+    def send_future(
+        self, to: str, name: str, body: bytes, *, sender: str, timeout: float | None
+    ) -> Future[None]:
+        """RemoteRouter.send_future: the message queued in its pipe (see ``_pipes``); the
+        future settles when the remote mailbox took it, or with the AgentError why not.
+
+        A send by name to an agent of a durable type is stored by JetStream before this
+        returns (one round trip each; the future is settled)."""
+        wait = timeout if timeout is not None else self.config.ask_timeout
+        qualified = self.qualify(sender)
+        if self.durable.types and to.count(":") == 0:
+            owner = (self.whereis(to) or "").split(":")
+            if len(owner) == 3 and owner[1] in self.durable.types:
+                self.stats.sent += 1
+                future: Future[None] = Future()
+                try:
+                    self.durable.publish(to, name, body, sender=qualified, timeout=wait)
+                except AgentError as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(None)
+                return future
+        node, target = self._target(to)
+        self.stats.sent += 1
+        return self.pipes.submit(to, node, target, qualified, name, body, wait)
 
     def ask(
         self,
@@ -772,25 +723,31 @@ class Node:
     async def _request(
         self, subject: str, to: str, data: bytes, timeout: float, future: Future[bytes | None]
     ) -> None:
+        try:
+            reply = await self.exchange(subject, to, data, timeout)
+        except AgentError as exc:
+            _set(future, error=exc)
+            return
+        _set(future, reply.body or None)
+
+    async def exchange(self, subject: str, to: str, data: bytes, timeout: float) -> Frame:
+        """The ``ok`` reply to a request frame for ``to`` sent on ``subject``; an AgentError
+        for an ``err`` reply (the remote side's), no reply (AskTimeout) or no node (NoProc)."""
         nc = self._nc
         if nc is None or nc.is_closed:
-            _set(future, error=NoProc(f"{to}: this node has left the cluster"))
-            return
+            raise NoProc(f"{to}: this node has left the cluster")
         try:
             msg = await nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError:
-            _set(future, error=NoProc(f"{to}: its node is not running"))
-            return
+            raise NoProc(f"{to}: its node is not running") from None
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             what = "no reply" if isinstance(exc, TimeoutError) else f"no reply ({exc})"
-            _set(future, error=AskTimeout(f"{what} from {to} within {timeout:g} s"))
-            return
+            raise AskTimeout(f"{what} from {to} within {timeout:g} s") from None
         try:
             reply = await self.decoded(msg.data, self.config.max_frame)
         except FrameError as exc:
             self._drop(exc.reason, f"a reply from {to}: {exc.message}")
-            _set(future, error=AskTimeout(f"{to} answered with a frame this node cannot read"))
-            return
+            raise AskTimeout(f"{to} answered with a frame this node cannot read") from None
         moved = reply.extra.get("moved")
         if (
             isinstance(moved, str)
@@ -800,15 +757,14 @@ class Node:
             with self._lock:
                 self._moved[to] = moved  # the old node forwarded: go direct from now on
         if reply.k == "ok":
-            _set(future, reply.body or None)
-        elif reply.k == "err":
+            return reply
+        if reply.k == "err":
             if reply.code == "noproc" and to.count(":") == 0:
                 with self._lock:
                     self._names.pop(to, None)
-            _set(future, error=error_of(reply))
-        else:
-            self._drop("field", f"a reply of kind {reply.k!r} from {to}")
-            _set(future, error=AskTimeout(f"{to} answered with a {reply.k!r} frame"))
+            raise error_of(reply)
+        self._drop("field", f"a reply of kind {reply.k!r} from {to}")
+        raise AskTimeout(f"{to} answered with a {reply.k!r} frame")
 
     def request(self, node: str, frame: Frame, timeout: float) -> Frame:
         """A request frame to ``node``, waiting for its ``ok`` reply (an AgentError otherwise)."""
@@ -902,7 +858,7 @@ class Node:
             self._drop("sender", f"a frame from {sender} that says it is from {frame.node!r}")
             return
         self.stats.received += 1
-        if frame.k in ("send", "ask"):
+        if frame.k in ("send", "sends", "ask"):
             moved = self._moved_to(frame.to)
             if moved is not None:
                 with self._lock:
@@ -912,6 +868,8 @@ class Node:
         try:
             if frame.k == "send":
                 self._in_send(msg, frame)
+            elif frame.k == "sends":
+                self._in_sends(msg, frame)
             elif frame.k == "ask":
                 self._in_ask(msg, frame)
             elif frame.k in self._handlers:
@@ -988,6 +946,57 @@ class Node:
             self._answer(msg, Frame("ok", node=self.name))
 
         self._slow(msg, slow)
+
+    def _in_sends(self, msg: Msg, frame: Frame) -> None:
+        """Put a ``sends`` frame's messages in the mailbox in order; one reply for all.
+
+        Each is put as a ``send`` is: at once, or, when the mailbox is full under ``block``,
+        on the pool waiting for space, and then so are the messages after it (in order). A
+        message that fails (its own error in the reply) does not stop those after it.
+        """
+        local = self._local(frame.to)
+        wait = frame.ttl / 1000 if frame.ttl else None
+        batch = frame.batch
+        errors: list[tuple[int, AgentError]] = []
+
+        def put(index: int, timeout: float | None) -> bool:
+            """False when the message must wait for space (under ``block``)."""
+            name, body = batch[index]
+            try:
+                self.runtime.send_raw(local, name, body, sender=frame.sender, timeout=timeout)
+            except MailboxFullError as exc:
+                if timeout == 0.0 and self._blocks_or_gone(local):
+                    return False
+                errors.append((index, exc))
+            except AgentError as exc:
+                errors.append((index, exc))
+            return True
+
+        for index in range(len(batch)):
+            if not put(index, 0.0):
+                break
+        else:
+            _eager(self._loop, self._respond(msg, acknowledgement(self.name, len(batch), errors)))
+            return
+        first = index
+
+        def slow() -> None:
+            for rest in range(first, len(batch)):
+                put(rest, wait)
+            self._answer(msg, acknowledgement(self.name, len(batch), errors))
+
+        try:
+            self._slow(msg, slow)
+        except MailboxFullError as exc:
+            errors.extend((rest, exc) for rest in range(first, len(batch)))
+            _eager(self._loop, self._respond(msg, acknowledgement(self.name, len(batch), errors)))
+
+    def _blocks_or_gone(self, address: str) -> bool:
+        """The agent's mailbox policy is ``block`` (False when the agent is gone)."""
+        try:
+            return self.runtime.process(address).mailbox.on_full == "block"
+        except AgentError:
+            return False
 
     def _in_ask(self, msg: Msg, frame: Frame) -> None:
         local = self._local(frame.to)

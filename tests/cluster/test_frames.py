@@ -8,11 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty.cluster import VERSION, Frame, FrameError, decode, encode
+from mighty.cluster._frames import MAX_BATCH
 
 _text = st.text(max_size=40)
 _frames = st.builds(
     Frame,
-    k=st.sampled_from(["send", "spawn", "stop", "ok", "err", "hb", "migrate"]),
+    k=st.sampled_from(["send", "sends", "spawn", "stop", "ok", "err", "hb", "migrate"]),
     node=_text,
     to=_text,
     sender=_text,
@@ -24,6 +25,7 @@ _frames = st.builds(
     code=_text,
     msg=_text,
     type=_text,
+    batch=st.lists(st.tuples(_text, st.binary(max_size=50)), min_size=1, max_size=5).map(tuple),
     extra=st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
 )
 
@@ -53,15 +55,19 @@ _values = st.recursive(
 
 
 @given(
-    st.dictionaries(st.sampled_from(["v", "k", "to", "body", "ttl", "chain", "x", "node"]), _values)
+    st.dictionaries(
+        st.sampled_from(["v", "k", "to", "body", "ttl", "chain", "x", "node", "m"]), _values
+    )
 )
 def test_well_formed_cbor_with_wrong_fields_is_a_frame_error(data: dict[str, object]) -> None:
     try:
         frame = decode(cbor2.dumps(data))
     except FrameError:
         return
-    assert frame.k in {"send", "ask", "spawn", "stop", "migrate", "hb", "ok", "err"}
+    assert frame.k in {"send", "sends", "ask", "spawn", "stop", "migrate", "hb", "ok", "err"}
     assert isinstance(frame.body, bytes)
+    assert all(type(n) is str and type(b) is bytes for n, b in frame.batch)
+    assert frame.k != "sends" or frame.batch
 
 
 def test_a_newer_version_is_refused_as_such() -> None:
@@ -80,3 +86,21 @@ def test_size_is_checked_before_parsing() -> None:
 def test_an_ask_carries_its_deadline() -> None:
     with pytest.raises(FrameError, match="deadline"):
         decode(encode(Frame("ask", to="echo:1")))
+
+
+@pytest.mark.parametrize(
+    ("m", "why"),
+    [
+        ([], "carries its messages"),
+        ([["x"]], "not \\[name, body\\]"),
+        ([["x", "text, not bytes"]], "not \\[name, body\\]"),
+        ([[1, b""]], "not \\[name, body\\]"),
+        ([["x" * 513, b""]], "not \\[name, body\\]"),
+        ({"x": b""}, "at most"),
+        ([["x", b""]] * (MAX_BATCH + 1), "at most"),
+    ],
+)
+def test_a_sends_frame_carries_a_bounded_list_of_messages(m: object, why: str) -> None:
+    with pytest.raises(FrameError, match=why) as caught:
+        decode(cbor2.dumps({"v": VERSION, "k": "sends", "to": "echo:1", "m": m}))
+    assert caught.value.reason == "field"
