@@ -46,13 +46,21 @@ def eager(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> N
 
 
 async def _resume(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
-    """Drive ``coro`` on from a suspension at ``waiting`` (a future, or None for a bare yield)."""
-    while True:
-        if waiting is None:
-            await asyncio.sleep(0)
-        else:
-            await asyncio.wait([waiting])
-        try:
-            waiting = coro.send(None)
-        except StopIteration:
-            return
+    """Drive ``coro`` on from a suspension at ``waiting`` (a future, or None for a bare yield).
+
+    Cancelled (the node leaves), it closes ``coro`` at once: its ``except``/``finally`` blocks
+    run now, settling what it promised, not whenever the coroutine is collected.
+    """
+    try:
+        while True:
+            if waiting is None:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait([waiting])
+            try:
+                waiting = coro.send(None)
+            except StopIteration:
+                return
+    except BaseException:
+        coro.close()
+        raise

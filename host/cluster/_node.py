@@ -728,6 +728,11 @@ class Node:
         except AgentError as exc:
             _set(future, error=exc)
             return
+        except BaseException:
+            # The node leaves (its loop's tasks are cancelled): the asker hears at once, not at
+            # its deadline. The message may have been taken: no reply, not NoProc.
+            _set(future, error=AskTimeout(f"{to}: this node left before the reply"))
+            raise
         _set(future, reply.body or None)
 
     async def exchange(self, subject: str, to: str, data: bytes, timeout: float) -> Frame:

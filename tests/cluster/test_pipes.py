@@ -162,6 +162,18 @@ def test_a_leaving_node_fails_what_it_still_holds(nodes: Nodes) -> None:
         a.send_future(f"b:{target}", "x", 99).result(_LONG)
 
 
+def test_an_ask_in_flight_when_its_node_leaves_settles_at_once(nodes: Nodes) -> None:
+    _, node_a = nodes("a")
+    b, node_b = nodes("b")
+    target = b.spawn("echo")
+    b.process(target).mailbox.pause()  # the ask waits there, unanswered
+    future = node_a.ask(f"b:{target}", "x", b"", sender="host", timeout=3600.0, chain=())
+    _until(lambda: node_b.stats.received == 1, "the ask never reached b")
+    node_a.close()
+    with pytest.raises(AskTimeout, match="left before the reply"):
+        future.result(_LONG)
+
+
 def test_a_full_pipe_makes_its_sender_wait_until_its_deadline(
     nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
