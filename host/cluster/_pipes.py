@@ -16,7 +16,11 @@ Bounds: a pipe holds at most ``PIPE_MESSAGES`` messages and ``PIPE_BYTES`` bytes
 sender beyond that waits for room until its message's deadline (then ``AskTimeout``; nothing
 is queued). A message's deadline (its ``timeout``, or the cluster's ``ask_timeout``) counts
 from the moment it was queued: one still queued at its deadline fails with ``AskTimeout``
-without being sent, and a frame's ``ttl`` is the nearest deadline of the messages it carries.
+without being sent. A frame's ``ttl`` (how long the far node may wait for mailbox space, and
+how long this one waits for the reply) is the furthest deadline of the messages it carries, so
+one message with a short deadline cannot fail the others; it may then be taken after its own
+deadline (a synchronous ``send`` has stopped waiting by then, with ``AskTimeout``, as when an
+acknowledgement comes late).
 A node that leaves fails every queued message with ``NoProc``.
 
 Rejected: one request per message with many in flight (each message then pays a request's CPU
@@ -201,7 +205,7 @@ class SendPipes:
         if not live:
             return
         head = live[0]
-        ttl = min(item.deadline for item in live) - now
+        ttl = max(item.deadline for item in live) - now
         ttl_ms = max(1, int(ttl * 1000))
         frame_id = f"{node.name}-{node.next_id()}"
         if len(live) == 1:

@@ -116,6 +116,32 @@ def test_a_full_block_mailbox_holds_the_rest_back_in_order(nodes: Nodes) -> None
     assert _settled(futures) == ["ok"] * 200
 
 
+def test_a_short_deadline_does_not_fail_the_messages_beside_it(nodes: Nodes) -> None:
+    """A frame waits at the far node as long as its furthest deadline: a message queued with a
+    short one does not time the others out (it may fail unsent, or be taken late)."""
+    a, _ = nodes("a", ask_timeout=_LONG)
+    b, node_b = nodes(
+        "b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=_LONG)
+    )
+    target = b.spawn("echo")
+    mailbox = b.process(target).mailbox
+    mailbox.pause()
+    first = [a.send_future(f"b:{target}", "x", i) for i in range(2)]
+    _until(lambda: node_b.waiting == 1, "nothing waited for space on b")
+    short = a.send_future(f"b:{target}", "x", 2, timeout=1.0)
+    last = a.send_future(f"b:{target}", "x", 3)
+    assert _bodies(b, target) == [0]  # room for 1, then 2 and 3 go in one frame, and wait
+    _until(lambda: len(mailbox) == 1 and node_b.waiting == 1, "2 and 3 never waited on b")
+    time.sleep(2.0)  # past the short deadline, with the frame still waiting for space
+    arrived: list[int] = []
+    while not last.done() or len(mailbox):
+        _until(lambda: len(mailbox) > 0 or last.done(), f"stuck after {arrived}")
+        arrived += _bodies(b, target)
+    assert _settled([*first, last]) == ["ok"] * 3
+    assert _settled([short]) in (["ok"], ["AskTimeout"])
+    assert arrived == ([1, 2, 3] if short.exception() is None else [1, 3])
+
+
 def test_each_message_has_its_own_outcome(nodes: Nodes) -> None:
     a, _ = nodes("a")
     b, _ = nodes("b", mailbox=MailboxSettings(capacity=25, on_full="fail"))
