@@ -23,6 +23,18 @@ from mighty.capabilities import Capabilities
 from mighty.cluster import ClusterConfig, NatsServer, Node, parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
+LONG = 120.0
+"""Deadlines for what comes at once on an idle machine: generous, so a loaded one passes."""
+
+
+def until(check: Callable[[], bool], what: str, seconds: float = LONG) -> None:
+    """Poll ``check`` until true (an event), failing with ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 ECHO_WAT = ROOT / "tests" / "fixtures" / "echo_agent.wat"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import cbor2
 import nats
@@ -23,18 +22,7 @@ from mighty.agents import (
     Runtime,
 )
 from mighty.cluster import VERSION, ClusterError, NatsServer, Node, decode
-from tests.cluster.conftest import Nodes, config
-
-_LONG = 120.0
-"""Deadlines for what comes at once on an idle machine: generous, so a loaded one passes."""
-
-
-def _until(check: Callable[[], bool], what: str) -> None:
-    """Poll ``check`` until true (an event), failing after ``_LONG`` seconds."""
-    deadline = time.monotonic() + _LONG
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+from tests.cluster.conftest import LONG, Nodes, config, until
 
 
 def test_ask_and_send_cross_nodes(nodes: Nodes) -> None:
@@ -61,32 +49,32 @@ def test_cluster_wide_names_and_their_clash(nodes: Nodes) -> None:
         a.spawn("echo", name="ledger")
     # Stopped: the name is free again, and another node may take it.
     b.stop(address)
-    _until(lambda: node_a.whereis("ledger") is None, "a never saw the name released")
+    until(lambda: node_a.whereis("ledger") is None, "a never saw the name released")
     mine = a.spawn("echo", name="ledger")
     assert node_a.whereis("ledger") == f"a:{mine}"
 
 
 def test_remote_errors_are_the_local_ones(nodes: Nodes) -> None:
-    a, _ = nodes("a", ask_timeout=_LONG)  # a send's acknowledgement too
+    a, _ = nodes("a", ask_timeout=LONG)  # a send's acknowledgement too
     b, _ = nodes("b", mailbox=MailboxSettings(capacity=1, on_full="fail"))
     # Deadlines long enough that a loaded machine answers within them (each answer comes at
     # once); the one ask meant to time out waits on a paused mailbox, which never answers.
     with pytest.raises(NoProc):
-        a.ask("b:echo:99", "x", 1, timeout=_LONG)
+        a.ask("b:echo:99", "x", 1, timeout=LONG)
     with pytest.raises(NoProc):
         a.send("b:echo:99", "x", 1)
     with pytest.raises(NoProc, match="no node 'zz'"):
         a.ask("zz:echo:1", "x", 1)
     strict = b.spawn("strict")
     with pytest.raises(Refused, match="does not accept 'x'"):
-        a.ask(f"b:{strict}", "x", 1, timeout=_LONG)
+        a.ask(f"b:{strict}", "x", 1, timeout=LONG)
     full = b.spawn("echo")
     b.process(full).mailbox.pause()
     a.send(f"b:{full}", "x", 1)
     with pytest.raises(MailboxFullError):
         a.send(f"b:{full}", "x", 2)
     with pytest.raises(MailboxFullError):
-        a.ask(f"b:{full}", "x", 2, timeout=_LONG)
+        a.ask(f"b:{full}", "x", 2, timeout=LONG)
     stalled = b.spawn("echo")
     b.process(stalled).mailbox.pause()  # accepted, never handled: the asker's deadline ends it
     with pytest.raises(AskTimeout):  # whatever the deadline and the load: nothing answers
@@ -96,7 +84,7 @@ def test_remote_errors_are_the_local_ones(nodes: Nodes) -> None:
     guarded = b.spawn("echo")
     b.set_breaker(guarded, breaker)
     with pytest.raises(CircuitOpenError):
-        a.ask(f"b:{guarded}", "x", 1, timeout=_LONG)
+        a.ask(f"b:{guarded}", "x", 1, timeout=LONG)
     with pytest.raises(CircuitOpenError):
         a.send(f"b:{guarded}", "x", 1)
 
@@ -104,21 +92,19 @@ def test_remote_errors_are_the_local_ones(nodes: Nodes) -> None:
 def test_remote_block_policy_waits_for_space(nodes: Nodes) -> None:
     """An ask into a full block mailbox waits on the target node for space (not refused, not
     buffered) and is answered once there is room."""
-    a, _ = nodes("a", ask_timeout=_LONG)
-    b, node_b = nodes(
-        "b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=_LONG)
-    )
+    a, _ = nodes("a", ask_timeout=LONG)
+    b, node_b = nodes("b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=LONG))
     target = b.spawn("echo")
     mailbox = b.process(target).mailbox
     mailbox.pause()
     a.send(f"b:{target}", "x", 1)
     future = a.ask_future(f"b:{target}", "x", 2)  # its deadline: 30 s
-    _until(lambda: node_b.waiting == 1, "the ask never waited for space on b")
+    until(lambda: node_b.waiting == 1, "the ask never waited for space on b")
     assert not future.done()  # waiting for space on the node, not refused, not buffered
     assert len(mailbox) == 1
     mailbox.resume()
     b.process(target)._wake()  # as a hot swap's resume does
-    assert cbor2.loads(future.result(_LONG)) == 2
+    assert cbor2.loads(future.result(LONG)) == 2
 
 
 def test_garbage_and_newer_frames_are_counted_drops(
@@ -138,7 +124,7 @@ def test_garbage_and_newer_frames_are_counted_drops(
         # A frame that says it is from another node than its subject does.
         await nc.publish("mighty.node.b.a", cbor2.dumps(send | {"node": "t"}))
         reply = await nc.request(
-            "mighty.node.b.a", cbor2.dumps({"v": VERSION + 1, "k": "send"}), timeout=_LONG
+            "mighty.node.b.a", cbor2.dumps({"v": VERSION + 1, "k": "send"}), timeout=LONG
         )
         await nc.publish("mighty.hb.a", b"not a heartbeat")
         await nc.flush()
@@ -148,7 +134,7 @@ def test_garbage_and_newer_frames_are_counted_drops(
     with caplog.at_level(logging.WARNING):
         answer = decode(asyncio.run(poke()))
     assert answer.k == "err" and "newer" in answer.msg
-    _until(lambda: sum(node_b.stats.dropped.values()) >= 5, "b never dropped all five")
+    until(lambda: sum(node_b.stats.dropped.values()) >= 5, "b never dropped all five")
     assert node_b.stats.dropped == {"garbage": 2, "peer": 1, "sender": 1, "version": 1}
     assert "dropped" in caplog.text
     assert b.process(address).stats.handled == 0  # the intruder's send was not delivered
@@ -177,7 +163,7 @@ def test_nats_down_at_start_is_a_clear_error() -> None:
         with pytest.raises(ClusterError, match="no NATS server answered"):
             Node(runtime, config(url, connect_timeout=1.0), name="a").start()
         # A bound on hanging (the client's reconnect loop), not a speed: 1 s was asked for.
-        assert time.monotonic() - started < _LONG
+        assert time.monotonic() - started < LONG
     finally:
         runtime.shutdown()
 
@@ -195,12 +181,12 @@ def test_nats_restart_mid_run(echo: object, tmp_path: object) -> None:
             with pytest.raises((AskTimeout, NoProc)):  # the server is down: nothing answers
                 a.ask(target, "x", 2, timeout=1.0)
             server.start()
-            deadline = time.monotonic() + _LONG
+            deadline = time.monotonic() + LONG
             while True:
                 try:
                     assert a.ask(target, "x", 3, timeout=5) == 3
                     break
                 except (AskTimeout, NoProc):
-                    assert time.monotonic() < deadline, f"no reconnect within {_LONG} s"
+                    assert time.monotonic() < deadline, f"no reconnect within {LONG} s"
         finally:
             made.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 
 import cbor2
@@ -27,17 +26,31 @@ from mighty.agents import (
 )
 from mighty.cluster import Frame
 from mighty.cluster._replies import acknowledged_failures, acknowledgement
-from tests.cluster.conftest import Nodes
-
-_LONG = 120.0
-"""Deadlines for what comes at once on an idle machine: generous, so a loaded one passes."""
+from tests.cluster.conftest import LONG, Nodes, until
 
 
-def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + _LONG
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+class _Held:
+    """Node a sending to an echo agent on node b whose mailbox (room for one, ``block``) is
+    paused: the first message goes in, the next frame waits on b for space."""
+
+    def __init__(self, nodes: Nodes, count: int) -> None:
+        self.a, self.node_a = nodes("a", ask_timeout=LONG)
+        self.b, self.node_b = nodes(
+            "b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=LONG)
+        )
+        local = self.b.spawn("echo")
+        self.target = f"b:{local}"
+        self.mailbox = self.b.process(local).mailbox
+        self.mailbox.pause()
+        self.futures = [self.send(i) for i in range(count)]
+        until(lambda: self.node_b.waiting == 1, "nothing waited for space on b")
+
+    def send(self, body: int, timeout: float | None = None) -> Future[None]:
+        return self.a.send_future(self.target, "x", body, timeout=timeout)
+
+    def take(self) -> list[int]:
+        """What the mailbox holds, oldest first, taken out (room for the next)."""
+        return [cbor2.loads(e.body) for e in self.mailbox.drain()]
 
 
 def _bodies(runtime: Runtime, address: str) -> list[int]:
@@ -49,7 +62,7 @@ def _settled(futures: list[Future[None]]) -> list[str]:
     """Each future's outcome: "ok" or its error's class name."""
     out = []
     for future in futures:
-        error = future.exception(_LONG)
+        error = future.exception(LONG)
         out.append("ok" if error is None else type(error).__name__)
     return out
 
@@ -87,7 +100,7 @@ def test_senders_each_keep_their_own_order(nodes: Nodes) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(_LONG)
+        thread.join(LONG)
     for futures in sent.values():
         assert _settled(futures) == ["ok"] * 500
     arrived = [cbor2.loads(e.body) for e in b.process(target).mailbox.drain()]
@@ -98,19 +111,19 @@ def test_senders_each_keep_their_own_order(nodes: Nodes) -> None:
 def test_a_full_block_mailbox_holds_the_rest_back_in_order(nodes: Nodes) -> None:
     """Messages that wait for space on the far node wait there, and those behind them too: the
     mailbox takes all of them in the order sent, each acknowledged once it is in."""
-    a, _ = nodes("a", ask_timeout=_LONG)
+    a, _ = nodes("a", ask_timeout=LONG)
     b, node_b = nodes(
-        "b", mailbox=MailboxSettings(capacity=10, on_full="block", block_timeout=_LONG)
+        "b", mailbox=MailboxSettings(capacity=10, on_full="block", block_timeout=LONG)
     )
     target = b.spawn("echo")
     mailbox = b.process(target).mailbox
     mailbox.pause()
     futures = [a.send_future(f"b:{target}", "x", i) for i in range(200)]
-    _until(lambda: len(mailbox) == 10 and node_b.waiting == 1, "nothing waited for space")
+    until(lambda: len(mailbox) == 10 and node_b.waiting == 1, "nothing waited for space")
     assert not futures[-1].done()
     arrived: list[int] = []
     while len(arrived) < 200:
-        _until(lambda: len(mailbox) > 0, f"stuck after {len(arrived)} messages")
+        until(lambda: len(mailbox) > 0, f"stuck after {len(arrived)} messages")
         arrived += _bodies(b, target)
     assert arrived == list(range(200))
     assert _settled(futures) == ["ok"] * 200
@@ -119,25 +132,17 @@ def test_a_full_block_mailbox_holds_the_rest_back_in_order(nodes: Nodes) -> None
 def test_a_short_deadline_does_not_fail_the_messages_beside_it(nodes: Nodes) -> None:
     """A frame waits at the far node as long as its furthest deadline: a message queued with a
     short one does not time the others out (it may fail unsent, or be taken late)."""
-    a, _ = nodes("a", ask_timeout=_LONG)
-    b, node_b = nodes(
-        "b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=_LONG)
-    )
-    target = b.spawn("echo")
-    mailbox = b.process(target).mailbox
-    mailbox.pause()
-    first = [a.send_future(f"b:{target}", "x", i) for i in range(2)]
-    _until(lambda: node_b.waiting == 1, "nothing waited for space on b")
-    short = a.send_future(f"b:{target}", "x", 2, timeout=1.0)
-    last = a.send_future(f"b:{target}", "x", 3)
-    assert _bodies(b, target) == [0]  # room for 1, then 2 and 3 go in one frame, and wait
-    _until(lambda: len(mailbox) == 1 and node_b.waiting == 1, "2 and 3 never waited on b")
+    held = _Held(nodes, 2)
+    short = held.send(2, timeout=1.0)
+    last = held.send(3)
+    assert held.take() == [0]  # room for 1, then 2 and 3 go in one frame, and wait
+    until(lambda: len(held.mailbox) == 1 and held.node_b.waiting == 1, "2 and 3 never waited")
     time.sleep(2.0)  # past the short deadline, with the frame still waiting for space
     arrived: list[int] = []
-    while not last.done() or len(mailbox):
-        _until(lambda: len(mailbox) > 0 or last.done(), f"stuck after {arrived}")
-        arrived += _bodies(b, target)
-    assert _settled([*first, last]) == ["ok"] * 3
+    while not last.done() or len(held.mailbox):
+        until(lambda: len(held.mailbox) > 0 or last.done(), f"stuck after {arrived}")
+        arrived += held.take()
+    assert _settled([*held.futures, last]) == ["ok"] * 3
     assert _settled([short]) in (["ok"], ["AskTimeout"])
     assert arrived == ([1, 2, 3] if short.exception() is None else [1, 3])
 
@@ -164,20 +169,13 @@ def test_an_unknown_agent_fails_every_message(nodes: Nodes) -> None:
     # Named in the error as a send's is; no pipe is left behind.
     with pytest.raises(NoProc, match="echo:999"):
         futures[0].result()
-    _until(lambda: len(node_a.pipes) == 0, "a pipe kept messages")
+    until(lambda: len(node_a.pipes) == 0, "a pipe kept messages")
 
 
 def test_a_leaving_node_fails_what_it_still_holds(nodes: Nodes) -> None:
-    a, node_a = nodes("a", ask_timeout=_LONG)
-    b, node_b = nodes(
-        "b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=_LONG)
-    )
-    target = b.spawn("echo")
-    b.process(target).mailbox.pause()
-    futures = [a.send_future(f"b:{target}", "x", i) for i in range(20)]
-    _until(lambda: node_b.waiting == 1, "nothing waited for space on b")
-    node_a.close()
-    outcomes = _settled(futures)
+    held = _Held(nodes, 20)
+    held.node_a.close()
+    outcomes = _settled(held.futures)
     # Each settled at once (their deadlines are minutes away): one went into the mailbox (ok
     # if the reply came before the node left), those the far node was holding are unknown
     # (AskTimeout), any still queued here were not sent (NoProc).
@@ -185,7 +183,7 @@ def test_a_leaving_node_fails_what_it_still_holds(nodes: Nodes) -> None:
     assert outcomes.count("ok") <= 1
     assert "AskTimeout" in outcomes
     with pytest.raises(AgentError):
-        a.send_future(f"b:{target}", "x", 99).result(_LONG)
+        held.send(99).result(LONG)
 
 
 def test_an_ask_in_flight_when_its_node_leaves_settles_at_once(nodes: Nodes) -> None:
@@ -194,45 +192,33 @@ def test_an_ask_in_flight_when_its_node_leaves_settles_at_once(nodes: Nodes) -> 
     target = b.spawn("echo")
     b.process(target).mailbox.pause()  # the ask waits there, unanswered
     future = node_a.ask(f"b:{target}", "x", b"", sender="host", timeout=3600.0, chain=())
-    _until(lambda: node_b.stats.received == 1, "the ask never reached b")
+    until(lambda: node_b.stats.received == 1, "the ask never reached b")
     node_a.close()
     with pytest.raises(AskTimeout, match="left before the reply"):
-        future.result(_LONG)
+        future.result(LONG)
 
 
 def test_a_full_pipe_makes_its_sender_wait_until_its_deadline(
     nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pipes, "PIPE_MESSAGES", 5)
-    a, node_a = nodes("a", ask_timeout=_LONG)
-    b, node_b = nodes(
-        "b", mailbox=MailboxSettings(capacity=1, on_full="block", block_timeout=_LONG)
-    )
-    target = b.spawn("echo")
-    mailbox = b.process(target).mailbox
-    mailbox.pause()
-    futures = [a.send_future(f"b:{target}", "x", i) for i in range(2)]
-    _until(lambda: node_b.waiting == 1, "nothing waited for space on b")
+    held = _Held(nodes, 2)
     # One in the mailbox, one waiting for space there; five more fill the pipe.
-    futures += [a.send_future(f"b:{target}", "x", i) for i in range(2, 7)]
-    assert len(node_a.pipes) == 5
-    late = a.send_future(f"b:{target}", "x", 7, timeout=0.2)
+    futures = held.futures + [held.send(i) for i in range(2, 7)]
+    assert len(held.node_a.pipes) == 5
+    late = held.send(7, timeout=0.2)
     assert late.done()  # it waited for room until its deadline, then failed, not queued
     with pytest.raises(AskTimeout, match="still wait for their acknowledgement"):
         late.result()
     # Room again once the far mailbox takes them: the next send goes through.
     arrived: list[int] = []
     later: list[Future[None]] = []
-
-    def send_later() -> None:
-        later.append(a.send_future(f"b:{target}", "x", 7))
-
-    sender = threading.Thread(target=send_later)
+    sender = threading.Thread(target=lambda: later.append(held.send(7)))
     sender.start()
     while len(arrived) < 8:
-        _until(lambda: len(mailbox) > 0, f"stuck after {len(arrived)} messages")
-        arrived += _bodies(b, target)
-    sender.join(_LONG)
+        until(lambda: len(held.mailbox) > 0, f"stuck after {len(arrived)} messages")
+        arrived += held.take()
+    sender.join(LONG)
     assert arrived == list(range(8))
     assert _settled(futures + later) == ["ok"] * 8
 
