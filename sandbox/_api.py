@@ -851,6 +851,8 @@ _MAX_LIVES = 1000
 """Runs one instance serves (rewound between them) before it is closed and replaced: whatever
 a long-lived wasmtime store accumulates call after call stays bounded (no growth was measured
 over 300 runs, but nothing promises none)."""
+_TAKE_WAIT = 0.002
+"""Seconds a run waits for an instance being rewound before it makes its own (see take)."""
 
 
 class _Pool:
@@ -926,6 +928,8 @@ class _Pool:
         self._rewind = not config.files
         self.rewinds = 0
         """How many times an instance was rewound to serve again (for tests and benchmarks)."""
+        self.made_by_callers = 0
+        """How many runs found no instance ready and made their own (for benchmarks)."""
         self._threads: list[threading.Thread] = []
         for index in range(min(size, _FILLERS)):
             thread = threading.Thread(
@@ -935,17 +939,32 @@ class _Pool:
             thread.start()
 
     def take(self) -> _Live | None:
-        """A ready instance, or None (the caller makes its own) when none is ready."""
+        """A ready instance, or None (the caller makes its own) when none is ready.
+
+        When none is ready but one is being rewound (or waits to be), the run waits for it,
+        ``_TAKE_WAIT`` at most: a rewind takes a quarter of a millisecond, an instance made on
+        the caller's thread several (and on a loaded machine the pool's thread falls behind
+        the runs it serves: every run then paid for a new instance).
+        """
         if self._size <= 0:
             return None
         with self._cond:
+            if not self._ready and self._rewind_to is not None:
+                self._cond.wait_for(self._ready_soon_or_not, _TAKE_WAIT)
             # The newest first: its pages are likelier still in the CPU's caches.
             live = self._ready.pop() if self._ready else None
+            if live is None:
+                self.made_by_callers += 1
             if live is not None:
                 live.out = True
                 self._out += 1
             self._cond.notify_all()
         return live
+
+    def _ready_soon_or_not(self) -> bool:
+        """(Under the lock) an instance is ready, or none is on its way back (rewound), or the
+        pool is closing: stop waiting."""
+        return bool(self._ready) or self._closed or not (self._used or self._making)
 
     def release(self, live: _Live) -> None:
         """An instance after its run (from :meth:`take` or :meth:`make_now`): rewound or freed
@@ -1002,6 +1021,7 @@ class _Pool:
                     continue
                 if not self._closed:
                     self._ready.append(live)
+                    self._cond.notify_all()  # a run may be waiting for it (take)
                     continue
             live.close()
             return

@@ -188,6 +188,20 @@ def test_an_instance_is_replaced_after_its_last_life(
     assert outcomes == [False, True, True, False, True, True, False]
 
 
+def test_a_run_waits_for_the_instance_being_rewound(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that finds none ready while one is being rewound takes that one, not a new one."""
+    monkeypatch.setattr(sandbox_api, "_TAKE_WAIT", 600.0)  # as long as the rewind takes
+    with Sandbox(pool=1) as box:
+        _start(box)
+        made, rewinds = box._pool.made_by_callers, box._pool.rewinds
+        for n in range(12):  # back to back: each run's instance is still being rewound
+            assert box.run(f"result = {n}").value == n
+        assert box._pool.made_by_callers == made
+        assert box._pool.rewinds - rewinds >= 11
+
+
 _PROGRAMS = st.sampled_from([change for change, _check in _CHANGES] + _NOT_REWOUND[:2])
 _PROBE = (
     "import sys, json, builtins, os, gc\n"
