@@ -235,6 +235,7 @@ def _rewind_rows() -> list[Row]:
                 rate[label].append(count / took)
                 cpu[label].append((time.process_time() - c0) / count)
         assert rewound._pool.rewinds > 0 and closed._pool.rewinds == 0
+        own = {label: box._pool.made_by_callers for label, box in boxes.items()}
         monty = _monty()
 
     def ms(xs: list[float]) -> float:
@@ -249,6 +250,7 @@ def _rewind_rows() -> list[Row]:
                 "back_to_back_p50_ms": ms(back[label]),
                 "runs_per_s_1_thread": round(statistics.mean(rate[label]), 1),
                 "process_cpu_per_run_ms": ms(cpu[label]),
+                "runs_that_made_their_own_instance": own[label],
             }
         )
     rows.append(
