@@ -9,8 +9,8 @@ by another node go over NATS, from the host API and from guests alike.
   message (or says why not: ``noproc``, ``mailbox-full``, ``circuit-open``), so a remote send
   returns or fails as a local one does. Sends go through a pipe per sender and address
   (``_pipes``): ``send_future`` queues without waiting, and what queued while a frame was in
-  flight goes in one ``sends`` frame, in order. Delivery is at most once: a message in a mailbox of a
-  node that dies is lost, as a local one is when its process dies.
+  flight goes in one ``sends`` frame, in order. Delivery is at most once: a message in a
+  mailbox of a node that dies is lost, as a local one is when its process dies.
 - ``ask`` is a NATS request/reply carrying the asker's deadline (``ttl``); the asker's future
   always settles by its own deadline (``AskTimeout``), whatever NATS does.
 - Backpressure: an incoming message for a full ``block`` mailbox waits on a worker thread (at
