@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -359,3 +360,45 @@ def test_log_requests_prints_a_line_per_request(capsys: pytest.CaptureFixture[st
         "POST /v1/chat/completions -> held, turn 2, Idempotency-Key k1",
         "GET /v1/models -> 200, Idempotency-Key -",
     ]
+
+
+class _Switching:
+    """A stdout that lets another thread run inside every write (as a pipe's may)."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        time.sleep(0)
+        self.writes.append(text)
+        time.sleep(0)
+        return len(text)
+
+    def flush(self) -> None:
+        time.sleep(0)
+
+
+def test_log_lines_from_many_threads_stay_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests logged at once from the server's threads: each line whole, none run together."""
+    out = _Switching()
+    monkeypatch.setattr(sys, "stdout", out)
+    body = {"model": "m", "messages": _after_tool("Paris")}
+    raw = json.dumps(body).encode()
+
+    def log(n: int) -> None:
+        for _ in range(20):
+            headers = [("Idempotency-Key", f"k{n}")]
+            request = scripted_llm.RecordedRequest(
+                "POST", "/v1/chat/completions", headers, body, raw, 200
+            )
+            scripted_llm._print_request(request)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(log, range(8)))
+    lines = "".join(out.writes).splitlines()
+    assert len(lines) == 160
+    assert all(
+        line.startswith("POST /v1/chat/completions -> 200, turn 2, Idempotency-Key k")
+        and line.count("POST") == 1
+        for line in lines
+    )

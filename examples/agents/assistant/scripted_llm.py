@@ -469,6 +469,18 @@ class ScriptedLLM:
         }
 
 
+_PRINTING = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """``line`` on stdout whole, flushed. The request log's lines come from the server's
+    threads, and ``print`` writes a text and its newline in two writes: two requests at once
+    once ran together on one line."""
+    with _PRINTING:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def _print_request(request: RecordedRequest) -> None:
     """One line for a request (``--log-requests``)."""
     status = "held" if request.status == 0 else str(request.status)
@@ -477,7 +489,7 @@ def _print_request(request: RecordedRequest) -> None:
     if isinstance(messages, list):
         turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
         line += f", turn {turn + 1}"
-    print(f"{line}, Idempotency-Key {request.header('Idempotency-Key') or '-'}", flush=True)
+    _say(f"{line}, Idempotency-Key {request.header('Idempotency-Key') or '-'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -515,14 +527,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     with server:
         # Flushed at once: whoever started the process reads the port from this line.
-        print(f"listening on {server.url}", flush=True)
+        _say(f"listening on {server.url}")
         if args.hold is not None:
 
             def announce() -> None:
                 # Waits for the held request, or for the server to stop (no line then).
                 while not stop.is_set():
                     if server.holding.wait(0.1):
-                        print(f"holding request {args.hold}", flush=True)
+                        _say(f"holding request {args.hold}")
                         return
 
             threading.Thread(target=announce, daemon=True).start()
