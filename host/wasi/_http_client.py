@@ -108,6 +108,69 @@ class PreparedRequest:
         return f"{self.scheme}://{self.authority}{self.target}"
 
 
+_CURRENT = threading.local()
+"""``exchange``: the Exchange a worker thread is making (its reads and writes can be cut)."""
+
+
+class _CutStream(httpcore.NetworkStream):
+    """A connection's stream whose reads and writes the exchange being made on it can cut
+    short: while one blocks, the exchange holds the stream, and its ``cancel`` shuts the
+    socket down, which ends the blocked call at once (the connection is then dropped)."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        exchange = _entered(self)
+        try:
+            return self._inner.read(max_bytes, timeout)
+        finally:
+            if exchange is not None:
+                exchange.left_io()
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        exchange = _entered(self)
+        try:
+            self._inner.write(buffer, timeout)
+        finally:
+            if exchange is not None:
+                exchange.left_io()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        return _CutStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+    def cut(self) -> None:
+        """Shut the socket down (both ways) under a blocked read or write. Through a duplicate
+        of its descriptor: a TLS socket's own ``shutdown`` drops its TLS state under the
+        thread reading it."""
+        sock = self._inner.get_extra_info("socket")
+        if sock is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            dup = socket.fromfd(sock.fileno(), sock.family, sock.type)
+            try:
+                dup.shutdown(socket.SHUT_RDWR)
+            finally:
+                dup.close()
+
+
+def _entered(stream: _CutStream) -> Exchange | None:
+    """The exchange this thread is making, now holding ``stream`` (None outside one);
+    httpcore.ReadError if it was cancelled."""
+    exchange: Exchange | None = getattr(_CURRENT, "exchange", None)
+    if exchange is not None:
+        exchange.entered_io(stream)
+    return exchange
+
+
 class _GuardedBackend(httpcore.SyncBackend):
     """The default socket backend, with every resolved address checked before connecting."""
 
@@ -130,9 +193,11 @@ class _GuardedBackend(httpcore.SyncBackend):
         last: Exception | None = None
         for address in allowed:
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                stream = super().connect_tcp(address, port, timeout, local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 last = exc
+            else:
+                return _CutStream(stream)
         assert last is not None
         raise last
 
@@ -205,6 +270,8 @@ class Exchange:
         self._buffered = 0
         self.eof = False
         self.cancelled = False
+        self._io: _CutStream | None = None
+        """The stream a read or write of this exchange blocks on now (the worker's)."""
         self.running = True
         self.received = 0
         # What the guest has taken (a second take is refused; a drop before a take cancels).
@@ -238,12 +305,29 @@ class Exchange:
             return bytes(out), ended, self.body_error if ended else None
 
     def cancel(self) -> None:
-        """Stop the worker at its next step and drop what is buffered."""
+        """Stop the worker at its next step and drop what is buffered; a read or write of
+        its connection that blocks now (waiting for the response) ends at once, and the
+        connection is closed, so the server sees the request go."""
         with self.lock:
             self.cancelled = True
             self._chunks.clear()
             self._buffered = 0
             self.lock.notify_all()
+            # Under the lock: the worker cannot leave the call and close the stream (whose
+            # descriptor could then be another socket's) until the cut is done.
+            if self._io is not None:
+                self._io.cut()
+
+    def entered_io(self, stream: _CutStream) -> None:
+        """The worker is about to block on ``stream`` (httpcore.ReadError if cancelled)."""
+        with self.lock:
+            if self.cancelled:
+                raise httpcore.ReadError("the request was cancelled")
+            self._io = stream
+
+    def left_io(self) -> None:
+        with self.lock:
+            self._io = None
 
     # -- the worker's side --------------------------------------------------------------------
 
@@ -369,6 +453,21 @@ class Exchange:
             },
             "sni_hostname": request.host,
         }
+        _CURRENT.exchange = self
+        try:
+            self._stream(request, headers, content, extensions, redact, deadline)
+        finally:
+            _CURRENT.exchange = None
+
+    def _stream(
+        self,
+        request: PreparedRequest,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        extensions: dict[str, Any],
+        redact: tuple[bytes, ...],
+        deadline: float,
+    ) -> None:
         with _pool(request.allow_private).stream(
             request.method.encode(),
             httpcore.URL(

@@ -215,7 +215,13 @@ def test_an_http_request_in_flight_stops_with_its_handler(relay: Component) -> N
     events = Events()
     try:
         with Runtime(workers=2, on_event=events) as rt:
-            policy = Policy().with_http(origin)
+            # Read timeouts far past WAIT: the connection must close at the cancel, not when
+            # a read timeout ends the worker's wait (it did: 58 s after the cancel).
+            policy = (
+                Policy()
+                .with_http(origin)
+                .with_http_limits(first_byte_timeout=3600.0, between_bytes_timeout=3600.0)
+            )
             rt.register(AgentType("relay", relay, budget=SPIN, policy=policy))
             address = rt.spawn("relay")
             with pytest.raises(AskTimeout):
