@@ -12,18 +12,17 @@ import contextlib
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mighty._cachedir import cache_root
+from mighty._cachedir import atomic_copy, cache_root
 from mighty._resources import interpreter_source, sandbox_wit
-from mighty.build import build_component
+from mighty.build import BuildResult, build_component
 from mighty.engine import Component
 
-__all__ = ["INTERPRETER_SOURCE", "INTERPRETER_WIT", "interpreter_component"]
+__all__ = ["INTERPRETER_SOURCE", "INTERPRETER_WIT", "interpreter_component", "publish"]
 
 # Package data of the installed wheel, or the checkout's own files (see mighty._resources).
 INTERPRETER_SOURCE = interpreter_source()
@@ -50,16 +49,27 @@ def _default_progress(message: str) -> None:
         print(f"mighty.sandbox: {message}", file=sys.stderr, flush=True)
 
 
-def _publish(tmp: Path, final: Path, sha256: str) -> None:
-    """Put the interpreter at ``final``: a hard link to the component store's copy of the same
-    bytes (named by their sha256; the build links it there), else the build's output file."""
+def publish(built: BuildResult) -> Path:
+    """``<cache>/sandbox/interpreter-<sha256>.wasm`` for an interpreter build: a hard link to
+    the component store's copy of the same bytes (named by their sha256; the build links it
+    there), else to the build cache's entry, else a copy of it."""
     from mighty.engine import ComponentStore
 
-    stored = ComponentStore().path_for(sha256)
-    try:
-        os.link(stored, final)
-    except OSError:
-        os.replace(tmp, final)
+    directory = cache_root() / "sandbox"
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"interpreter-{built.component_sha256}.wasm"
+    if final.exists():
+        return final
+    for source in (ComponentStore().path_for(built.component_sha256), built.path):
+        try:
+            os.link(source, final)
+        except FileExistsError:
+            return final  # another process published it
+        except OSError:
+            continue
+        return final
+    atomic_copy(built.path, final)
+    return final
 
 
 def interpreter_component(progress: Progress | None = None) -> Component:
@@ -76,25 +86,16 @@ def interpreter_component(progress: Progress | None = None) -> Component:
             reported.append(message)
             (progress or _default_progress)(message)
 
-        directory = cache_root() / "sandbox"
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=".interpreter.", suffix=".wasm", dir=directory)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            built = build_component(
-                INTERPRETER_SOURCE,
-                output=tmp,
-                wit=INTERPRETER_WIT,
-                world="interpreter",
-                progress=report,
-            )
-            final = directory / f"interpreter-{built.component_sha256}.wasm"
-            if not final.exists():
-                _publish(tmp, final, built.component_sha256)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _loaded = Component.load(final, progress=report)
+        # Left in the build cache (no copy): a copy of the 21 MB interpreter, written and synced
+        # by every process that loads it, made `mty exec` wait on the disk, and a signal with it.
+        built = build_component(
+            INTERPRETER_SOURCE,
+            output=None,
+            wit=INTERPRETER_WIT,
+            world="interpreter",
+            progress=report,
+        )
+        _loaded = Component.load(publish(built), progress=report)
         if reported:  # built or compiled: say when the wait is over
             report(f"done in {time.monotonic() - started:.1f} s: the interpreter is ready")
         return _loaded

@@ -39,11 +39,10 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
-from mighty._cachedir import cache_root
 from mighty._errors import BadInput, BuildError
 from mighty.build import build_component
 from mighty.engine import Component
-from mighty.sandbox._interpreter import INTERPRETER_SOURCE, INTERPRETER_WIT
+from mighty.sandbox._interpreter import INTERPRETER_SOURCE, INTERPRETER_WIT, publish
 
 __all__ = ["MAX_PACKAGE_BYTES", "PackageError", "interpreter_with_packages"]
 
@@ -92,11 +91,10 @@ def interpreter_with_packages(
         source_dir.mkdir()
         source = source_dir / "interpreter.py"
         source.write_text(INTERPRETER_SOURCE.read_text(encoding="utf-8") + _imports(tops))
-        output = root / "interpreter.wasm"
         try:
             built = build_component(
                 source,
-                output=output,
+                output=None,  # left in the build cache: published below without a copy
                 wit=INTERPRETER_WIT,
                 world="interpreter",
                 python_path=[staged],
@@ -115,13 +113,7 @@ def interpreter_with_packages(
             component = _loaded.get(built.component_sha256)
             if component is not None:
                 return component
-            directory = cache_root() / "sandbox"
-            directory.mkdir(parents=True, exist_ok=True)
-            final = directory / f"interpreter-{built.component_sha256}.wasm"
-            if not final.exists():
-                shutil.copyfile(output, root / "publish.wasm")
-                os.replace(root / "publish.wasm", final)
-            component = Component.load(final, progress=report)
+            component = Component.load(publish(built), progress=report)
             _loaded[built.component_sha256] = component
             return component
 

@@ -78,7 +78,8 @@ class BuildResult:
     """A built component and how it was obtained."""
 
     path: Path
-    """Where the component was written (the ``output`` argument)."""
+    """Where the component was written (the ``output`` argument), or the build cache's own
+    entry when ``output`` was None."""
     digest: str
     """sha256 hex over every input of the build; names the cache entry."""
     component_sha256: str
@@ -104,15 +105,27 @@ class ComponentizeError(BuildError):
         self.details = details
 
 
-def _cache_hit(cached_path: Path, output: Path, digest: str, started: float) -> BuildResult | None:
+def _cache_hit(
+    cached_path: Path, output: Path | None, digest: str, started: float
+) -> BuildResult | None:
     if not _is_component_file(cached_path):
         return None
-    atomic_copy(cached_path, output)
+    return _result(cached_path, output, digest, started, cached=True)
+
+
+def _result(
+    cached_path: Path, output: Path | None, digest: str, started: float, *, cached: bool
+) -> BuildResult:
+    """The build's result, copied from the cache entry to ``output`` (None: left there)."""
+    path = cached_path
+    if output is not None:
+        atomic_copy(cached_path, output)
+        path = output
     return BuildResult(
-        path=output,
+        path=path,
         digest=digest,
-        component_sha256=_sha256_file(output),
-        cached=True,
+        component_sha256=_sha256_file(path),
+        cached=cached,
         seconds=time.monotonic() - started,
     )
 
@@ -131,7 +144,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
 def build_component(
     source: Path,
     *,
-    output: Path,
+    output: Path | None,
     wit: Path | None = None,
     world: str | None = None,
     python_path: Sequence[Path] = (),
@@ -140,6 +153,11 @@ def build_component(
     site_packages: bool = True,
 ) -> BuildResult:
     """Compile the handler module ``source`` into a component at ``output``.
+
+    ``output=None`` leaves the component in the build cache and returns that entry's path: no
+    copy is written (and synced) per call, which matters for a component loaded by every new
+    process (the sandbox's 21 MB interpreter). The entry is shared and named by the build's
+    inputs: read it, never write it (``mty cache clean`` may remove it later; copy it to keep).
 
     ``wit`` defaults to the ``wit/`` directory beside ``source`` and ``world`` to the only world
     it defines. ``python_path`` adds directories the handler imports from, after the source's
@@ -159,8 +177,8 @@ def build_component(
     started = time.monotonic()
     report: Progress = progress or _ignore
     source = _check_source(source)
-    output = Path(output)
-    if output.is_dir():
+    output = None if output is None else Path(output)
+    if output is not None and output.is_dir():
         raise BadInput(f"output {output} is a directory; give the path of the .wasm file to write")
     wit = _resolve_wit(source, wit)
     world = world if world is not None else _default_world(wit)
@@ -243,16 +261,9 @@ def build_component(
             tmp_path.unlink(missing_ok=True)
             shutil.rmtree(stage, ignore_errors=True)
 
-    atomic_copy(cached_path, output)
-    seconds = time.monotonic() - started
-    report(f"done in {seconds:.1f} s")
-    return BuildResult(
-        path=output,
-        digest=digest,
-        component_sha256=_sha256_file(output),
-        cached=False,
-        seconds=seconds,
-    )
+    result = _result(cached_path, output, digest, started, cached=False)
+    report(f"done in {result.seconds:.1f} s")
+    return result
 
 
 def _ignore(_: str) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def _interrupt(
             # __del__ or a weakref callback, where exceptions are only printed) is sent again.
             # `mty` loses none since its unraisable hook (tests/cli/test_interrupts.py); a plain
             # Python program (test_python_instance_call_is_cancelled) still can.
-            _RESENT.append(argv[-1])
+            _RESENT.append(_where(proc.pid))
             proc.send_signal(signum)
             out, err = proc.communicate(timeout=120)
     finally:
@@ -77,6 +78,22 @@ def _interrupt(
 
 
 _RESENT: list[str] = []
+
+
+def _where(pid: int) -> str:
+    """What a process that did not end is doing: each thread's state and kernel wait channel,
+    and the process's signal masks (for the failure message of a lost signal)."""
+    lines = []
+    with suppress(OSError):
+        status = Path(f"/proc/{pid}/status").read_text()
+        lines += [line for line in status.splitlines() if line.startswith(("Sig", "Shd"))]
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (task / "wchan").read_text().strip()
+            lines.append(f"thread {task.name} {name}: {state} in {wchan or '-'}")
+    return "\n".join(lines)
 
 
 def _many(
@@ -92,7 +109,9 @@ def _many(
     # same lost signal, counted with the resends.
     ended = [o for o in outcomes if o[0] == 1 and '"kind": "output_limit"' in o[1]]
     lost = len(_RESENT) - before + len(ended)
-    assert lost <= 1, "a signal was lost more than once in the tries"
+    assert lost <= 1, "a signal was lost more than once in the tries:\n" + "\n--\n".join(
+        _RESENT[before:]
+    )
     return [o for o in outcomes if o not in ended]
 
 

@@ -111,6 +111,22 @@ def test_unchanged_rebuild_is_cached(hello: tuple[BuildResult, list[str]], tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("no_componentize")
+def test_no_output_leaves_the_component_in_the_cache(
+    hello: tuple[BuildResult, list[str]], cache_dir: Path
+) -> None:
+    """output=None returns the cache's own entry: nothing is copied, written or synced."""
+    first, _ = hello
+    entries = sorted(p.name for p in (cache_dir / "builds").iterdir())
+    again = build_component(first.path.parent / "hello" / "handler.py", output=None)
+    assert again.cached
+    assert again.path == cache_dir / "builds" / f"{first.digest}.wasm"
+    assert again.component_sha256 == first.component_sha256
+    assert again.path.read_bytes() == first.path.read_bytes()
+    assert sorted(p.name for p in (cache_dir / "builds").iterdir()) == entries
+
+
+@pytest.mark.slow
 def test_one_changed_byte_rebuilds(hello: tuple[BuildResult, list[str]], tmp_path: Path) -> None:
     """Another copy hits the cache; changing one byte of it changes the digest and rebuilds."""
     first, _ = hello

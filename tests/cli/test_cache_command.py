@@ -159,16 +159,18 @@ def test_a_build_is_stored_once(tmp_path: Path, cache: Path) -> None:
 
 def test_the_sandbox_interpreter_links_the_stored_copy(cache: Path, tmp_path: Path) -> None:
     """The published interpreter-<sha>.wasm is the component store's file (a hard link), or
-    the build's output when the store has no copy."""
-    from mighty.sandbox._interpreter import _publish
+    the build's cache entry when the store has no copy."""
+    from mighty.build import BuildResult
+    from mighty.sandbox._interpreter import publish
 
     stored = _file(cache / "components" / f"{SHA[3]}.wasm", 5_000, NOW)
-    output = _file(tmp_path / "out.wasm", 5_000, NOW)
-    final = cache / "sandbox" / f"interpreter-{SHA[3]}.wasm"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _publish(output, final, SHA[3])
+    entry = _file(tmp_path / "entry.wasm", 5_000, NOW)
+
+    def built(sha: str) -> BuildResult:
+        return BuildResult(path=entry, digest="d", component_sha256=sha, cached=True, seconds=0)
+
+    final = publish(built(SHA[3]))
+    assert final == cache / "sandbox" / f"interpreter-{SHA[3]}.wasm"
     assert os.path.samefile(final, stored)
-    other = cache / "sandbox" / f"interpreter-{SHA[1]}.wasm"
-    data = output.read_bytes()
-    _publish(output, other, SHA[1])
-    assert other.read_bytes() == data
+    other = publish(built(SHA[1]))
+    assert os.path.samefile(other, entry)
