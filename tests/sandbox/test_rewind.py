@@ -179,13 +179,37 @@ def test_async_call_handles_count_from_the_start_on_a_rewound_instance(
 def test_an_instance_is_replaced_after_its_last_life(
     interpreter: Component, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After ``_MAX_LIVES`` runs an instance is closed and a new one made."""
+    """After its last life (``_MAX_LIVES`` runs here) an instance is closed and a new one made."""
     monkeypatch.setattr(sandbox_api, "_MAX_LIVES", 3)
+    monkeypatch.setattr(sandbox_api, "_stagger", _NoStagger())
     with Sandbox(pool=1) as box:
         _start(box)
         outcomes = [_served(box, "None")[1] for _ in range(7)]
     # The first instance made from the state was rewound twice by the pool's one-time check.
     assert outcomes == [False, True, True, False, True, True, False]
+
+
+class _NoStagger:
+    """Every instance gets exactly ``_MAX_LIVES`` lives."""
+
+    def randrange(self, _stop: int) -> int:
+        return 0
+
+
+def test_a_pools_instances_retire_at_different_runs(interpreter: Component) -> None:
+    """Each instance's life limit is drawn in [_MAX_LIVES, 2 * _MAX_LIVES): a pool's instances,
+    serving turn about, do not all need replacing at once."""
+    with Sandbox(pool=4) as box:
+        _start(box)
+        for _ in range(8):
+            box.run("result = 1")
+        deadline = time.monotonic() + 120
+        while box.pool_ready < 4:
+            assert time.monotonic() < deadline, "the pool never filled"
+            time.sleep(0.01)
+        limits = [live.max_lives for live in box._pool._ready]
+    assert all(sandbox_api._MAX_LIVES <= limit < 2 * sandbox_api._MAX_LIVES for limit in limits)
+    assert len(set(limits)) > 1  # four draws from 10,000 values all equal: ~1e-12
 
 
 def test_a_run_waits_for_the_instance_being_rewound(
