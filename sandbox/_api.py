@@ -1514,6 +1514,18 @@ _Start = tuple[MemoryState, frozenset[tuple[str, int]]]
 _Held = frozenset[tuple[str, int]]
 
 
+class _Spare:
+    """A started session instance waiting in :class:`_Spares`, and the state it holds."""
+
+    __slots__ = ("held", "holds", "live")
+
+    def __init__(self, live: _Live, held: _Held) -> None:
+        self.live = live
+        self.held = held
+        self.holds: weakref.ref[MemoryState] | None = None
+        """The state mapped into it (``restore_memory``), or None: the fresh image."""
+
+
 def _started(config: _Config, like: MemoryState | None) -> tuple[_Live, _Held]:
     """A session instance after its start-up call, and the host resources its guest holds.
     With ``like``, its memory has that state's size (holding the fresh image), ready for
@@ -1538,38 +1550,61 @@ class _Spares:
     ``_SPARE_SIZES`` memory sizes asked for, one such instance waits here; a fork takes it and
     only maps the state's pages. Made only for sandboxes with a ``pool``; each costs about
     half a megabyte. They run nothing but the constant start-up call.
+
+    Mapping the state's pages (``restore_memory``: an ``mmap`` per changed range, ~70 for a
+    small session, ~0.8 ms) is done here too, ahead of time, for the newest state wanted of
+    each size while something else still holds it (a weak reference: a spare never keeps a
+    state alive on its own): the next fork of that same state (forking one state several
+    times, or restoring one snapshot again) takes a spare that already holds it. A spare
+    mapped for an older state is mapped again (``restore_memory`` replaces the whole memory).
     """
 
     def __init__(self, config: _Config) -> None:
         self._config = config
         self._cond = threading.Condition()
-        self._ready: dict[int, tuple[_Live, _Held]] = {}
+        self._ready: dict[int, _Spare] = {}
         self._wanted: dict[int, MemoryState] = {}  # size -> a blank state of it, newest last
+        self._newest: dict[int, weakref.ref[MemoryState]] = {}  # size -> the state to map
         self._failed: set[int] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def take(self, size: int) -> tuple[_Live, _Held] | None:
+    def take(self, state: MemoryState) -> tuple[_Live, _Held, bool] | None:
+        """A spare of ``state``'s size, its holdings, and whether it holds ``state`` already."""
         with self._cond:
-            return self._ready.pop(size, None)
+            spare = self._ready.pop(state.size, None)
+            if spare is None:
+                return None
+            self._cond.notify_all()  # one to make again
+        return spare.live, spare.held, spare.holds is not None and spare.holds() is state
 
     def ready(self, size: int) -> bool:
         """Whether a spare of this memory size waits now."""
         with self._cond:
             return size in self._ready
 
+    def mapped(self, state: MemoryState) -> bool:
+        """Whether a spare that already holds ``state`` waits now (for tests and benchmarks)."""
+        with self._cond:
+            spare = self._ready.get(state.size)
+            return spare is not None and spare.holds is not None and spare.holds() is state
+
     def want(self, like: MemoryState) -> None:
-        """Keep a spare of ``like``'s memory size from now on (made in the background)."""
-        evicted: list[tuple[_Live, _Held]] = []
+        """Keep a spare of ``like``'s memory size from now on, holding ``like`` while it lives
+        (made and mapped in the background)."""
+        evicted: list[_Spare] = []
         with self._cond:
             if self._closed or like.size in self._failed:
                 return
             self._wanted.pop(like.size, None)
-            # Only the size and image matter: keep a blank state, not the (large) one given.
+            # Only the size and image matter to make one: keep a blank state, and ``like``
+            # itself only weakly (the session or its forks hold it while it is worth mapping).
             self._wanted[like.size] = state_from_pages(like.size, like.image, (), b"")
+            self._newest[like.size] = weakref.ref(like)
             while len(self._wanted) > _SPARE_SIZES:
                 oldest = next(iter(self._wanted))
                 del self._wanted[oldest]
+                self._newest.pop(oldest, None)
                 spare = self._ready.pop(oldest, None)
                 if spare is not None:
                     evicted.append(spare)
@@ -1579,32 +1614,61 @@ class _Spares:
                 )
                 self._thread.start()
             self._cond.notify_all()
-        for live, _held in evicted:
-            live.close()
+        for spare in evicted:
+            spare.live.close()
 
     def _fill(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not (missing := self._missing()):
+                while not self._closed and (work := self._next()) is None:
                     self._cond.wait()
-                if self._closed:
+                if self._closed or work is None:
                     return
-                like = missing[0]
-            try:
-                spare = _started(self._config, like)
-            except Exception:  # noqa: BLE001 - a fork then starts its own and reports it
-                with self._cond:
-                    self._failed.add(like.size)
-                    self._wanted.pop(like.size, None)
+                size, like, spare = work
+                target = self._newest.get(size)
+                state = target() if target is not None else None
+            if spare is None:
+                try:
+                    live, held = _started(self._config, like)
+                except Exception:  # noqa: BLE001 - a fork then starts its own and reports it
+                    with self._cond:
+                        self._failed.add(size)
+                        self._wanted.pop(size, None)
+                        self._newest.pop(size, None)
+                    continue
+                spare = _Spare(live, held)
+            if state is not None and not self._map(spare, state):
                 continue
             with self._cond:
-                if not self._closed and like.size in self._wanted and like.size not in self._ready:
-                    self._ready[like.size] = spare
+                if not self._closed and size in self._wanted and size not in self._ready:
+                    self._ready[size] = spare
                     continue
-            spare[0].close()
+            spare.live.close()
 
-    def _missing(self) -> list[MemoryState]:
-        return [like for size, like in self._wanted.items() if size not in self._ready]
+    def _map(self, spare: _Spare, state: MemoryState) -> bool:
+        """Make ``spare`` hold ``state``; False (the spare closed) when it cannot."""
+        try:
+            spare.live.instance.restore_memory(state)
+        except (ValueError, OSError, BadInput):
+            # Its memory grew while starting (the fork maps it itself, and fails the same way).
+            spare.live.close()
+            return False
+        spare.holds = weakref.ref(state)
+        return True
+
+    def _next(self) -> tuple[int, MemoryState, _Spare | None] | None:
+        """(Under the lock) the next job: a size with no spare (to make), or a spare holding
+        another state than the newest one wanted of its size (taken out, to map again)."""
+        for size, like in self._wanted.items():
+            if size not in self._ready:
+                return size, like, None
+        for size, spare in self._ready.items():
+            target = self._newest.get(size)
+            state = target() if target is not None else None
+            if state is not None and (spare.holds is None or spare.holds() is not state):
+                del self._ready[size]
+                return size, self._wanted[size], spare
+        return None
 
     def close(self) -> None:
         with self._cond:
@@ -1612,9 +1676,10 @@ class _Spares:
             left = list(self._ready.values())
             self._ready.clear()
             self._wanted.clear()
+            self._newest.clear()
             self._cond.notify_all()
-        for live, _held in left:
-            live.close()
+        for spare in left:
+            spare.live.close()
 
 
 _SPARE_SIZES = 4
@@ -1657,8 +1722,11 @@ class Session:
             live, self._held = _started(sandbox._config, None)
             return live
         state, held = start
-        spare = sandbox._spares.take(state.size) if sandbox._spares is not None else None
-        live, self._held = spare or _started(sandbox._config, state)
+        spare = sandbox._spares.take(state) if sandbox._spares is not None else None
+        if spare is not None:
+            live, self._held, mapped = spare
+        else:
+            (live, self._held), mapped = _started(sandbox._config, state), False
         try:
             if self._held != held:
                 raise SnapshotMismatch(
@@ -1666,7 +1734,8 @@ class Session:
                     f"holds ({sorted(held)} vs {sorted(self._held)})"
                 )
             try:
-                live.instance.restore_memory(state)
+                if not mapped:  # a spare may hold the state already (see _Spares)
+                    live.instance.restore_memory(state)
             except ValueError:
                 raise SnapshotError(
                     "the interpreter grew its memory while starting; cannot restore"

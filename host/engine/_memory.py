@@ -602,21 +602,28 @@ def _changed_ranges(memory: _Memory) -> list[tuple[int, int]]:
     # A private page may still hold what the image does (pages copied up front by
     # ``prefault``, or written back unchanged): compare, and keep only pages that differ.
     reference = _image_address(memory.image) if memory.image is not None else 0
-    for match in re.finditer(rb"\x01+", changed):
-        for index in range(match.start(), match.end()):
-            offset = index * _HOST_PAGE
-            if index < image_pages:
-                same = reference and not _libc.memcmp(
-                    memory.base + offset, reference + offset, _HOST_PAGE
-                )
-            else:
-                same = not _libc.memcmp(memory.base + offset, _ZERO_PAGE_ADDRESS, _HOST_PAGE)
-            if same:
-                changed[index] = 0
+    if _pages is not None and os.environ.get("MIGHTY_PURE_PYTHON", "") in ("", "0"):
+        _pages.drop_same(memory.base, reference, changed, _HOST_PAGE, image_pages)
+    else:
+        _drop_same(memory.base, reference, changed, image_pages)
     return [
         (match.start() * _HOST_PAGE, (match.end() - match.start()) * _HOST_PAGE)
         for match in re.finditer(rb"\x01+", changed)
     ]
+
+
+def _drop_same(base: int, reference: int, changed: bytearray, image_pages: int) -> None:
+    """Unmark the pages that hold the image's bytes (or zeros past it): the pure-Python path
+    of ``_pages.drop_same`` and its oracle (tests/engine/test_rewind.py)."""
+    for match in re.finditer(rb"\x01+", changed):
+        for index in range(match.start(), match.end()):
+            offset = index * _HOST_PAGE
+            if index < image_pages:
+                same = reference and not _libc.memcmp(base + offset, reference + offset, _HOST_PAGE)
+            else:
+                same = not _libc.memcmp(base + offset, _ZERO_PAGE_ADDRESS, _HOST_PAGE)
+            if same:
+                changed[index] = 0
 
 
 _ZERO_PAGE = ctypes.create_string_buffer(_HOST_PAGE)

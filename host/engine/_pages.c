@@ -1,5 +1,6 @@
 /*
- * mighty.engine._pages: the page copy of a rewind (_memory.rewind_memory), compiled.
+ * mighty.engine._pages: the page copy of a rewind (_memory.rewind_memory) and the page
+ * compare of a capture (_memory._changed_ranges), compiled.
  *
  * The compiled form of a pure-Python path that stays in the package as the fallback (no
  * compiler, or MIGHTY_PURE_PYTHON=1) and as the oracle the tests hold this module to
@@ -65,9 +66,67 @@ done:
     return result;
 }
 
+/*
+ * drop_same: the compare of a capture (_memory._changed_ranges), compiled. ``mask`` (writable,
+ * one byte per page) marks the pages that may differ from the image (or from zeros past it);
+ * each marked page that holds the image's bytes (below ``image_pages``, when ``reference``, a
+ * mapping of the image, is not 0) or only zeros (from ``image_pages`` on) is unmarked. In
+ * Python, one foreign memcmp per marked page: ~1 ms of a small session's ~3 ms fork.
+ */
+static PyObject *
+drop_same(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long base, reference;
+    Py_buffer mask;
+    Py_ssize_t page, image_pages;
+    if (!PyArg_ParseTuple(args, "KKw*nn", &base, &reference, &mask, &page, &image_pages)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (page <= 0 || page % (Py_ssize_t)sizeof(uint64_t) || image_pages < 0) {
+        PyErr_SetString(PyExc_ValueError, "drop_same: a positive page size of whole words");
+        goto done;
+    }
+    unsigned char *marks = mask.buf;
+    const unsigned char *memory = (const unsigned char *)(uintptr_t)base;
+    const unsigned char *image = (const unsigned char *)(uintptr_t)reference;
+    Py_ssize_t kept = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < mask.len; i++) {
+        if (!marks[i]) {
+            continue;
+        }
+        size_t at = (size_t)i * (size_t)page;
+        int same;
+        if (i < image_pages) {
+            same = image != NULL && memcmp(memory + at, image + at, (size_t)page) == 0;
+        } else {
+            const uint64_t *words = (const uint64_t *)(memory + at);
+            uint64_t any = 0;
+            for (Py_ssize_t w = 0; w < page / (Py_ssize_t)sizeof(uint64_t); w++) {
+                any |= words[w];
+            }
+            same = any == 0;
+        }
+        if (same) {
+            marks[i] = 0;
+        } else {
+            kept++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(kept);
+done:
+    PyBuffer_Release(&mask);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy_back", copy_back, METH_VARARGS,
      "copy_back(dst, src, pagemap, mask, page) -> pages copied"},
+    {"drop_same", drop_same, METH_VARARGS,
+     "drop_same(base, reference, mask, page, image_pages) -> pages kept"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,3 +1,7 @@
-"""Stub of the compiled module host/engine/_pages.c (a rewind's page copy in C)."""
+"""Stub of the compiled module host/engine/_pages.c (a rewind's page copy and a capture's page
+compare in C)."""
 
 def copy_back(dst: int, src: int, pagemap: bytes, mask: bytes, page: int, /) -> int: ...
+def drop_same(
+    base: int, reference: int, mask: bytearray, page: int, image_pages: int, /
+) -> int: ...

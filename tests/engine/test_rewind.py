@@ -3,6 +3,7 @@ byte for byte, whatever the instance wrote, and a rewind that cannot be exact ch
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -13,6 +14,7 @@ from mighty import Component, Instance
 from mighty.engine import MemoryState, _memory
 
 _PAGE = 65536
+_HOST_PAGE = os.sysconf("SC_PAGE_SIZE")
 _PAGES = 3
 _SIZE = _PAGES * _PAGE
 
@@ -151,3 +153,40 @@ def test_a_closed_instance_is_not_rewound(component: Component) -> None:
     instance = Instance(component, memory=made_from)
     instance.close()
     assert not instance.rewind(goal)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(pokes=_pokes, back=st.lists(st.integers(0, _SIZE - 1), max_size=10))
+def test_a_capture_keeps_the_same_pages_compiled_or_in_python(
+    component: Component, monkeypatch: pytest.MonkeyPatch, pokes: Pokes, back: list[int]
+) -> None:
+    """A capture keeps exactly the pages that differ from the image (or zeros), compiled compare
+    or pure Python; pages written back to what they held are dropped both ways."""
+    model = _model()
+    with Instance(component) as instance:
+        _poke(instance, model, pokes)
+        _poke(instance, model, [(at, _model()[at]) for at in back])  # written back unchanged
+        captured: dict[str, MemoryState] = {}
+        for path in _PATHS:
+            monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
+            captured[path] = instance.capture_memory(exact=True)
+    states = list(captured.values())
+    pages = [dict(state.pages()) for state in states]
+    assert all(p == pages[0] for p in pages)
+    image = _model()
+    expected = {
+        at
+        for at in range(0, _SIZE, _HOST_PAGE)
+        if model[at : at + _HOST_PAGE] != image[at : at + _HOST_PAGE]
+    }
+    kept = {
+        at + i
+        for state in states[:1]
+        for at, length, _ in state.ranges
+        for i in range(0, length, _HOST_PAGE)
+    }
+    assert kept == expected
+    with Instance(component, memory=states[0]) as copy:
+        assert copy.call("hash", _SIZE) == _fnv(model)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -332,6 +332,39 @@ def test_forks_from_spare_instances(interpreter: Component) -> None:
             for session, tag in ((first, 1), (second, 2), (third, 3)):
                 assert session.run(f"log.append({tag})\nlog").value == [tag]
             assert parent.run("log").value == []
+
+
+def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < deadline, "the spares never got there"
+        time.sleep(0.005)
+
+
+def test_a_spare_holding_the_state_serves_its_next_fork(interpreter: Component) -> None:
+    """A spare is mapped ahead of time for the newest state forked of its size: the next fork of
+    that state takes it as it is, a fork after a run maps the run's state, and every fork sees
+    its own copy."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = []").ok
+        spares = box._spares
+        assert spares is not None
+        first = parent.fork()
+        state = parent._freeze()
+        _until(lambda: spares.mapped(state))
+        with first, parent.fork() as second:
+            assert not spares.mapped(state)  # taken by the fork
+            assert second.run("log.append(2)\nlog").value == [2]
+            assert first.run("log.append(1)\nlog").value == [1]
+            assert parent.run("log.append('p')\nlog").value == ["p"]
+            _until(lambda: spares.ready(state.size))  # made again, mapped for `state`
+            with parent.fork() as third:  # the state after the parent's run, not `state`
+                assert third.run("log").value == ["p"]
+            newer = parent._freeze()
+            _until(lambda: spares.mapped(newer))  # the spare mapped again, for the newer state
+            with parent.fork() as fourth:
+                assert fourth.run("log").value == ["p"]
+            assert second.run("log").value == [2]
 
 
 @pytest.mark.slow
