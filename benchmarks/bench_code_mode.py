@@ -7,7 +7,8 @@ Figures, each beside a baseline measured in the same run:
 - 10 concurrent tool calls of 50 ms each (`asyncio.gather` in the guest), async and sync tools,
   against the same 10 calls awaited one after the other (and the 50 ms ideal);
 - `run_code` through a pydantic-ai agent (FunctionModel, one `run_code` call per agent run)
-  against the same agent calling the tool directly, and the same snippet on Monty
+  against the same agent calling the tool directly, the same snippet through
+  `Sandbox.run_async` with no agent (the sandbox's own share), and the same snippet on Monty
   (pydantic-monty, a fresh session from its worker pool, when it is installed).
 
 `--quick` takes fewer samples. The machine's load average is printed: on 2 CPUs a load above ~2
@@ -179,16 +180,32 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
                 await asyncio.sleep(0.005)
         return out
 
+    async def sandbox_only() -> list[float]:
+        # The same snippet and tool through Sandbox.run_async with no agent around it: the
+        # sandbox's own share of the turn (the rest is pydantic-ai's machinery per call).
+        with Sandbox(tools=[add], limits=Limits(), pool=4) as box:
+            for _ in range(10):
+                await box.run_async(snippet)
+            times = []
+            for _ in range(repeat * 3):
+                started = time.perf_counter()
+                await box.run_async(snippet)
+                times.append(time.perf_counter() - started)
+                await asyncio.sleep(0.005)
+            return times
+
     try:
         with_code, with_tool = asyncio.run(measure())
     finally:
         code_mode.close()
+    alone = asyncio.run(sandbox_only())
     cost = statistics.median(c - t for c, t in zip(with_code, with_tool, strict=True))
     row: dict[str, object] = {
         "name": "run_code via pydantic-ai (5 awaited tool calls)",
         "agent_run_code_p50_ms": round(p(with_code, 0.5) * 1e3, 3),
         "agent_direct_tool_p50_ms": round(p(with_tool, 0.5) * 1e3, 3),
         "run_code_cost_p50_ms": round(cost * 1e3, 3),
+        "sandbox_run_async_same_snippet_p50_ms": round(p(alone, 0.5) * 1e3, 3),
     }
     try:
         from pydantic_monty import Monty
@@ -205,6 +222,7 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
             monty = samples(feed, repeat=repeat * 3, warmup=10)
         row["monty_same_snippet_p50_ms"] = round(p(monty, 0.5) * 1e3, 3)
         row["ratio_run_code_cost_over_monty"] = round(cost / p(monty, 0.5), 1)
+        row["ratio_sandbox_alone_over_monty"] = round(p(alone, 0.5) / p(monty, 0.5), 1)
     rows.append(row)
 
 
