@@ -1566,6 +1566,8 @@ class _Spares:
         self._wanted: dict[int, MemoryState] = {}  # size -> a blank state of it, newest last
         self._newest: dict[int, weakref.ref[MemoryState]] = {}  # size -> the state to map
         self._failed: set[int] = set()
+        self._unmappable: set[int] = set()
+        """Sizes whose spares could not be mapped ahead (left to the fork, which reports why)."""
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -1625,7 +1627,7 @@ class _Spares:
                 if self._closed or work is None:
                     return
                 size, like, spare = work
-                target = self._newest.get(size)
+                target = None if size in self._unmappable else self._newest.get(size)
                 state = target() if target is not None else None
             if spare is None:
                 try:
@@ -1646,12 +1648,16 @@ class _Spares:
             spare.live.close()
 
     def _map(self, spare: _Spare, state: MemoryState) -> bool:
-        """Make ``spare`` hold ``state``; False (the spare closed) when it cannot."""
+        """Make ``spare`` hold ``state``; False (the spare closed, and spares of its size no
+        longer mapped ahead) when it cannot."""
         try:
             spare.live.instance.restore_memory(state)
         except (ValueError, OSError, BadInput):
-            # Its memory grew while starting (the fork maps it itself, and fails the same way).
+            # Its memory grew while starting, say: every spare of this size would fail alike.
+            # The next is made unmapped; a fork maps it itself, and says why that fails.
             spare.live.close()
+            with self._cond:
+                self._unmappable.add(state.size)
             return False
         spare.holds = weakref.ref(state)
         return True
@@ -1663,7 +1669,7 @@ class _Spares:
             if size not in self._ready:
                 return size, like, None
         for size, spare in self._ready.items():
-            target = self._newest.get(size)
+            target = None if size in self._unmappable else self._newest.get(size)
             state = target() if target is not None else None
             if state is not None and (spare.holds is None or spare.holds() is not state):
                 del self._ready[size]

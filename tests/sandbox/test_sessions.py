@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mighty.engine import Component
+from mighty import Instance
+from mighty.engine import Component, MemoryState
 from mighty.sandbox import (
     Limits,
     MemoryDir,
@@ -365,6 +367,35 @@ def test_a_spare_holding_the_state_serves_its_next_fork(interpreter: Component) 
             with parent.fork() as fourth:
                 assert fourth.run("log").value == ["p"]
             assert second.run("log").value == [2]
+
+
+def test_a_spare_that_cannot_be_mapped_ahead_is_left_to_the_fork(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When mapping a spare ahead fails (the kernel refuses an mmap, say), the spares thread
+    tries once, makes the next spare unmapped, and forks still get their own copy."""
+    tries: list[str] = []
+    real = Instance.restore_memory
+
+    def failing(self: Instance, state: MemoryState) -> None:
+        if threading.current_thread().name == "mighty-sandbox-spares":
+            tries.append("spares")
+            raise OSError(12, "Cannot allocate memory")
+        real(self, state)
+
+    monkeypatch.setattr(Instance, "restore_memory", failing)
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = []").ok
+        spares = box._spares
+        assert spares is not None
+        first = parent.fork()
+        state = parent._freeze()
+        _until(lambda: spares.ready(state.size))  # a loop of failed mappings never gets here
+        assert tries == ["spares"]
+        assert not spares.mapped(state)
+        with first, parent.fork() as second:
+            assert second.run("log.append(2)\nlog").value == [2]
+            assert first.run("log").value == []
 
 
 @pytest.mark.slow
