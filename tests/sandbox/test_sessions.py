@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -343,16 +344,21 @@ def _until(check: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
+def _forked_once(box: Sandbox, parent: Session) -> tuple[Any, Session, MemoryState]:
+    """The sandbox's spares, a first fork of ``parent`` (holding ``log = []``), its state."""
+    assert parent.run("log = []").ok
+    spares = box._spares
+    assert spares is not None
+    first = parent.fork()
+    return spares, first, parent._freeze()
+
+
 def test_a_spare_holding_the_state_serves_its_next_fork(interpreter: Component) -> None:
     """A spare is mapped ahead of time for the newest state forked of its size: the next fork of
     that state takes it as it is, a fork after a run maps the run's state, and every fork sees
     its own copy."""
     with Sandbox(pool=1) as box, box.session() as parent:
-        assert parent.run("log = []").ok
-        spares = box._spares
-        assert spares is not None
-        first = parent.fork()
-        state = parent._freeze()
+        spares, first, state = _forked_once(box, parent)
         _until(lambda: spares.mapped(state))
         with first, parent.fork() as second:
             assert not spares.mapped(state)  # taken by the fork
@@ -385,11 +391,7 @@ def test_a_spare_that_cannot_be_mapped_ahead_is_left_to_the_fork(
 
     monkeypatch.setattr(Instance, "restore_memory", failing)
     with Sandbox(pool=1) as box, box.session() as parent:
-        assert parent.run("log = []").ok
-        spares = box._spares
-        assert spares is not None
-        first = parent.fork()
-        state = parent._freeze()
+        spares, first, state = _forked_once(box, parent)
         _until(lambda: spares.ready(state.size))  # a loop of failed mappings never gets here
         assert tries == ["spares"]
         assert not spares.mapped(state)
