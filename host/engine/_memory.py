@@ -43,9 +43,16 @@ from mighty.engine._native import immortal
 from mighty.engine._state import MAX_GAP, MemoryState, freeze
 
 try:
-    from mighty.engine import _pages  # the rewind's page copy, compiled (_pages.c)
-except ImportError:  # not built: the pure-Python copy
+    from mighty.engine import _pages  # the rewind's copy and the capture's compare (_pages.c)
+except ImportError:  # not built: the pure-Python paths
     _pages = None  # type: ignore[assignment]
+
+
+def _compiled() -> bool:
+    """Whether to use ``_pages`` now: built, and ``MIGHTY_PURE_PYTHON`` not set (to anything
+    but ``0``), as for mighty.abi and mighty.trace's compiled paths."""
+    return _pages is not None and os.environ.get("MIGHTY_PURE_PYTHON", "") in ("", "0")
+
 
 __all__ = [
     "MemoryAccount",
@@ -493,7 +500,7 @@ def rewind_memory(account: MemoryAccount, target: MemoryState) -> bool:
         return False
     if raw is None or len(raw) != pages * 8:
         return False
-    if _pages is not None and os.environ.get("MIGHTY_PURE_PYTHON", "") in ("", "0"):
+    if _compiled():
         _pages.copy_back(memory.base, reference, raw, differing, _HOST_PAGE)
         return True
     # The pure-Python path (and the compiled one's oracle): one copy per run of pages.
@@ -602,7 +609,7 @@ def _changed_ranges(memory: _Memory) -> list[tuple[int, int]]:
     # A private page may still hold what the image does (pages copied up front by
     # ``prefault``, or written back unchanged): compare, and keep only pages that differ.
     reference = _image_address(memory.image) if memory.image is not None else 0
-    if _pages is not None and os.environ.get("MIGHTY_PURE_PYTHON", "") in ("", "0"):
+    if _compiled():
         _pages.drop_same(memory.base, reference, changed, _HOST_PAGE, image_pages)
     else:
         _drop_same(memory.base, reference, changed, image_pages)
