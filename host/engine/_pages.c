@@ -1,6 +1,6 @@
 /*
  * mighty.engine._pages: the page copy of a rewind (_memory.rewind_memory) and the page
- * compare of a capture (_memory._changed_ranges), compiled.
+ * compares of a capture (_memory._changed_ranges, _memory._changed_since), compiled.
  *
  * The compiled form of a pure-Python path that stays in the package as the fallback (no
  * compiler, or MIGHTY_PURE_PYTHON=1) and as the oracle the tests hold this module to
@@ -122,11 +122,97 @@ done:
     return result;
 }
 
+/*
+ * drop_same_at: the compare of a layered capture (_memory._changed_since), compiled. As
+ * drop_same, but the reference is a previous state spread over several read-only views:
+ * ``pieces`` are native unsigned 64-bit triples (first page, pages, address of the first
+ * page's bytes), sorted and disjoint; a page in none of them is compared with ``reference``
+ * (the image's view) below ``image_pages`` and with zeros from there on.
+ */
+static PyObject *
+drop_same_at(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long base, reference;
+    Py_buffer mask, pieces;
+    Py_ssize_t page, image_pages;
+    if (!PyArg_ParseTuple(args, "KKw*nny*", &base, &reference, &mask, &page, &image_pages,
+                          &pieces)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const Py_ssize_t triple = 3 * (Py_ssize_t)sizeof(uint64_t);
+    if (page <= 0 || page % (Py_ssize_t)sizeof(uint64_t) || image_pages < 0 ||
+        pieces.len % triple) {
+        PyErr_SetString(PyExc_ValueError,
+                        "drop_same_at: a page size of whole words, pieces of whole triples");
+        goto done;
+    }
+    unsigned char *marks = mask.buf;
+    const unsigned char *memory = (const unsigned char *)(uintptr_t)base;
+    const unsigned char *image = (const unsigned char *)(uintptr_t)reference;
+    const unsigned char *spans = pieces.buf;
+    Py_ssize_t count = pieces.len / triple, next = 0;
+    Py_ssize_t kept = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < mask.len; i++) {
+        if (!marks[i]) {
+            continue;
+        }
+        uint64_t first = 0, length = 0, from = 0;
+        /* Skip the pieces that end before this page (pages only go up). */
+        while (next < count) {
+            memcpy(&first, spans + next * triple, sizeof first);
+            memcpy(&length, spans + next * triple + sizeof first, sizeof length);
+            if (first + length > (uint64_t)i) {
+                break;
+            }
+            next++;
+        }
+        size_t at = (size_t)i * (size_t)page;
+        const unsigned char *source = NULL;
+        if (next < count && first <= (uint64_t)i) {
+            memcpy(&from, spans + next * triple + 2 * sizeof first, sizeof from);
+            source = (const unsigned char *)(uintptr_t)from + ((uint64_t)i - first) * page;
+        } else if (i < image_pages) {
+            source = image ? image + at : NULL;
+            if (source == NULL) {
+                kept++; /* no view of the image: keep it (a copy too many, never one too few) */
+                continue;
+            }
+        }
+        int same;
+        if (source != NULL) {
+            same = memcmp(memory + at, source, (size_t)page) == 0;
+        } else {
+            const uint64_t *words = (const uint64_t *)(memory + at);
+            uint64_t any = 0;
+            for (Py_ssize_t w = 0; w < page / (Py_ssize_t)sizeof(uint64_t); w++) {
+                any |= words[w];
+            }
+            same = any == 0;
+        }
+        if (same) {
+            marks[i] = 0;
+        } else {
+            kept++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(kept);
+done:
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&pieces);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy_back", copy_back, METH_VARARGS,
      "copy_back(dst, src, pagemap, mask, page) -> pages copied"},
     {"drop_same", drop_same, METH_VARARGS,
      "drop_same(base, reference, mask, page, image_pages) -> pages kept"},
+    {"drop_same_at", drop_same_at, METH_VARARGS,
+     "drop_same_at(base, reference, mask, page, image_pages, pieces) -> pages kept"},
     {NULL, NULL, 0, NULL},
 };
 

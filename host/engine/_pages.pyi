@@ -5,3 +5,6 @@ def copy_back(dst: int, src: int, pagemap: bytes, mask: bytes, page: int, /) -> 
 def drop_same(
     base: int, reference: int, mask: bytearray, page: int, image_pages: int, /
 ) -> int: ...
+def drop_same_at(
+    base: int, reference: int, mask: bytearray, page: int, image_pages: int, pieces: bytes, /
+) -> int: ...

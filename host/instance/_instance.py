@@ -380,7 +380,9 @@ class Instance:
         if self._closed:
             raise Closed("instance is closed")
         merge = 0 if exact else MAX_GAP if gap is None else gap
-        return capture_memory(self._meter.account, gap=merge)
+        # A snapshot's exact pages are frozen whole; a fork's state may be a layer over the
+        # last state this memory held (only what changed since is copied).
+        return capture_memory(self._meter.account, gap=merge, layered=not exact)
 
     def restore_memory(self, state: MemoryState) -> None:
         """Make this instance's linear memory hold ``state`` (between calls; same component,

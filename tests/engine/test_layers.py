@@ -1,0 +1,218 @@
+"""Layered memory states: a capture taken after an earlier one of the same memory copies only
+the pages that changed since, and whatever chain of layers results holds, byte for byte, what
+the memory held at each capture (instantiated, restored, or read back page by page)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mighty import Component, Instance
+from mighty.engine import MemoryState, _memory, _state
+from tests.engine.test_rewind import _HOST_PAGE, _PATHS, _SIZE, _WAT, Pokes, _fnv, _model, _poke
+
+
+@pytest.fixture(scope="module")
+def component(wat: Callable[[str], bytes]) -> Component:
+    """test_rewind's component: a memory to poke, peek, grow and hash."""
+    return Component.load(wat(_WAT), use_cache=False)
+
+
+_PLACES = [0, 8, 4096, 4100, 8191, 65536, 131072, 131075, _SIZE - 1]
+"""Few places, in the image, past it and on page edges, so that steps write the same bytes
+again (a page changed, then written back to what an earlier state or the image holds)."""
+_pokes = st.lists(
+    st.tuples(st.one_of(st.sampled_from(_PLACES), st.integers(0, _SIZE - 1)), st.integers(0, 255)),
+    max_size=12,
+)
+
+
+def _read_back(state: MemoryState) -> bytearray:
+    """The memory a state describes, from the image model and its mapped pages."""
+    memory = _model()
+    for offset, data in state.pages():
+        memory[offset : offset + len(data)] = data
+    return memory
+
+
+@pytest.mark.parametrize("path", _PATHS)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(
+        st.tuples(_pokes, st.sampled_from([0, _HOST_PAGE, 8 * _HOST_PAGE]), st.booleans()),
+        max_size=8,
+    )
+)
+def test_every_state_of_a_chain_holds_what_the_memory_held(
+    component: Component,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    steps: list[tuple[Pokes, int, bool]],
+) -> None:
+    """Writes and captures in any order, any gap, compiled compare or pure Python, places
+    written back to the image's bytes between captures: each state is a layer over the one
+    before (or that one, when nothing changed) and holds exactly the memory at its capture,
+    read back or instantiated."""
+    monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
+    model = _model()
+    image = _model()
+    taken: list[tuple[MemoryState, bytes]] = []
+    with Instance(component) as instance:
+        for pokes, gap, back in steps:
+            _poke(instance, model, pokes)
+            if back:
+                _poke(instance, model, [(at, image[at]) for at in _PLACES])
+            state = instance.capture_memory(gap=gap)
+            if taken:
+                previous = taken[-1][0]
+                assert state is previous or state.base is previous
+                if state is previous:
+                    assert bytes(model) == taken[-1][1]
+            else:
+                assert state.depth == 0
+            taken.append((state, bytes(model)))
+    for state, held in taken:
+        assert bytes(_read_back(state)) == held
+        with Instance(component, memory=state) as copy:
+            assert copy.call("hash", _SIZE) == _fnv(held)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(first=_pokes, second=_pokes, written=_pokes)
+def test_a_memory_holding_the_base_maps_only_the_layer(
+    component: Component,
+    monkeypatch: pytest.MonkeyPatch,
+    first: Pokes,
+    second: Pokes,
+    written: Pokes,
+) -> None:
+    """Restoring a layer into a memory that holds its base and wrote nothing since maps only
+    the layer's pages; one that wrote since is mapped whole; both then hold the layer."""
+    model = _model()
+    with Instance(component) as instance:
+        _poke(instance, model, first)
+        base = instance.capture_memory()
+        _poke(instance, model, second)
+        layer = instance.capture_memory()
+    wholes: list[MemoryState] = []
+    mapped = _memory._map_state
+    monkeypatch.setattr(
+        _memory, "_map_state", lambda at, state: wholes.append(state) or mapped(at, state)
+    )
+    with Instance(component, memory=base) as spare:
+        wholes.clear()
+        if written:
+            _poke(spare, bytearray(_SIZE), written)
+        spare.restore_memory(layer)
+        assert spare.call("hash", _SIZE) == _fnv(model)
+        fast = layer is not base and layer.base is base and not written
+        assert (wholes == []) == fast or layer is base
+        # Written after the restore: the next capture is a layer over what it restored.
+        spare.call("poke", 0, 7)
+        after = spare.capture_memory()
+        assert after.base is layer
+        model[0] = 7
+        assert bytes(_read_back(after)) == bytes(model)
+
+
+def test_a_chain_is_bounded_and_then_frozen_whole(component: Component) -> None:
+    """Past MAX_DEPTH layers the next capture is frozen whole, and the chain starts again."""
+    states = []
+    with Instance(component) as instance:
+        for round_ in range(_state.MAX_DEPTH + 3):
+            instance.call("poke", round_ * 97 % _SIZE, round_ % 251 + 1)
+            states.append(instance.capture_memory())  # held: a layer needs its base alive
+    depths = [state.depth for state in states]
+    assert max(depths) == _state.MAX_DEPTH
+    assert depths[: _state.MAX_DEPTH + 1] == list(range(_state.MAX_DEPTH + 1))
+    assert depths[_state.MAX_DEPTH + 1] == 0
+
+
+def test_a_grown_memory_and_an_exact_capture_are_frozen_whole(component: Component) -> None:
+    """After a grow the sizes differ, and a snapshot's exact capture never layers: both whole."""
+    with Instance(component) as instance:
+        instance.call("poke", 10, 1)
+        first = instance.capture_memory()
+        instance.call("poke", 20, 2)
+        assert instance.capture_memory(exact=True).depth == 0
+        assert instance.call("grow", 1) >= 0
+        instance.call("poke", 30, 3)
+        grown = instance.capture_memory()
+    assert grown.depth == 0 and grown.size > first.size
+    with Instance(component, memory=grown) as copy:
+        assert [copy.call("peek", at) for at in (10, 20, 30)] == [1, 2, 3]
+
+
+def test_a_dropped_previous_state_is_not_layered_on(component: Component) -> None:
+    """A layer keeps its base alive; with the previous state gone, the next is frozen whole."""
+    with Instance(component) as instance:
+        instance.call("poke", 10, 1)
+        instance.capture_memory()  # dropped at once
+        instance.call("poke", 20, 2)
+        state = instance.capture_memory()
+    assert state.depth == 0
+
+
+_PAGES = _SIZE // _HOST_PAGE
+
+
+@st.composite
+def _ranges(draw: st.DrawFn, fd: int) -> list[tuple[int, int, int, int]]:
+    """Sorted, disjoint page ranges of a small memory, with offsets into ``fd``."""
+    marks = draw(st.lists(st.booleans(), min_size=_PAGES, max_size=_PAGES))
+    cuts = draw(st.lists(st.booleans(), min_size=_PAGES, max_size=_PAGES))
+    out: list[tuple[int, int, int, int]] = []
+    at = 0
+    for page, (mark, cut) in enumerate(zip(marks, cuts, strict=True)):
+        if not mark:
+            continue
+        last = out[-1] if out else None
+        if last is not None and last[0] + last[1] == page * _HOST_PAGE and not cut:
+            out[-1] = (last[0], last[1] + _HOST_PAGE, fd, last[3])
+        else:
+            out.append((page * _HOST_PAGE, _HOST_PAGE, fd, at))
+        at += _HOST_PAGE
+    return out
+
+
+@given(below=_ranges(3), above=_ranges(4))
+def test_an_overlay_gives_each_page_its_top_layer(
+    below: list[tuple[int, int, int, int]], above: list[tuple[int, int, int, int]]
+) -> None:
+    """Page by page, the flattened mapping names the upper range's bytes where there is one,
+    else the lower's (at the same place in its memfd), else nothing; sorted and disjoint."""
+
+    def owners(ranges: tuple[tuple[int, int, int, int], ...] | list) -> dict[int, tuple[int, int]]:
+        return {
+            offset + i: (fd, at + i)
+            for offset, length, fd, at in ranges
+            for i in range(0, length, _HOST_PAGE)
+        }
+
+    merged = _state._overlay(below, above)
+    assert owners(merged) == {**owners(below), **owners(above)}
+    ends = [offset + length for offset, length, _fd, _at in merged]
+    assert all(end <= start for end, (start, *_rest) in zip(ends, merged[1:], strict=False))
+
+
+def test_the_page_map_is_reopened_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page map's descriptor names the process that opened it: another pid reopens it."""
+    first = _memory._pagemap_fd()
+    assert first >= 0 and _memory._pagemap_fd() == first
+    real = os.getpid()
+    monkeypatch.setattr(_memory.os, "getpid", lambda: real + 1)
+    second = _memory._pagemap_fd()
+    try:
+        assert second >= 0 and second != first
+    finally:
+        monkeypatch.undo()
+        os.close(second)
+        _memory._PAGEMAP[:] = [real, first]
