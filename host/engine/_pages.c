@@ -73,6 +73,21 @@ done:
  * mapping of the image, is not 0) or only zeros (from ``image_pages`` on) is unmarked. In
  * Python, one foreign memcmp per marked page: ~1 ms of a small session's ~3 ms fork.
  */
+/* Whether the page at ``at`` holds ``source``'s bytes (only zeros when ``source`` is NULL). */
+static int
+holds(const unsigned char *at, const unsigned char *source, Py_ssize_t page)
+{
+    if (source != NULL) {
+        return memcmp(at, source, (size_t)page) == 0;
+    }
+    const uint64_t *words = (const uint64_t *)at;
+    uint64_t any = 0;
+    for (Py_ssize_t w = 0; w < page / (Py_ssize_t)sizeof(uint64_t); w++) {
+        any |= words[w];
+    }
+    return any == 0;
+}
+
 static PyObject *
 drop_same(PyObject *self, PyObject *args)
 {
@@ -98,17 +113,8 @@ drop_same(PyObject *self, PyObject *args)
             continue;
         }
         size_t at = (size_t)i * (size_t)page;
-        int same;
-        if (i < image_pages) {
-            same = image != NULL && memcmp(memory + at, image + at, (size_t)page) == 0;
-        } else {
-            const uint64_t *words = (const uint64_t *)(memory + at);
-            uint64_t any = 0;
-            for (Py_ssize_t w = 0; w < page / (Py_ssize_t)sizeof(uint64_t); w++) {
-                any |= words[w];
-            }
-            same = any == 0;
-        }
+        int same = i < image_pages ? image != NULL && holds(memory + at, image + at, page)
+                                   : holds(memory + at, NULL, page);
         if (same) {
             marks[i] = 0;
         } else {
@@ -175,24 +181,14 @@ drop_same_at(PyObject *self, PyObject *args)
             memcpy(&from, spans + next * triple + 2 * sizeof first, sizeof from);
             source = (const unsigned char *)(uintptr_t)from + ((uint64_t)i - first) * page;
         } else if (i < image_pages) {
-            source = image ? image + at : NULL;
+            source = image;
             if (source == NULL) {
                 kept++; /* no view of the image: keep it (a copy too many, never one too few) */
                 continue;
             }
+            source += at;
         }
-        int same;
-        if (source != NULL) {
-            same = memcmp(memory + at, source, (size_t)page) == 0;
-        } else {
-            const uint64_t *words = (const uint64_t *)(memory + at);
-            uint64_t any = 0;
-            for (Py_ssize_t w = 0; w < page / (Py_ssize_t)sizeof(uint64_t); w++) {
-                any |= words[w];
-            }
-            same = any == 0;
-        }
-        if (same) {
+        if (holds(memory + at, source, page)) {
             marks[i] = 0;
         } else {
             kept++;
