@@ -9,7 +9,12 @@ Figures, each beside a baseline measured in the same run:
 - `run_code` through a pydantic-ai agent (FunctionModel, one `run_code` call per agent run)
   against the same agent calling the tool directly, the same snippet through
   `Sandbox.run_async` with no agent (the sandbox's own share), and the same snippet on Monty
-  (pydantic-monty, a fresh session from its worker pool, when it is installed).
+  (pydantic-monty, a fresh session from its worker pool, when it is installed); when
+  pydantic-ai-harness is importable, also the same agent turn through its own code mode
+  (``CodeMode``, the snippet on Monty), alternated with the others in one process: the
+  like-for-like baseline (both pay pydantic-ai's machinery per awaited call). The harness pins
+  its pydantic-ai version, so it is installed outside the venv with that version, both first on
+  ``PYTHONPATH`` (benchmarks/README.md says how); the whole row then runs on that version.
 
 `--quick` takes fewer samples. The machine's load average is printed: on 2 CPUs a load above ~2
 means the figures share the CPUs with something else.
@@ -161,23 +166,35 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
     code_mode = MightyCodeToolset(tools, limits=Limits(), pool=4)
     coded = Agent(model_for("run_code", {"code": snippet}), toolsets=[code_mode])
     direct = Agent(model_for("add", {"a": 1, "b": 2}), toolsets=[tools])
+    agents: list[Agent[None, str]] = [coded, direct]
+    try:
+        from pydantic_ai_harness import CodeMode
+    except ImportError:
+        harness = None
+    else:
+        harness = Agent(
+            model_for("run_code", {"code": snippet}), toolsets=[tools], capabilities=[CodeMode()]
+        )
+        agents.append(harness)
     repeat = 20 if QUICK else 60
 
-    async def measure() -> tuple[list[float], list[float]]:
+    async def measure() -> list[list[float]]:
         async def once(agent: Agent[None, str]) -> None:
             await agent.run("go")
             await asyncio.sleep(0.005)  # spaced out, as a model's turns are: the pool refills
 
-        out: tuple[list[float], list[float]] = ([], [])
-        for agent in (coded, direct):
+        out: list[list[float]] = [[] for _ in agents]
+        for agent in agents:
             for _ in range(3):
                 await once(agent)
-        for _ in range(repeat):  # alternating, so the machine's load hits both alike
-            for agent, times in ((coded, out[0]), (direct, out[1])):
+        for _ in range(repeat):  # alternating, so the machine's load hits all alike
+            for agent, times in zip(agents, out, strict=True):
                 started = time.perf_counter()
-                await agent.run("go")
+                result = await agent.run("go")
                 times.append(time.perf_counter() - started)
                 await asyncio.sleep(0.005)
+                if agent is not direct and "10" not in str(result.all_messages()[-2]):
+                    raise AssertionError(f"run_code did not return 10: {result.all_messages()}")
         return out
 
     async def sandbox_only() -> list[float]:
@@ -195,7 +212,7 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
             return times
 
     try:
-        with_code, with_tool = asyncio.run(measure())
+        with_code, with_tool, *with_harness = asyncio.run(measure())
     finally:
         code_mode.close()
     alone = asyncio.run(sandbox_only())
@@ -207,6 +224,18 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
         "run_code_cost_p50_ms": round(cost * 1e3, 3),
         "sandbox_run_async_same_snippet_p50_ms": round(p(alone, 0.5) * 1e3, 3),
     }
+    if with_harness:
+        import pydantic_ai
+
+        harness_cost = statistics.median(
+            c - t for c, t in zip(with_harness[0], with_tool, strict=True)
+        )
+        row["pydantic_ai_version"] = pydantic_ai.__version__
+        row["harness_code_mode_p50_ms"] = round(p(with_harness[0], 0.5) * 1e3, 3)
+        row["harness_run_code_cost_p50_ms"] = round(harness_cost * 1e3, 3)
+        row["ratio_run_code_cost_over_harness"] = round(cost / harness_cost, 2)
+    else:
+        row["harness"] = "not installed"
     try:
         from pydantic_monty import Monty
     except ImportError:
