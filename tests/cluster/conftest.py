@@ -56,6 +56,13 @@ def nats_server() -> Iterator[NatsServer]:
         yield server
 
 
+STEADY = 30.0
+"""``dead_after`` for tests whose subject is not a node's death: the default (1.0 s, so that
+tests of deaths and partitions see them quickly) fences every node of a process that a loaded
+machine stalls for over half of it (four nodes fenced at once in a stress round, and a
+migration then found its agent stopped)."""
+
+
 def config(url: str, peers: tuple[str, ...] = ("a", "b", "t"), **extra: Any) -> ClusterConfig:
     return parse_cluster(
         {"servers": [url], "peers": {p: {} for p in peers}, "heartbeat": 0.2, "dead_after": 1.0}

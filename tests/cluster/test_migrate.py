@@ -11,7 +11,7 @@ import pytest
 from mighty import Component
 from mighty.agents import AgentError, AgentType, Runtime
 from mighty.cluster import MigrationFailed, NatsServer, Node
-from tests.cluster.conftest import config
+from tests.cluster.conftest import STEADY, config
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 def _node(url: str, name: str, counter: Component) -> tuple[Runtime, Node]:
     runtime = Runtime(workers=1)
     runtime.register(AgentType("counter", counter))
-    return runtime, Node(runtime, config(url), name=name).start()
+    # No node dies in these tests: a stall of the loaded machine must not fence one (STEADY).
+    return runtime, Node(runtime, config(url, dead_after=STEADY), name=name).start()
 
 
 def test_migrate_under_a_stream_of_sends(counter: Component, nats_server: NatsServer) -> None:

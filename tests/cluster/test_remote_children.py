@@ -29,7 +29,7 @@ from mighty.budget import Budget
 from mighty.cluster import ClusterChild, ClusterError, ClusterSupervisor, NatsServer, Node
 from mighty.control import request
 from tests.cluster._proxy import Proxy
-from tests.cluster.conftest import Mty, config
+from tests.cluster.conftest import STEADY, Mty, config
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +199,8 @@ def test_a_remote_child_moves_on_and_back_with_its_supervision(
     """ctr, a child of a's root, moves a -> b -> c under a stream of sends (each handled once);
     a crash on c is restarted on c and counted by root; back on a it is a local child again."""
     peers = ("a", "b", "c", "t")
-    made = [_node(nats_server.url, n, counter, peers=peers) for n in peers]
+    # No node dies here: a stall of the loaded machine must not fence them (STEADY).
+    made = [_node(nats_server.url, n, counter, peers=peers, dead_after=STEADY) for n in peers]
     (a, node_a), (_b, node_b), (c, node_c), (t, node_t) = made
     try:
         assert all(node.wait_for(list(peers), 60) for _, node in made)
