@@ -77,6 +77,8 @@ class Nodes:
         self.echo = echo
         self.url = url
         self.made: list[tuple[Runtime, Node]] = []
+        self.defaults: dict[str, Any] = {}
+        """Configuration every node gets unless the call says otherwise (see ``steady``)."""
 
     def __call__(
         self, name: str, *, mailbox: MailboxSettings | None = None, **extra: Any
@@ -86,7 +88,7 @@ class Nodes:
         runtime.register(
             AgentType("strict", self.echo, accepts={"put": None}, mailbox=MailboxSettings())
         )
-        node = Node(runtime, config(self.url, **extra), name=name)
+        node = Node(runtime, config(self.url, **(self.defaults | extra)), name=name)
         self.made.append((runtime, node))
         node.start()
         return runtime, node

@@ -22,7 +22,13 @@ from mighty.agents import (
     Runtime,
 )
 from mighty.cluster import VERSION, ClusterError, NatsServer, Node, decode
-from tests.cluster.conftest import LONG, Nodes, config, until
+from tests.cluster.conftest import LONG, STEADY, Nodes, config, until
+
+
+@pytest.fixture(autouse=True)
+def _steady(nodes: Nodes) -> None:
+    """No node dies in these tests: a stall of the loaded machine must not fence one."""
+    nodes.defaults["dead_after"] = STEADY
 
 
 def test_ask_and_send_cross_nodes(nodes: Nodes) -> None:

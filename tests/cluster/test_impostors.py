@@ -30,6 +30,7 @@ from mighty.cluster import (
     parse_cluster,
     server_authorization,
 )
+from tests.cluster.conftest import STEADY
 
 PASSWORDS = {"a": "pa-secret", "b": "pb-secret", "c": "pc-secret"}
 
@@ -40,7 +41,7 @@ def _config(port: int) -> ClusterConfig:
             "servers": [f"nats://127.0.0.1:{port}"],
             "peers": {"a": {}, "b": {}, "c": {}},
             "heartbeat": 0.2,
-            "dead_after": 1.0,
+            "dead_after": STEADY,  # no node dies here: a stall must not fence one
         }
     )
 

@@ -12,7 +12,14 @@ import pytest
 from mighty import Component
 from mighty.agents import AgentType, MailboxSettings, Runtime, pipe
 from mighty.agents._types import MessageDropped
-from tests.cluster.conftest import Nodes
+from tests.cluster.conftest import STEADY, Nodes
+
+
+@pytest.fixture(autouse=True)
+def _steady(nodes: Nodes) -> None:
+    """No node dies in these tests: a stall of the loaded machine must not fence one."""
+    nodes.defaults["dead_after"] = STEADY
+
 
 DROP = MailboxSettings(capacity=1, on_full="drop")
 

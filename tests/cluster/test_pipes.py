@@ -26,7 +26,13 @@ from mighty.agents import (
 )
 from mighty.cluster import Frame
 from mighty.cluster._replies import acknowledged_failures, acknowledgement
-from tests.cluster.conftest import LONG, Nodes, until
+from tests.cluster.conftest import LONG, STEADY, Nodes, until
+
+
+@pytest.fixture(autouse=True)
+def _steady(nodes: Nodes) -> None:
+    """No node dies in these tests: a stall of the loaded machine must not fence one."""
+    nodes.defaults["dead_after"] = STEADY
 
 
 class _Held:

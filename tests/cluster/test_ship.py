@@ -13,7 +13,7 @@ from mighty import Component
 from mighty.agents import AgentError, AgentType, Runtime
 from mighty.cluster import Frame, MigrationFailed, NatsServer, Node
 from mighty.engine import ComponentStore
-from tests.cluster.conftest import ECHO_WAT, config
+from tests.cluster.conftest import ECHO_WAT, STEADY, config
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +43,8 @@ def test_a_component_the_target_lacks_is_shipped(
     a, b = Runtime(workers=1), Runtime(workers=1)
     a.register(AgentType("echo", component))
     b.register(AgentType("echo", other))
-    node_a = Node(a, config(nats_server.url), name="a").start()
-    node_b = Node(b, config(nats_server.url), name="b").start()
+    node_a = Node(a, config(nats_server.url, dead_after=STEADY), name="a").start()
+    node_b = Node(b, config(nats_server.url, dead_after=STEADY), name="b").start()
     try:
         assert node_a.wait_for(["b"], 10)
         local = a.spawn("echo")
@@ -100,7 +100,7 @@ def test_shipped_bytes_that_do_not_hash_to_the_announced_sha_are_refused(
     sha = "ab" * 32
     b = Runtime(workers=1)
     b.register(AgentType("echo", echo))
-    node_b = Node(b, config(nats_server.url), name="b").start()
+    node_b = Node(b, config(nats_server.url, dead_after=STEADY), name="b").start()
 
     async def liar() -> list[str]:
         nc = await nats.connect(nats_server.url)
