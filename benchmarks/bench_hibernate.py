@@ -16,7 +16,12 @@ counter example (examples/agents/counter.py, a componentize-py CPython agent):
    of a plain instantiate + ``handle`` call of a new instance of the same component, the two
    interleaved;
 4. wake throughput: ``WAKES`` hibernated agents sent one message each (wakes/s), the idle
-   timer putting them back to sleep after 1 s as they finish.
+   timer putting them back to sleep after 1 s as they finish (a burst: every wake comes before
+   any agent went back to sleep, so few find a reused instance);
+5. wake cycles: one caller asks a hibernated agent and hibernates it again, round robin over
+   16 agents (wakes/s, process CPU per cycle), with instances reused (the default) against
+   ``Runtime(reuse_instances=False)`` (every instance made from the image), the two runtimes
+   taking turns in rounds.
 
 ``--quick``: 2,000 agents and 1,000 wakes (a smoke test); the default is 100,000 and 10,000.
 """
@@ -30,13 +35,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _common import ROOT, p, report
+
+if TYPE_CHECKING:
+    from mighty import Component
 
 QUICK = "--quick" in sys.argv
 AGENTS = 2_000 if QUICK else 100_000
 WAKES = 1_000 if QUICK else 10_000
 AWAKE = 100
+CYCLE_AGENTS = 16
 SAMPLES = 200 if QUICK else 500
 if "--agents" in sys.argv:
     AGENTS = int(sys.argv[sys.argv.index("--agents") + 1])
@@ -193,7 +203,77 @@ def main() -> None:
             }
         )
         rows.append({"name": "hibernation_stats", **rt.hibernation_stats()})
+        rows.append({"name": "seats", **rt.seats.stats.to_json()})
+    rows.extend(cycles(component))
     report(rows)
+
+
+def cycles(component: Component) -> list[dict[str, object]]:
+    """5. wake cycles: ``CYCLE_AGENTS`` agents asleep; one caller thread asks one (it wakes),
+    then hibernates it, round robin; instances reused (seats) against every instance made
+    from the image (``reuse_instances=False``), in two runtimes taking turns in rounds."""
+    from mighty.agents import AgentType, Runtime
+
+    class Still:
+        def __call__(self) -> float:
+            return 0.0
+
+    rounds, per_round = (3, 300) if QUICK else (5, 1_000)
+    out: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as state:
+        runtimes = {
+            reuse: Runtime(
+                workers=1,
+                state_dir=Path(state) / str(reuse),
+                clock=Still(),
+                reuse_instances=reuse,
+            )
+            for reuse in (True, False)
+        }
+        try:
+            agents: dict[bool, list[str]] = {}
+            for reuse, rt in runtimes.items():
+                rt.register(AgentType("counter", component, hibernate_after=1000.0))
+                rt.spawn("counter")  # the type's first instance (kept awake)
+                agents[reuse] = [rt.spawn("counter") for _ in range(CYCLE_AGENTS)]
+                for address in agents[reuse]:
+                    rt.ask(address, "incr")
+                    rt.hibernate(address, timeout=5.0)
+            for _ in range(rounds):
+                for reuse, rt in runtimes.items():
+                    group = agents[reuse]
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    for i in range(per_round):
+                        address = group[i % len(group)]
+                        rt.ask(address, "incr")
+                        if not rt.hibernate(address, timeout=5.0):
+                            raise SystemExit(f"{address} did not hibernate")
+                    out[reuse].append((time.perf_counter() - t0, time.process_time() - c0))
+            stats = runtimes[True].seats.stats.to_json()
+        finally:
+            for rt in runtimes.values():
+                rt.shutdown()
+
+    def rate(reuse: bool) -> float:
+        return sorted(per_round / wall for wall, _ in out[reuse])[len(out[reuse]) // 2]
+
+    def cpu_ms(reuse: bool) -> float:
+        return sorted(cpu / per_round * 1e3 for _, cpu in out[reuse])[len(out[reuse]) // 2]
+
+    return [
+        {
+            "name": "wake cycles (ask a hibernated agent, hibernate it), 1 caller",
+            "wakes_per_s": round(rate(True), 1),
+            "cpu_ms_per_cycle": round(cpu_ms(True), 3),
+            "baseline_wakes_per_s": round(rate(False), 1),
+            "baseline_cpu_ms_per_cycle": round(cpu_ms(False), 3),
+            "ratio": round(rate(True) / rate(False), 2),
+            "rounds": rounds,
+            "per_round": per_round,
+            "seats": stats,
+            "load": load(),
+        }
+    ]
 
 
 if __name__ == "__main__":

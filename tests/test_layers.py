@@ -326,6 +326,7 @@ AGENTS_ORDER = [
     "_swap",
     # the host interface, hibernation, then the process and the runtime
     "_host",
+    "_seats",
     "_hibernate",
     "_runtime",
     # what is built on a runtime

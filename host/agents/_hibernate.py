@@ -234,7 +234,8 @@ class Hibernator:
                 # written is a valid snapshot, overwritten at the next hibernation).
                 return None
             self.stats.hibernations += 1
-            instance.close()
+            # Rewound for the next agent of its type to wake or spawn, or closed.
+            self.runtime.seats.release(process, instance)
         finally:
             turn.release()
         self.runtime.emit("agent.hibernated", process.address, {})

@@ -97,6 +97,7 @@ from mighty.agents._output import (
 )
 from mighty.agents._reply import Reply
 from mighty.agents._scheduler import Scheduler, WorkerStats
+from mighty.agents._seats import Seats
 from mighty.agents._store import SnapshotStore, StoreError
 from mighty.agents._swap import reload_agent_type
 from mighty.agents._timers import Timer, Timers
@@ -136,7 +137,7 @@ from mighty.capabilities import (
     Capabilities,
     CapabilityBroker,
 )
-from mighty.engine import Component
+from mighty.engine import Component, MemoryState
 from mighty.gate import Gate, Scope, Seed
 from mighty.instance import Instance
 from mighty.reload import ReloadReport, SwapVerifier
@@ -446,6 +447,23 @@ class AgentProcess:
             self._splitters = splitters
         else:  # the agent's until the swap is confirmed (``adopt``)
             self._staged_splitters = splitters
+        if (
+            component is None
+            and record is None
+            and self._recovery is None
+            and not self.type.durable
+        ):
+            # Nothing records its imports: an instance from its type's seats (a warmed state,
+            # or one another agent hibernated out of; see mighty.agents._seats).
+            instance = self.runtime.seats.seat(
+                self,
+                self._seated,
+                (splitters[0].feed, splitters[1].feed),
+                self._wasi_log,
+                self._tools(),
+            )
+            if instance is not None:
+                return instance
         # Its stdout and stderr, line by line, to the runtime's output.
         slots = (
             *self._slots(),
@@ -529,11 +547,29 @@ class AgentProcess:
 
     def _slots(self) -> tuple[Seed, ...]:
         seeds = (self.seed(), LOG_SINK.of(self._wasi_log))
+        tools = self._tools()
+        return seeds if tools is None else (*seeds, AGENT_TOOLS.of(tools))
+
+    def _tools(self) -> AgentTools | None:
+        """The tools its type is granted, for a new instance (None: none)."""
         granted = self.type.grants.tools
         if not granted:
-            return seeds
-        tools = AgentTools(self.runtime.broker, granted, self.type.budget.timeout or 60.0)
-        return (*seeds, AGENT_TOOLS.of(tools))
+            return None
+        return AgentTools(self.runtime.broker, granted, self.type.budget.timeout or 60.0)
+
+    def _seated(self, memory: MemoryState | None, slots: tuple[Seed, ...]) -> Instance:
+        """A new instance of its type for its type's seats (``slots`` forward to whichever
+        agent the instance serves), from ``memory`` when given (mighty.agents._seats)."""
+        return Instance(
+            self.type.component,
+            budget=Budget(memory=self.type.budget.memory),
+            policy=self.type.policy,
+            gate=self.runtime.gate,
+            slots=slots,
+            agent=self.address,
+            agent_name=self.name,
+            memory=memory,
+        )
 
     def _init_instance(self) -> Instance:
         """A new instance that ran ``init`` (and, for a durable type, was stored); BadSpawn."""
@@ -1333,6 +1369,7 @@ class Runtime:
         history: int = HISTORY,
         telemetry: Telemetry | None = None,
         capabilities: Capabilities | None = None,
+        reuse_instances: bool = True,
     ) -> None:
         """``on_output`` hears every line an agent writes (``log()``, stdout, stderr) as it is
         written, on the thread running the agent; each agent also keeps its last
@@ -1352,6 +1389,10 @@ class Runtime:
         ``capabilities``: the host tools, MCP servers and HTTP grants agent types may be
         granted by name (``AgentType.grants.tools``); its MCP servers start with the runtime
         and stop at its shutdown.
+
+        ``reuse_instances``: agents of types built with the SDK get instances made from a
+        warmed state and, after one of them hibernates, its instance rewound (see
+        docs/hibernation.md, "Reused instances"); False makes every instance from the image.
         """
         # First: an unusable state_dir raises before any thread starts.
         store = SnapshotStore(state_dir) if state_dir is not None else None
@@ -1383,6 +1424,8 @@ class Runtime:
         # ones, all inside the report, so no agent looks busy meanwhile (see idle()).
         self._reporting = 0
         self._reports = 0
+        self.seats = Seats(enabled=reuse_instances)
+        """Agent instances made from warmed states and reused (see mighty.agents._seats)."""
         self.hibernation: Hibernator | None = None
         """Hibernation and durability (None without a ``state_dir``)."""
         self.journal: Journal | None = None
@@ -2264,6 +2307,7 @@ class Runtime:
             self._stop_all(deadline)
         if self.hibernation is not None:
             self.hibernation.close()
+        self.seats.close()
         self.broker.close()
 
     def _stop_all(self, deadline: float) -> None:

@@ -27,6 +27,8 @@ bool, None). Errors from the host arrive as :class:`AgentError` subclasses (``No
 
 import hashlib
 import json
+import os as _os
+import random as _random
 
 import wit_world
 from componentize_py_types import Err
@@ -317,6 +319,7 @@ def export(cls):
 
     holder = []
     handler_for = handlers.get
+    _streams = []  # stdout and stderr opened by ``reseed``
 
     def the_agent():
         # componentize-py makes a new WitWorld object for every export call, so the agent
@@ -378,6 +381,17 @@ def export(cls):
                         setattr(agent, field, values[field])
             except Exception as exc:
                 raise Err(f"cannot restore state: {type(exc).__name__}: {exc}") from None
+
+        def reseed(self):
+            # The host reuses instances (their memory rewound to a state another instance
+            # drew its entropy in): a fresh ``random`` state from the host's secure random,
+            # and stdout and stderr opened, so that every instance holds them under the same
+            # handles before the agent runs (see the host's mighty.agents._seats).
+            _random.seed(int.from_bytes(_os.urandom(32), "big"))
+            if not _streams:  # a rewound instance holds them already (its memory says so)
+                _os.write(1, b"")
+                _os.write(2, b"")
+                _streams.append(True)
 
         def state_schema(self):
             return json.dumps(
