@@ -21,7 +21,10 @@ counter example (examples/agents/counter.py, a componentize-py CPython agent):
 5. wake cycles: one caller asks a hibernated agent and hibernates it again, round robin over
    16 agents (wakes/s, process CPU per cycle), with instances reused (the default) against
    ``Runtime(reuse_instances=False)`` (every instance made from the image), the two runtimes
-   taking turns in rounds.
+   taking turns in rounds;
+6. asks to hibernated agents with the idle timer (50 ms) putting them back to sleep: one caller
+   asks 400 agents round robin for 4 s (each asleep again when its turn comes back), wakes/s
+   and process CPU per wake, reuse on against off (the best of two runs each).
 
 ``--quick``: 2,000 agents and 1,000 wakes (a smoke test); the default is 100,000 and 10,000.
 """
@@ -47,6 +50,8 @@ AGENTS = 2_000 if QUICK else 100_000
 WAKES = 1_000 if QUICK else 10_000
 AWAKE = 100
 CYCLE_AGENTS = 16
+STEADY_AGENTS = 400
+STEADY_S = 2.0 if QUICK else 4.0
 SAMPLES = 200 if QUICK else 500
 if "--agents" in sys.argv:
     AGENTS = int(sys.argv[sys.argv.index("--agents") + 1])
@@ -205,7 +210,61 @@ def main() -> None:
         rows.append({"name": "hibernation_stats", **rt.hibernation_stats()})
         rows.append({"name": "seats", **rt.seats.stats.to_json()})
     rows.extend(cycles(component))
+    rows.extend(steady(component))
     report(rows)
+
+
+def steady(component: Component) -> list[dict[str, object]]:
+    """6. wakes with the idle timer: ``STEADY_AGENTS`` agents of a type that hibernates after
+    50 ms idle; one caller asks them round robin for ``STEADY_S`` seconds (each is asleep again
+    by the time its turn comes back); wakes/s and process CPU per wake (the timer's
+    hibernations included), instances reused against ``reuse_instances=False``, one after
+    the other, twice each."""
+    from mighty.agents import AgentType, Runtime
+
+    out: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    stats: dict[str, int] = {}
+    for _ in range(2):
+        for reuse in (True, False):
+            with (
+                tempfile.TemporaryDirectory() as state,
+                Runtime(workers=1, state_dir=state, reuse_instances=reuse) as rt,
+            ):
+                rt.register(AgentType("counter", component, hibernate_after=0.05))
+                assert rt.hibernation is not None
+                rt.spawn("counter")  # the type's first instance
+                group = [rt.spawn("counter") for _ in range(STEADY_AGENTS)]
+                for address in group:
+                    rt.ask(address, "incr")
+                    rt.hibernate(address, timeout=5.0)
+                woke = rt.hibernation.stats.wakes
+                t0, c0 = time.perf_counter(), time.process_time()
+                stop, i = t0 + STEADY_S, 0
+                while time.perf_counter() < stop:
+                    rt.ask(group[i % len(group)], "incr", timeout=60)
+                    i += 1
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                woke = rt.hibernation.stats.wakes - woke
+                out[reuse].append((woke / wall, cpu / max(woke, 1) * 1e3))
+                if reuse:
+                    stats = rt.seats.stats.to_json()
+
+    def best(reuse: bool) -> tuple[float, float]:
+        return max(out[reuse])
+
+    return [
+        {
+            "name": "asks to hibernated agents, idle timer 50 ms, 1 caller",
+            "wakes_per_s": round(best(True)[0], 1),
+            "cpu_ms_per_wake": round(best(True)[1], 3),
+            "baseline_wakes_per_s": round(best(False)[0], 1),
+            "baseline_cpu_ms_per_wake": round(best(False)[1], 3),
+            "ratio": round(best(True)[0] / best(False)[0], 2),
+            "runs": [[round(w, 1) for w, _ in out[r]] for r in (True, False)],
+            "seats": stats,
+            "load": load(),
+        }
+    ]
 
 
 def cycles(component: Component) -> list[dict[str, object]]:
