@@ -477,7 +477,7 @@ def run_summary(runtime: Runtime, threshold: str | int = 0) -> dict[str, Any]:
     """Per agent (live and retired, by address): accepted, handled, failed, crashes, restarts,
     unhandled, dropped, fuel, mailbox high water, hibernation counts and its last lines (at
     ``threshold`` or above); per worker its counters; events by kind; the total ``unhandled``;
-    hibernation stats."""
+    hibernation stats; the reused instances' counters (mighty.agents._seats)."""
     least = level_number(threshold) if isinstance(threshold, str) else threshold
     processes = sorted(
         {id(p): p for p in (*runtime.retired(), *runtime.agents())}.values(),
@@ -517,4 +517,5 @@ def run_summary(runtime: Runtime, threshold: str | int = 0) -> dict[str, Any]:
         "events": events,
         "unhandled": sum(a["unhandled"] for a in agents),
         "hibernation": runtime.hibernation_stats(),
+        "instances": runtime.seats.stats.to_json(),
     }

@@ -18,6 +18,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 from mighty import Component
 from mighty.agents import AgentType, Runtime
 from mighty.agents._seats import MAX_SEATS
+from mighty.agents.hosting import run_summary
 from mighty.trace import Recorder
 from tests.agents.conftest import GUESTS, _build_path
 
@@ -101,6 +102,21 @@ def test_output_goes_to_the_agent_served(rt: Runtime) -> None:
     lines_b = [o.text for o in rt.process(b).output.items()]
     assert lines_a == [f"planted from-a in {a}", "log of from-a"]
     assert lines_b == [f"planted from-b in {b}", "log of from-b"]
+
+
+def test_the_run_summary_counts_them(rt: Runtime) -> None:
+    """``mty run --json``'s summary carries the seats' counters."""
+    warm(rt)
+    a = rt.spawn("tenant")
+    ask(rt, a, "look")
+    sleep(rt, a)
+    ask(rt, a, "look")
+    assert run_summary(rt)["instances"] == {
+        "reused": 1,
+        "from_state": 1,
+        "rewound": 1,
+        "closed": 0,
+    }
 
 
 def test_an_instance_given_a_resource_is_closed(rt: Runtime) -> None:
