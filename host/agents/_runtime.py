@@ -452,9 +452,11 @@ class AgentProcess:
             and record is None
             and self._recovery is None
             and not self.type.durable
+            and self.runtime.hibernation is not None
         ):
-            # Nothing records its imports: an instance from its type's seats (a warmed state,
-            # or one another agent hibernated out of; see mighty.agents._seats).
+            # Nothing records its imports, and agents may hibernate (only then is an instance
+            # given back): an instance from its type's seats (a warmed state, or one another
+            # agent hibernated out of; see mighty.agents._seats).
             instance = self.runtime.seats.seat(
                 self,
                 self._seated,

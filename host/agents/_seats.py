@@ -36,11 +36,13 @@ exports ``reseed`` (the SDK's, see wit/agent/agent.wit) in a runtime that record
 Each instance's slots forward to the agent it serves now (:class:`Tenancy`): the agent
 process, its log, stdout and stderr, its granted tools. A free seat serves no one.
 
-Not for: a runtime with a recorder or an outside import journal, durable types (their imports
-are journaled), an agent being recovered (its instance answers from its journal), a hot swap's
-new instance. Those make every instance anew from the component's image, as before: a trace
-holds the start-up's imports, which an instance from the warmed state would skip, and a replay
-makes its instances from the image (the determinism contract).
+Not for: a runtime without a ``state_dir`` (no agent hibernates, so no instance comes back:
+the ``reseed`` call would be all cost), a runtime with a recorder or an outside import journal,
+durable types (their imports are journaled), an agent being recovered (its instance answers
+from its journal), a hot swap's new instance. Those make every instance anew from the
+component's image, as before: a trace holds the start-up's imports, which an instance from the
+warmed state would skip, and a replay makes its instances from the image (the determinism
+contract).
 
 Rejected: seating an agent's instance when it stops or crashes (a stopped agent's instance is
 rarely followed by another of its type soon; a crash poisons it anyway); a background thread

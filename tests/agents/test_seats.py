@@ -148,6 +148,16 @@ def test_a_stopped_agents_instance_is_freed(rt: Runtime) -> None:
     assert gone() is None
 
 
+def test_no_seats_without_a_state_dir(tenant: Component) -> None:
+    """No agent hibernates without a store: every instance is made from the image, unreseeded."""
+    with Runtime(workers=1) as rt:
+        rt.register(AgentType("tenant", tenant))
+        for _ in range(3):
+            assert ask(rt, rt.spawn("tenant"), "plant", "x") == {"seen": ["x"]}
+        stats = rt.seats.stats
+        assert (stats.reused, stats.from_state, stats.rewound, stats.closed) == (0, 0, 0, 0)
+
+
 def test_no_seats_while_recording(tmp_path: Path, tenant: Component) -> None:
     """A recorded runtime makes each instance from the image: its trace holds the start-up."""
     with (
