@@ -1392,9 +1392,10 @@ class Runtime:
         granted by name (``AgentType.grants.tools``); its MCP servers start with the runtime
         and stop at its shutdown.
 
-        ``reuse_instances``: agents of types built with the SDK get instances made from a
-        warmed state and, after one of them hibernates, its instance rewound (see
-        docs/hibernation.md, "Reused instances"); False makes every instance from the image.
+        ``reuse_instances``: with a ``state_dir``, agents of types built with the SDK get
+        instances made from a warmed state and, after one of them hibernates, its instance
+        rewound (see docs/hibernation.md, "Reused instances"); False makes every instance from
+        the image.
         """
         # First: an unusable state_dir raises before any thread starts.
         store = SnapshotStore(state_dir) if state_dir is not None else None
