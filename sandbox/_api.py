@@ -864,6 +864,34 @@ _TAKE_WAIT = 0.002
 """Seconds a run waits for an instance being rewound before it makes its own (see take)."""
 
 
+class _HandBack:
+    """A pooled instance on its way back from a ``run_async`` worker to the pool: kept by the
+    worker when its run ends, released by the awaiting task once it has woken (``close``), or
+    at once by the worker if that task is already gone (a task destroyed with its loop)."""
+
+    __slots__ = ("_live", "_lock", "_open", "_pool")
+
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._live: _Live | None = None
+        self._open = True
+
+    def keep(self, live: _Live) -> None:
+        with self._lock:
+            if self._open:
+                self._live = live
+                return
+        self._pool.release(live)
+
+    def close(self) -> None:
+        with self._lock:
+            self._open = False
+            live, self._live = self._live, None
+        if live is not None:
+            self._pool.release(live)
+
+
 class _Pool:
     """Fresh instances made and warmed ahead of time, and used ones freed, on a background thread.
 
@@ -1334,6 +1362,7 @@ class Sandbox:
         thread (hand its text to the loop with ``call_soon_threadsafe``)."""
         context = RunContext.top("run", cancel=cancel, on_progress=_progress_to(on_output))
         loop = asyncio.get_running_loop()
+        hand_back = _HandBack(self._pool)
         work = functools.partial(
             self._run,
             code,
@@ -1343,6 +1372,7 @@ class Sandbox:
             loop=loop,
             on_output=on_output,
             limits=limits,
+            hand_back=hand_back,
         )
         # The worker thread sees this context: a run from inside a tool knows its depth.
         future = loop.run_in_executor(None, contextvars.copy_context().run, work)
@@ -1352,6 +1382,11 @@ class Sandbox:
             context.stop("the awaiting task was cancelled")
             await asyncio.wait([future])
             raise
+        finally:
+            # The instance goes back to the pool now, once this task runs again: released on
+            # the worker, its rewind (~0.3 ms on the pool's thread) ran while this loop waited
+            # to wake, and the two threads' turns at the GIL delayed the wake by about as much.
+            hand_back.close()
 
     def start(
         self,
@@ -1450,6 +1485,7 @@ class Sandbox:
         on_output: OutputListener | None = None,
         limits: Limits | None = None,
         hooks: Sequence[CallHook] = (),
+        hand_back: _HandBack | None = None,
     ) -> RunResult:
         if self._closed:
             raise Closed("sandbox is closed")
@@ -1460,12 +1496,15 @@ class Sandbox:
             _check_run_limits(limits, self.limits)
         run_limits = limits or self.limits
         payload = _encode_inputs(inputs, keep=False, max_value=run_limits.output, seed=True)
-        with self._instance(record, hooks) as live:
+        with self._instance(record, hooks, hand_back) as live:
             return live.execute(code, payload, context, loop, on_output, limits)
 
     @contextmanager
     def _instance(
-        self, record: str | Path | None, hooks: Sequence[CallHook] = ()
+        self,
+        record: str | Path | None,
+        hooks: Sequence[CallHook] = (),
+        hand_back: _HandBack | None = None,
     ) -> Iterator[_Live]:
         recorder = Recorder(record) if record is not None else None
         own = recorder is not None or bool(hooks)
@@ -1476,7 +1515,9 @@ class Sandbox:
             try:
                 yield live
             finally:
-                if not own:
+                if hand_back is not None and not own:
+                    hand_back.keep(live)  # released by the awaiting task when it wakes
+                elif not own:
                     self._pool.release(live)  # freed off the caller's path
                 else:
                     live.close()  # the trace's close record is written now

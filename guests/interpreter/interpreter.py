@@ -46,6 +46,7 @@ import keyword
 import linecache
 import math
 import numbers
+import opcode
 import operator
 import os
 import pathlib
@@ -339,7 +340,28 @@ class _ToolLoop(asyncio.BaseEventLoop):
         self._selector = _Waiter(self)
 
     def start_call(self, name: str, args: list[object], kwargs: dict[str, object]) -> object:
-        """Start tool ``name`` now; return a coroutine that waits for its result."""
+        """Start tool ``name`` now; return a coroutine that waits for its result.
+
+        ``await tool(...)`` when nothing else could run while it waits (no other call in
+        flight, no callback ready, no timer, the loop not stopping) makes the call at once
+        instead, as a sync call: the loop would only have slept until this one call finished.
+        That saves the `start` and `wait` imports and two turns of this loop per call (~0.2 ms
+        of a 0.45 ms awaited call). Whether the caller awaits the stub's result at once is read
+        from its bytecode (`_awaited_at_once`): `a = tool(); ...; await a` and
+        `gather(tool(), ...)` start the call and go on, as before.
+        """
+        if (
+            not self.calls
+            and not self._ready
+            and not self._scheduled
+            and not self._stopping
+            and _awaited_at_once()
+        ):
+            try:
+                value = _call_tool(name, args, kwargs)
+            except ToolError as failure:
+                return _raise(failure)
+            return _value(value)
         payload = _encode_call(name, args, kwargs)
         future: asyncio.Future[object] = self.create_future()
         handle = tools.start(name, payload)
@@ -380,10 +402,79 @@ async def _result_of(future: asyncio.Future[object]) -> object:
     return await future
 
 
+async def _value(value: object) -> object:
+    return value
+
+
+async def _raise(failure: ToolError) -> object:
+    raise failure
+
+
+def _call_caches() -> dict[int, int]:
+    """Opcode of each call instruction -> the cache units that follow it (this Python's)."""
+    try:
+        entries = opcode._inline_cache_entries  # type: ignore[attr-defined]
+        return {
+            opcode.opmap[name]: int(entries.get(name, 0))
+            for name in ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
+        }
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}  # another bytecode layout: never take the shortcut
+
+
+_CALL_CACHES = _call_caches()
+_GET_AWAITABLE = opcode.opmap.get("GET_AWAITABLE", -1)
+_AWAITED: dict[tuple[types.CodeType, int], bool] = {}
+
+
+def _awaited_at_once() -> bool:
+    """True when the tool stub now running was called as ``await stub(...)``: the call
+    instruction of the stub's caller is followed by ``GET_AWAITABLE``. False when unsure."""
+    frame = sys._getframe(3)  # 0 this, 1 start_call, 2 _dispatch, 3 the stub or _invoke
+    for _ in range(2):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith("<tool "):
+            break
+        frame = frame.f_back
+    else:
+        return False
+    caller = frame.f_back
+    if caller is None:
+        return False
+    key = (caller.f_code, caller.f_lasti)
+    known = _AWAITED.get(key)
+    if known is None:
+        raw = caller.f_code.co_code
+        at = key[1]
+        caches = _CALL_CACHES.get(raw[at]) if 0 <= at < len(raw) else None
+        following = -1 if caches is None else at + 2 + 2 * caches
+        known = 0 <= following < len(raw) and raw[following] == _GET_AWAITABLE
+        if len(_AWAITED) >= 512:
+            _AWAITED.clear()  # bounded: a session's code objects come and go
+        _AWAITED[key] = known
+    return known
+
+
 def _run_main(main: typing.Coroutine[object, object, object]) -> object:
-    """``asyncio.run`` on a fresh tool loop, for code with top-level ``await``."""
-    with asyncio.Runner(loop_factory=_ToolLoop) as runner:
-        return runner.run(main)
+    """``asyncio.run`` on a fresh tool loop, for code with top-level ``await``: what
+    ``asyncio.Runner`` does (the loop current while it runs, the tasks left cancelled and
+    their failures reported, async generators finalized, the loop closed), without what this
+    interpreter has no use for: a SIGINT handler, the default executor's shutdown (no threads
+    here), a copied context of its own (the task copies one). Each of those was a run of the
+    loop or a call into `signal`: the Runner cost 0.26-0.43 ms a run, this ~0.06."""
+    loop = _ToolLoop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            asyncio.runners._cancel_all_tasks(loop)  # type: ignore[attr-defined]
+            if loop._asyncgens:  # type: ignore[attr-defined]
+                loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 # `asyncio.run()`, `asyncio.new_event_loop()` and `asyncio.Runner()` in user code make tool loops:

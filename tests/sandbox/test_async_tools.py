@@ -473,6 +473,62 @@ def test_concurrent_calls_replay_exactly(interpreter: object, tmp_path: Path) ->
     assert sorted(delivered) == list(range(1, 13))
 
 
+def _tool_imports(trace: Path) -> list[str]:
+    """The tool imports a recorded run made, in order (``call``, ``start``, ``wait``, ...)."""
+    names: list[str] = []
+
+    def observe(event: ReplayEvent) -> None:
+        if event.kind == "import" and event.function in ("call", "start", "wait", "cancel"):
+            names.append(event.function)
+
+    replay_trace(trace, observer=observe)
+    return names
+
+
+_AWAITS = [
+    # (code, result, starts): how many calls went the long way (`start`, then `wait`); every
+    # other call was one `call` import. Awaited at once with nothing else to run: `call`.
+    ("await triple(x=1)", 3, 0),
+    ("total = 0\nfor i in range(3):\n    total = await triple(x=total + i)\ntotal", 15, 0),
+    ("await (double(x=2))", 4, 0),
+    ("f = triple\nawait f(*[2])", 6, 0),
+    ("async def g(x):\n    return await triple(x=x)\nawait g(4)", 12, 0),
+    ("await double(x=await triple(x=1))", 6, 0),
+    ("try:\n    await broken(x=1)\nexcept ToolError as e:\n    r = e.kind\nr", "KeyError", 0),
+    # Not awaited at once, or something else could run meanwhile: started, then waited for.
+    ("a = triple(x=1)\nb = double(x=1)\n[await b, await a]", [2, 3], 2),
+    ("import asyncio\nsum(await asyncio.gather(triple(x=1), double(x=1)))", 5, 2),
+    ("import asyncio\nawait asyncio.wait_for(triple(x=3), 60)", 9, 1),
+    ("import asyncio\nasync with asyncio.timeout(60):\n    r = await triple(x=1)\nr", 3, 1),
+    (
+        "import asyncio\nt = asyncio.create_task(double(x=5))\n[await triple(x=1), await t]",
+        [3, 10],
+        2,
+    ),
+    ("a = triple(x=1)\n[await double(x=2), await a]", [4, 3], 2),
+]
+
+
+@pytest.mark.parametrize(("code", "value", "starts"), _AWAITS)
+def test_a_call_awaited_at_once_with_nothing_else_to_run_is_one_import(
+    interpreter: object, tmp_path: Path, code: str, value: object, starts: int
+) -> None:
+    """``await tool()`` with no other call in flight, no ready callback and no timer is one
+    ``call`` import (the loop would only sleep until it finished); any other use starts the call
+    at once and waits for it, so fired calls still overlap. Both record and replay alike."""
+    trace = tmp_path / "awaits.bin"
+    with Sandbox(tools=[double, triple, broken], pool=0) as sandbox:
+        result = sandbox.run(code, record=trace)
+    assert result.ok, result.error
+    assert result.value == value
+    imports = _tool_imports(trace)
+    assert imports.count("start") == starts
+    assert imports.count("call") == result.usage.tool_calls - starts
+    assert ("wait" in imports) == (starts > 0)
+    replayed, _waits = _delivery(trace)
+    assert len(replayed) == 1
+
+
 def test_hostile_use_of_the_raw_protocol(box: Sandbox) -> None:
     """Raw start/wait/cancel with bad names or handles: not_allowed, or ignored."""
     raw = "from wit_world.imports import tools\n"

@@ -4,6 +4,7 @@ as fresh is closed instead (see ``mighty.sandbox._api._Pool``)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -224,6 +225,97 @@ def test_a_run_waits_for_the_instance_being_rewound(
             assert box.run(f"result = {n}").value == n
         assert box._pool.made_by_callers == made
         assert box._pool.rewinds - rewinds >= 11
+
+
+def _released_on(box: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that hand instances back to ``box``'s pool, as they do."""
+    threads: list[str] = []
+    release = sandbox_api._Pool.release
+
+    def spy(pool: sandbox_api._Pool, live: sandbox_api._Live) -> None:
+        threads.append(threading.current_thread().name)
+        release(pool, live)
+
+    monkeypatch.setattr(sandbox_api._Pool, "release", spy)
+    return threads
+
+
+def test_run_async_hands_its_instance_back_from_the_awaiting_task(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_async`` gives its instance back once the awaiting task has woken, on the loop's
+    thread (released on the worker, its rewind held up the task's wake-up), and it is rewound."""
+    with Sandbox(pool=1) as box:
+        _start(box)
+        threads = _released_on(box, monkeypatch)
+        rewinds = box._pool.rewinds
+
+        async def main() -> tuple[int, int]:
+            result = await box.run_async("result = 7")
+            return result.value, box._pool._out
+
+        assert asyncio.run(main()) == (7, 0)
+        assert threads == [threading.main_thread().name]
+        _ready(box)
+        assert box._pool.rewinds == rewinds + 1
+        assert box.run("result = 8").value == 8  # the sync path releases on its own thread
+        assert threads[1] == threading.main_thread().name
+
+
+def test_run_async_gives_its_instance_back_when_cancelled_or_abandoned(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its run waits in a tool, or its coroutine closed before the run ends
+    (as when a loop is torn down): the instance still goes back to the pool, none leaks."""
+    entered = threading.Event()
+    go = threading.Event()
+
+    def gate() -> str:
+        entered.set()
+        go.wait(60)
+        return "through"
+
+    with Sandbox(tools=[gate], pool=1) as box:
+        _start(box)
+        threads = _released_on(box, monkeypatch)
+
+        async def cancelled() -> int:
+            task = asyncio.ensure_future(box.run_async("gate()"))
+            await asyncio.to_thread(entered.wait, 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return box._pool._out
+
+        try:
+            assert asyncio.run(cancelled()) == 0
+        finally:
+            go.set()
+        assert threads == [threading.main_thread().name]
+
+        entered.clear()
+        go.clear()
+        _ready(box)
+
+        async def abandoned() -> None:
+            coro = box.run_async("gate()")
+            coro.send(None)  # the run is on its worker; the coroutine waits for it
+            await asyncio.to_thread(entered.wait, 60)
+            coro.close()  # gone before the run ended: the worker gives the instance back
+
+        loop = asyncio.new_event_loop()  # not asyncio.run: it would wait for the worker
+        try:
+            loop.run_until_complete(abandoned())
+        finally:
+            loop.close()
+        assert box._pool._out == 1
+        go.set()
+        deadline = time.monotonic() + 60
+        while box._pool._out:
+            assert time.monotonic() < deadline, "the abandoned run's instance never came back"
+            time.sleep(0.01)
+        assert len(threads) == 2 and threads[1] != threading.main_thread().name
+        assert box.run("result = 9").value == 9
 
 
 _PROGRAMS = st.sampled_from([change for change, _check in _CHANGES] + _NOT_REWOUND[:2])
