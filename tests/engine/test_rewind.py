@@ -3,6 +3,7 @@ byte for byte, whatever the instance wrote, and a rewind that cannot be exact ch
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 
@@ -190,3 +191,102 @@ def test_a_capture_keeps_the_same_pages_compiled_or_in_python(
     assert kept == expected
     with Instance(component, memory=states[0]) as copy:
         assert copy.call("hash", _SIZE) == _fnv(model)
+
+
+# -- recycled memories: a freed memory made from a state serves the next one made from it -----
+
+
+def _kept(state: MemoryState) -> int:
+    """How many freed mappings are kept for ``state``."""
+    with _memory._MEMORIES_LOCK:
+        return len(_memory._REUSED.get(id(state), ()))
+
+
+def _base_of(instance: Instance) -> int:
+    """The address of ``instance``'s one linear memory."""
+    account = instance._meter.account
+    with _memory._MEMORIES_LOCK:
+        bases = [m.base for m in _memory._MEMORIES.values() if m.account is account]
+    assert len(bases) == 1
+    return bases[0]
+
+
+_grown = st.lists(st.tuples(st.integers(0, _PAGE - 1), st.integers(1, 255)), max_size=10)
+
+
+@pytest.mark.parametrize("path", _PATHS)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(base=_pokes, used=_pokes, grow=st.booleans(), grown=_grown, again=_pokes)
+def test_a_freed_memory_serves_the_next_instance_of_its_state_byte_for_byte(
+    component: Component,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    base: Pokes,
+    used: Pokes,
+    grow: bool,
+    grown: Pokes,
+    again: Pokes,
+) -> None:
+    """An instance made from a state, written anywhere (and grown, and written past its old
+    end), then closed: the next instance made from that state gets the same mapping, holding
+    the state byte for byte, its size the state's, and what the first grew into zeros again."""
+    monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
+    made_from, _goal = _states(component, base, [])
+    expected = _model()
+    for at, value in base:
+        expected[at] = value
+    with Instance(component, memory=made_from) as first:
+        _poke(first, bytearray(_SIZE), used)
+        if grow:
+            assert first.call("grow", 1) == _PAGES
+            _poke(first, bytearray(_SIZE + _PAGE), [(_SIZE + at, v) for at, v in grown])
+        address = _base_of(first)
+    for writes in ([], again):  # a mapping served twice is exact the second time too
+        assert _kept(made_from) == 1
+        with Instance(component, memory=made_from) as second:
+            assert _kept(made_from) == 0, "the freed mapping was not taken"
+            assert _base_of(second) == address
+            assert second.call("hash", _SIZE) == _fnv(expected)
+            for at, _value in used[:5]:
+                assert second.call("peek", at) == expected[at]
+            assert second.call("grow", 1) == _PAGES  # the state's size, not the grown one
+            for at, _value in grown:
+                assert second.call("peek", _SIZE + at) == 0
+            _poke(second, bytearray(_SIZE), writes)
+
+
+def test_a_mapping_is_kept_only_within_its_bounds_and_while_its_state_lives(
+    component: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept within the bounds only (its own pages, and the room all kept mappings have left),
+    unmapped with their state, never for a memory made from the image."""
+    made_from, _goal = _states(component, [(10, 1)], [])
+    assert _kept(made_from) == 1  # the instance _states made from it
+    with Instance(component, memory=made_from) as instance:
+        assert _kept(made_from) == 0
+        instance.call("poke", 4096 * 5, 7)
+    assert _kept(made_from) == 1  # taken, and kept again
+    with Instance(component) as fresh:  # from the image: nothing to hold it to
+        fresh.call("poke", 30, 3)
+    assert _kept(made_from) == 1
+    monkeypatch.setattr(_memory, "_REUSE_MAX_OWN", 1)
+    with Instance(component, memory=made_from) as busy:  # takes the kept one, writes 2 pages
+        busy.call("poke", 0, 1)
+        busy.call("poke", 4096 * 9, 1)
+    assert _kept(made_from) == 0  # over the bound: given back to the kernel
+    monkeypatch.undo()
+    monkeypatch.setattr(_memory, "_REUSE_MAX_TOTAL", _memory._reuse_pages)  # no room left
+    with Instance(component, memory=made_from) as instance:
+        instance.call("poke", 0, 2)
+    assert _kept(made_from) == 0  # over the bound of all kept pages together
+    monkeypatch.undo()
+    with Instance(component, memory=made_from) as instance:
+        instance.call("poke", 0, 2)
+    assert _kept(made_from) == 1
+    count, key = _memory._reuse_count, id(made_from)
+    del made_from, _goal
+    gc.collect()
+    assert key not in _memory._REUSED
+    assert _memory._reuse_count <= count - 1
