@@ -18,6 +18,10 @@ Run: .venv/bin/python benchmarks/bench_instances.py [--json] [--quick]
    Images on with 1,000 agents (targets: <= 1 MB per agent, <= 2 GB total RSS) and 50 agents;
    ``share_memory=False`` with 50 agents (the baseline; 1,000 of those would need ~15 GB).
 
+3. A whole interpreter instance's life (made, first call, closed) with recycled memories on
+   and off in the same run (the baseline), fresh from the image and from a warmed state:
+   thread CPU and page faults. ``--lifecycle`` skips part 2.
+
 ``--quick`` runs fewer samples and 200 agents instead of 1,000 (a smoke test).
 """
 
@@ -205,6 +209,81 @@ def interpreter_rows() -> list[dict[str, object]]:
     ]
 
 
+def lifecycle_rows() -> list[dict[str, object]]:
+    """A whole instance's life, made, first call, closed, with recycled memories on and off
+    (``mighty.engine._memory``: a freed memory made from a state or an image serves the next
+    one made alike), alternated round by round in one process: the interpreter fresh from its
+    image (its start-up and a constant run: ``_Live.warm``), and made from the pool's warmed
+    state (a reseed run: ``_Live.reseed``). Thread CPU, the main thread's."""
+    import resource
+
+    from mighty.engine import _memory
+    from mighty.sandbox import Sandbox
+    from mighty.sandbox import _api as sandbox_api
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+    with Sandbox(pool=1) as box:
+        box.run("1")
+        deadline = time.monotonic() + 120
+        while box._pool._warmed is None:
+            assert time.monotonic() < deadline, "the pool never captured its warmed state"
+            time.sleep(0.01)
+        state = box._pool._warmed
+        config = box._pool._config
+
+        def from_image() -> tuple[float, int]:
+            c0, f0 = time.thread_time(), faults()
+            live = sandbox_api._Live(config)
+            live.warm()
+            live.close()
+            return time.thread_time() - c0, faults() - f0
+
+        def from_state() -> tuple[float, int]:
+            c0, f0 = time.thread_time(), faults()
+            live = sandbox_api._Live(config, memory=state)
+            live.reseed()
+            live.close()
+            return time.thread_time() - c0, faults() - f0
+
+        kinds = {"image": from_image, "state": from_state}
+        cpu: dict[tuple[str, bool], list[float]] = {}
+        flt: dict[tuple[str, bool], list[int]] = {}
+        rounds, per_round = (4, 10) if QUICK else (8, 25)
+        try:
+            for _ in range(rounds):
+                for reuse in (False, True):
+                    _memory._reuse_enabled = reuse
+                    for kind, fn in kinds.items():
+                        fn()  # the first of a round may find nothing kept
+                        for _ in range(per_round):
+                            took, count = fn()
+                            cpu.setdefault((kind, reuse), []).append(took)
+                            flt.setdefault((kind, reuse), []).append(count)
+        finally:
+            _memory._reuse_enabled = True
+    rows: list[dict[str, object]] = []
+    for kind, what in (
+        ("image", "fresh from the image, warm run"),
+        ("state", "from the warmed state, reseed run"),
+    ):
+        on, off = cpu[(kind, True)], cpu[(kind, False)]
+        rows.append(
+            {
+                "name": f"interpreter made + first call + closed, {what}: reuse on / off",
+                "ratio_cpu_p50": round(p(on, 0.5) / p(off, 0.5), 2),
+                "reuse_cpu_p50_ms": round(p(on, 0.5) * 1e3, 3),
+                "no_reuse_cpu_p50_ms": round(p(off, 0.5) * 1e3, 3),
+                "reuse_faults_p50": int(p([float(f) for f in flt[(kind, True)]], 0.5)),
+                "no_reuse_faults_p50": int(p([float(f) for f in flt[(kind, False)]], 0.5)),
+                "n": len(on),
+                "load": load(),
+            }
+        )
+    return rows
+
+
 # -- 2. idle CPython agents ------------------------------------------------------------------
 
 
@@ -343,7 +422,9 @@ def main() -> None:
         return
     rows = [{"name": "machine", "loadavg_1_5_15": load(), "cpus": os.cpu_count()}]
     rows += interpreter_rows()
-    rows += agent_rows()
+    rows += lifecycle_rows()
+    if "--lifecycle" not in sys.argv:
+        rows += agent_rows()
     rows.append({"name": "machine at the end", "loadavg_1_5_15": load()})
     report(rows)
 

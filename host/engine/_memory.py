@@ -24,6 +24,7 @@ segments (~13 MB for a componentize-py guest, about 5 ms with the pages pre-faul
 from __future__ import annotations
 
 import array
+import collections
 import ctypes
 import errno
 import itertools
@@ -274,8 +275,9 @@ def _free_memory(env: int | None) -> None:
 # memory is reused, and it holds the state byte for byte, as rewind_memory's tests hold.
 #
 # Bounds: at most _REUSE_PER_STATE mappings per state and _REUSE_MAX in all, each with at most
-# _REUSE_MAX_OWN pages of its own and _REUSE_MAX_TOTAL in all (a guest that touched more gives
-# its memory back to the kernel: what a kept mapping holds is resident); the mappings of a
+# _REUSE_MAX_OWN pages of its own (a guest that touched more gives its memory back to the
+# kernel: what a kept mapping holds is resident) and _REUSE_MAX_TOTAL in all (past either total
+# the mapping kept longest ago is unmapped, so unused states make room); the mappings of a
 # state are unmapped when the state is freed. A memory that grew is kept with what it grew into
 # reserved again (its pages dropped); one not made from a state is unmapped as before.
 # MIGHTY_NO_MEMORY_REUSE=1 turns it off (for comparisons).
@@ -288,21 +290,32 @@ _REUSED: dict[int, list[tuple[int, int, int, int]]] = {}
 """id(state) -> the kept mappings made from it: ``(base, mapped, reserved, own pages)``,
 under ``_MEMORIES_LOCK``. An entry exists only while its state lives (``_watch_reuse``)."""
 _REUSE_WATCHED: set[int] = set()
+_REUSE_ORDER: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
+"""Every kept mapping as ``(id(source), entry)``, oldest first: past a global bound the oldest
+is unmapped, so mappings of states or images no longer used make room for those in use."""
 _reuse_count = 0
 _reuse_pages = 0
 _reuse_enabled = os.environ.get("MIGHTY_NO_MEMORY_REUSE", "") in ("", "0")
 
 
-def _watch_reuse(state: MemoryState) -> None:
-    """Make ``state`` able to have mappings kept for it: when it is freed, they are unmapped."""
-    key = id(state)
+_Source = MemoryState | MemoryImage
+"""What a memory was made from, for reuse: a state, or (made fresh) its image."""
+
+
+def _source_size(source: _Source) -> int:
+    return source.size if isinstance(source, MemoryState) else source.minimum
+
+
+def _watch_reuse(source: _Source) -> None:
+    """Make ``source`` able to have mappings kept for it: when it is freed, they are unmapped."""
+    key = id(source)
     _pagemap_fd()  # open now: a free reads it without its lock (see _keep_for_reuse)
     with _MEMORIES_LOCK:
         if key in _REUSE_WATCHED:
             return
         _REUSE_WATCHED.add(key)
         _REUSED[key] = []
-    weakref.finalize(state, _drop_reused, key).atexit = False
+    weakref.finalize(source, _drop_reused, key).atexit = False
 
 
 def _drop_reused(key: int) -> None:
@@ -312,24 +325,30 @@ def _drop_reused(key: int) -> None:
         kept = _REUSED.pop(key, [])
         _reuse_count -= len(kept)
         _reuse_pages -= sum(entry[3] for entry in kept)
+        for entry in kept:
+            _REUSE_ORDER.remove((key, entry))
     for base, mapped, _reserved, _own in kept:
         _libc.munmap(base, mapped)
 
 
 def _keep_for_reuse(memory: _Memory) -> bool:
     """(Under the lock, from ``_free_memory``) keep ``memory``'s mapping for the next memory
-    made from its state, if it may be: no Python allocation that could start a collection
-    before the decision is made (the lists exist, see ``_watch_reuse``)."""
+    made from what it holds besides its own pages (its state, else its image), if it may be:
+    no Python allocation that could start a collection before the decision is made (the lists
+    exist, see ``_watch_reuse``)."""
     global _reuse_count, _reuse_pages  # noqa: PLW0603
-    state = memory.state
-    if not _reuse_enabled or state is None or memory.size < state.size:
+    source: _Source | None = memory.state if memory.state is not None else memory.image
+    if not _reuse_enabled or source is None:
         return False
-    kept = _REUSED.get(id(state))
-    if kept is None or len(kept) >= _REUSE_PER_STATE or _reuse_count >= _REUSE_MAX:
+    size = _source_size(source)
+    kept = _REUSED.get(id(source))
+    if kept is None or len(kept) >= _REUSE_PER_STATE:
         return False
-    if memory.size > state.size:
+    if memory.size < size:
+        return False
+    if memory.size > size:
         # The guest grew it: what it grew into becomes reserved again, its pages dropped.
-        start, extra = memory.base + state.size, memory.size - state.size
+        start, extra = memory.base + size, memory.size - size
         flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
         if _libc.mmap(start, extra, _PROT_NONE, flags, -1, 0) != start:
             return False
@@ -338,17 +357,25 @@ def _keep_for_reuse(memory: _Memory) -> bool:
     pid, fd = _PAGEMAP
     if pid != os.getpid() or fd < 0:
         return False
-    pages = state.size // _HOST_PAGE
+    pages = size // _HOST_PAGE
     try:
         raw = os.pread(fd, pages * 8, memory.base // _HOST_PAGE * 8)
     except OSError:
         return False
     own = _own_pages(raw) if len(raw) == pages * 8 else _REUSE_MAX_OWN + 1
-    if own > _REUSE_MAX_OWN or _reuse_pages + own > _REUSE_MAX_TOTAL:
+    if own > _REUSE_MAX_OWN:
         return False
-    kept.append((memory.base, memory.mapped, memory.reserved, own))
+    entry = (memory.base, memory.mapped, memory.reserved, own)
+    kept.append(entry)
+    _REUSE_ORDER.append((id(source), entry))
     _reuse_count += 1
     _reuse_pages += own
+    while (_reuse_count > _REUSE_MAX or _reuse_pages > _REUSE_MAX_TOTAL) and _REUSE_ORDER:
+        key, oldest = _REUSE_ORDER.popleft()  # the newest, just kept, goes last if at all
+        _REUSED[key].remove(oldest)
+        _reuse_count -= 1
+        _reuse_pages -= oldest[3]
+        _libc.munmap(oldest[0], oldest[1])
     return True
 
 
@@ -357,31 +384,67 @@ def _own_pages(raw: bytes) -> int:
     return len(raw) // 8 - raw[7::8].translate(_OWN).count(0)
 
 
-def _reuse(state: MemoryState, mapped: int, reserved: int) -> int | None:
-    """A kept mapping made from ``state`` with this layout, made to hold ``state`` byte for
-    byte again; None when there is none (or it cannot be made exact: then it is unmapped)."""
+def _reuse(source: _Source, mapped: int, reserved: int) -> int | None:
+    """A kept mapping made from ``source`` with this layout, made to hold it byte for byte
+    again; None when there is none (or it cannot be made exact: then it is unmapped)."""
     global _reuse_count, _reuse_pages  # noqa: PLW0603
     with _MEMORIES_LOCK:
-        kept = _REUSED.get(id(state))
+        kept = _REUSED.get(id(source))
         found = None
         for index, entry in enumerate(kept or ()):
             if entry[1] == mapped and entry[2] == reserved:
                 found = entry
                 del kept[index]  # type: ignore[union-attr]
+                _REUSE_ORDER.remove((id(source), entry))
                 _reuse_count -= 1
                 _reuse_pages -= entry[3]
                 break
     if found is None:
         return None
     base = found[0]
-    pages = state.size // _HOST_PAGE
+    pages = _source_size(source) // _HOST_PAGE
     raw = _read_pagemap(base, pages)
-    reference = _state_view(state)
+    reference = (
+        _state_view(source) if isinstance(source, MemoryState) else _image_whole_view(source)
+    )
     if raw is None or not reference:
         _libc.munmap(base, mapped)
         return None
     _copy_back(base, reference, raw, bytes(pages))
     return base
+
+
+def _image_whole_view(image: MemoryImage) -> int:
+    """A read-only mapping of a memory fresh from ``image``: the image, then zeros up to its
+    minimum size (kept while the image lives); 0 if it cannot be mapped."""
+    with _IMAGE_VIEWS_LOCK:
+        address = _WHOLE_VIEWS.get(id(image))
+        if address is not None:
+            return address
+        mapped = _libc.mmap(
+            None, image.minimum, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
+        )
+        if mapped is None or mapped == _MAP_FAILED:
+            return 0
+        address = int(mapped)
+        if not _map_image(address, image.minimum, image) or _libc.mprotect(
+            address, image.minimum, _PROT_READ
+        ):
+            _libc.munmap(address, image.minimum)
+            return 0
+        _WHOLE_VIEWS[id(image)] = address
+        unmap = weakref.finalize(image, _unmap_whole_view, id(image), address, image.minimum)
+        unmap.atexit = False  # as for the image's own view: a daemon thread may still read it
+        return address
+
+
+_WHOLE_VIEWS: dict[int, int] = {}
+
+
+def _unmap_whole_view(key: int, address: int, length: int) -> None:
+    with _IMAGE_VIEWS_LOCK:
+        _WHOLE_VIEWS.pop(key, None)
+    _libc.munmap(address, length)
 
 
 def _new_memory(
@@ -417,9 +480,10 @@ def _new_memory(
         reservation = max(reservation, size)
         mapped = reservation + guard
         reused = None
-        if state is not None and _reuse_enabled:
-            _watch_reuse(state)
-            reused = _reuse(state, mapped, reservation)
+        source: _Source | None = state if state is not None else image
+        if source is not None and _reuse_enabled:
+            _watch_reuse(source)
+            reused = _reuse(source, mapped, reservation)
         base = (
             reused
             if reused is not None
@@ -435,7 +499,7 @@ def _new_memory(
             _libc.munmap(base, mapped)
             return _error("mighty: memory limit exceeded")
         if reused is not None:
-            mapped_ok = True  # it holds the state already (_reuse)
+            mapped_ok = True  # it holds its state or image already (_reuse)
         elif state is not None:
             mapped_ok = _map_state(base, state)
         elif image is not None:
