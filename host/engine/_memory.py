@@ -286,11 +286,14 @@ _REUSE_PER_STATE = 4
 _REUSE_MAX = 32
 _REUSE_MAX_OWN = 4096  # pages: 16 MiB
 _REUSE_MAX_TOTAL = 16384  # pages: 64 MiB resident in all kept mappings
-_REUSED: dict[int, list[tuple[int, int, int, int]]] = {}
-"""id(state) -> the kept mappings made from it: ``(base, mapped, reserved, own pages)``,
-under ``_MEMORIES_LOCK``. An entry exists only while its state lives (``_watch_reuse``)."""
+_Kept = tuple[int, int, int, int, bytes]
+_REUSED: dict[int, list[_Kept]] = {}
+"""id(state or image) -> the kept mappings made from it: ``(base, mapped, reserved, own pages,
+page map)`` (the page map read when it was freed: nothing writes a kept mapping, so it still
+holds), under ``_MEMORIES_LOCK``. An entry exists only while its source lives
+(``_watch_reuse``)."""
 _REUSE_WATCHED: set[int] = set()
-_REUSE_ORDER: collections.deque[tuple[int, tuple[int, int, int, int]]] = collections.deque()
+_REUSE_ORDER: collections.deque[tuple[int, _Kept]] = collections.deque()
 """Every kept mapping as ``(id(source), entry)``, oldest first: past a global bound the oldest
 is unmapped, so mappings of states or images no longer used make room for those in use."""
 _reuse_count = 0
@@ -327,8 +330,8 @@ def _drop_reused(key: int) -> None:
         _reuse_pages -= sum(entry[3] for entry in kept)
         for entry in kept:
             _REUSE_ORDER.remove((key, entry))
-    for base, mapped, _reserved, _own in kept:
-        _libc.munmap(base, mapped)
+    for entry in kept:
+        _libc.munmap(entry[0], entry[1])
 
 
 def _keep_for_reuse(memory: _Memory) -> bool:
@@ -365,7 +368,7 @@ def _keep_for_reuse(memory: _Memory) -> bool:
     own = _own_pages(raw) if len(raw) == pages * 8 else _REUSE_MAX_OWN + 1
     if own > _REUSE_MAX_OWN:
         return False
-    entry = (memory.base, memory.mapped, memory.reserved, own)
+    entry = (memory.base, memory.mapped, memory.reserved, own, raw)
     kept.append(entry)
     _REUSE_ORDER.append((id(source), entry))
     _reuse_count += 1
@@ -401,16 +404,14 @@ def _reuse(source: _Source, mapped: int, reserved: int) -> int | None:
                 break
     if found is None:
         return None
-    base = found[0]
-    pages = _source_size(source) // _HOST_PAGE
-    raw = _read_pagemap(base, pages)
+    base, raw = found[0], found[4]
     reference = (
         _state_view(source) if isinstance(source, MemoryState) else _image_whole_view(source)
     )
-    if raw is None or not reference:
+    if not reference:
         _libc.munmap(base, mapped)
         return None
-    _copy_back(base, reference, raw, bytes(pages))
+    _copy_back(base, reference, raw, bytes(len(raw) // 8))
     return base
 
 
