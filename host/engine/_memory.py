@@ -33,7 +33,7 @@ import re
 import struct
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -422,16 +422,8 @@ def _image_whole_view(image: MemoryImage) -> int:
         address = _WHOLE_VIEWS.get(id(image))
         if address is not None:
             return address
-        mapped = _libc.mmap(
-            None, image.minimum, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
-        )
-        if mapped is None or mapped == _MAP_FAILED:
-            return 0
-        address = int(mapped)
-        if not _map_image(address, image.minimum, image) or _libc.mprotect(
-            address, image.minimum, _PROT_READ
-        ):
-            _libc.munmap(address, image.minimum)
+        address = _read_only_view(image.minimum, lambda at: _map_image(at, image.minimum, image))
+        if not address:
             return 0
         _WHOLE_VIEWS[id(image)] = address
         unmap = weakref.finalize(image, _unmap_whole_view, id(image), address, image.minimum)
@@ -931,6 +923,21 @@ _DIFFERING: dict[tuple[int, int], bytes] = {}
 _VIEWS_LOCK = threading.Lock()
 
 
+def _read_only_view(size: int, lay_out: Callable[[int], bool]) -> int:
+    """A new read-only mapping of ``size`` bytes whose contents ``lay_out(address)`` maps (as a
+    memory made from them would hold); 0 if it cannot be made."""
+    mapped = _libc.mmap(
+        None, size, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
+    )
+    if mapped is None or mapped == _MAP_FAILED:
+        return 0
+    address = int(mapped)
+    if not lay_out(address) or _libc.mprotect(address, size, _PROT_READ):
+        _libc.munmap(address, size)
+        return 0
+    return address
+
+
 def _state_view(state: MemoryState) -> int:
     """A read-only mapping of ``state``'s whole memory (image, zeros, its pages), kept while
     the state lives, to copy pages from; 0 if it cannot be mapped."""
@@ -938,14 +945,8 @@ def _state_view(state: MemoryState) -> int:
         address = _STATE_VIEWS.get(id(state))
         if address is not None:
             return address
-        mapped = _libc.mmap(
-            None, state.size, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
-        )
-        if mapped is None or mapped == _MAP_FAILED:
-            return 0
-        address = int(mapped)
-        if not _map_state(address, state) or _libc.mprotect(address, state.size, _PROT_READ):
-            _libc.munmap(address, state.size)
+        address = _read_only_view(state.size, lambda at: _map_state(at, state))
+        if not address:
             return 0
         _STATE_VIEWS[id(state)] = address
         unmap = weakref.finalize(state, _unmap_state_view, id(state), address, state.size)
