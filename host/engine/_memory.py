@@ -256,7 +256,10 @@ def _grow_memory(env: int | None, new_size: int) -> int:
 def _free_memory(env: int | None) -> None:
     with _MEMORIES_LOCK:
         memory = _MEMORIES.pop(env or 0, None)
-        kept = memory is not None and _keep_for_reuse(memory)
+        try:
+            kept = memory is not None and _keep_for_reuse(memory)
+        except Exception:  # noqa: BLE001 - a callback of wasmtime's: unmapped, as before
+            kept = False
     if memory is not None:
         memory.account._release(memory.size)
         if not kept:
@@ -265,22 +268,23 @@ def _free_memory(env: int | None) -> None:
 
 # -- recycled memories ------------------------------------------------------------------------
 #
-# A memory made from a state (a pool's warmed interpreter, an agent type's warmed state) is,
-# when its store is freed, kept mapped for the next memory made from that same state: that one
-# then takes the mapping and has the state's bytes copied back over the pages the last guest
-# wrote (the page map says which; every other page still holds the state, see rewind_memory),
-# instead of mapping the state anew. Its pages stay private, so its first calls take none of
-# the ~400 copy-on-write faults a fresh mapping takes (~1.6 ms of a ~3 ms instance here), and
-# no munmap or mmap is made. The instance is new (tables, globals, handles): only the linear
-# memory is reused, and it holds the state byte for byte, as rewind_memory's tests hold.
+# A memory made from a state (a pool's warmed interpreter, an agent type's warmed state) or
+# fresh from an image is, when its store is freed, kept mapped for the next memory made from
+# that same state or image: that one takes the mapping and has the bytes copied back over the
+# pages the last guest wrote (the page map says which; every other page still holds the state
+# or image, see rewind_memory), instead of a new mapping. Its pages stay private, so its first
+# calls take none of the copy-on-write faults a fresh mapping takes (~530-690 for the
+# interpreter, ~1.3 ms of a ~3.7 ms instance here), and no munmap or mmap is made. The instance
+# is new (tables, globals, handles): only the linear memory is reused, and it holds the state or
+# image byte for byte (tests/engine/test_rewind.py).
 #
-# Bounds: at most _REUSE_PER_STATE mappings per state and _REUSE_MAX in all, each with at most
-# _REUSE_MAX_OWN pages of its own (a guest that touched more gives its memory back to the
-# kernel: what a kept mapping holds is resident) and _REUSE_MAX_TOTAL in all (past either total
-# the mapping kept longest ago is unmapped, so unused states make room); the mappings of a
-# state are unmapped when the state is freed. A memory that grew is kept with what it grew into
-# reserved again (its pages dropped); one not made from a state is unmapped as before.
-# MIGHTY_NO_MEMORY_REUSE=1 turns it off (for comparisons).
+# Bounds: at most _REUSE_PER_STATE mappings per state or image and _REUSE_MAX in all, each with
+# at most _REUSE_MAX_OWN pages of its own (a guest that touched more gives its memory back to
+# the kernel: what a kept mapping holds is resident) and _REUSE_MAX_TOTAL in all (past either
+# total the mapping kept longest ago is unmapped, so unused sources make room); a source's
+# mappings are unmapped when it is freed. A memory that grew is kept with what it grew into
+# reserved again (its pages dropped); one made with neither (wasmtime copied its data in) is
+# unmapped as before. MIGHTY_NO_MEMORY_REUSE=1 turns it off (for comparisons).
 
 _REUSE_PER_STATE = 4
 _REUSE_MAX = 32
@@ -368,17 +372,22 @@ def _keep_for_reuse(memory: _Memory) -> bool:
     own = _own_pages(raw) if len(raw) == pages * 8 else _REUSE_MAX_OWN + 1
     if own > _REUSE_MAX_OWN:
         return False
-    entry = (memory.base, memory.mapped, memory.reserved, own, raw)
-    kept.append(entry)
-    _REUSE_ORDER.append((id(source), entry))
-    _reuse_count += 1
-    _reuse_pages += own
-    while (_reuse_count > _REUSE_MAX or _reuse_pages > _REUSE_MAX_TOTAL) and _REUSE_ORDER:
-        key, oldest = _REUSE_ORDER.popleft()  # the newest, just kept, goes last if at all
+    # Room first (the mappings kept longest ago go), then this one: if anything here fails,
+    # nothing of this memory is recorded yet and the caller unmaps it.
+    while (_reuse_count >= _REUSE_MAX or _reuse_pages + own > _REUSE_MAX_TOTAL) and _REUSE_ORDER:
+        key, oldest = _REUSE_ORDER.popleft()
         _REUSED[key].remove(oldest)
         _reuse_count -= 1
         _reuse_pages -= oldest[3]
         _libc.munmap(oldest[0], oldest[1])
+    if _reuse_count >= _REUSE_MAX or _reuse_pages + own > _REUSE_MAX_TOTAL:
+        return False
+    entry = (memory.base, memory.mapped, memory.reserved, own, raw)
+    order = (id(source), entry)
+    kept.append(entry)
+    _REUSE_ORDER.append(order)
+    _reuse_count += 1
+    _reuse_pages += own
     return True
 
 
@@ -475,8 +484,11 @@ def _new_memory(
         reused = None
         source: _Source | None = state if state is not None else image
         if source is not None and _reuse_enabled:
-            _watch_reuse(source)
-            reused = _reuse(source, mapped, reservation)
+            try:
+                _watch_reuse(source)
+                reused = _reuse(source, mapped, reservation)
+            except Exception:  # noqa: BLE001 - never seen; a new mapping then, as before
+                reused = None
         base = (
             reused
             if reused is not None
