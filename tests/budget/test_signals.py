@@ -8,12 +8,16 @@ traceback, and one line (or one JSON object) saying what happened.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +52,7 @@ def _interrupt(
     argv: list[str], signum: int, rng: random.Random, late: float
 ) -> tuple[int, str, str]:
     """Start ``argv``, signal it once it is past start-up plus up to ``late`` s; its outcome."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_DUMPING)
     try:
         deadline = time.monotonic() + 60
         while not _catches(proc.pid, signal.SIGTERM) and proc.poll() is None:
@@ -67,9 +71,14 @@ def _interrupt(
             # __del__ or a weakref callback, where exceptions are only printed) is sent again.
             # `mty` loses none since its unraisable hook (tests/cli/test_interrupts.py); a plain
             # Python program (test_python_instance_call_is_cancelled) still can.
+            proc.send_signal(signal.SIGUSR1)  # its threads' Python stacks, for the message
+            time.sleep(1)
             _RESENT.append(_where(proc.pid))
             proc.send_signal(signum)
             out, err = proc.communicate(timeout=120)
+            stacks, rest = _split_dump(err.decode(errors="replace"))
+            _RESENT[-1] += "\n" + stacks
+            err = rest.encode()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -78,6 +87,36 @@ def _interrupt(
 
 
 _RESENT: list[str] = []
+
+# Every process the tests signal dumps its threads' Python stacks on SIGUSR1 (faulthandler, from
+# a sitecustomize module on its path: the command itself is run unchanged), so that a lost
+# signal's failure message says where the main thread was.
+_SITE = Path(tempfile.mkdtemp(prefix="mty-signals-"))
+atexit.register(shutil.rmtree, _SITE, True)
+(_SITE / "sitecustomize.py").write_text(
+    "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+)
+_DUMPING = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(p for p in (str(_SITE), os.environ.get("PYTHONPATH")) if p),
+}
+_DUMP_LINE = re.compile(
+    r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$|  File |$"
+)
+
+
+def _split_dump(err: str) -> tuple[str, str]:
+    """faulthandler's dump in ``err`` (from its first thread header), and ``err`` without it."""
+    lines = err.splitlines(keepends=True)
+    start = next(
+        (i for i, line in enumerate(lines) if re.match(r"(Current thread|Thread) 0x", line)), None
+    )
+    if start is None:
+        return "(no stacks dumped)", err
+    end = start
+    while end < len(lines) and _DUMP_LINE.match(lines[end].rstrip("\n")):
+        end += 1
+    return "".join(lines[start:end]), "".join(lines[:start] + lines[end:])
 
 
 def _where(pid: int) -> str:
