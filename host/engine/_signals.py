@@ -10,9 +10,13 @@ a garbage pointer (glibc's "double free or corruption", exit 134).
 So while a guest call runs on the main thread, :class:`SignalShield` wraps every Python-level
 signal handler in one that runs the original, catches whatever it raises, keeps the first such
 exception and tells the shield's listener (the budget layer cancels the call at its next epoch
-tick). A handler that does not raise behaves exactly as before. When the outermost shield closes,
-the original handlers are back and the kept exception is the caller's to raise, outside every
-callback.
+tick). A listener that joins after a handler raised in the same outermost block hears of it as it
+joins: Instance.call is shielded as a whole, and a signal that came while its Python prepared the
+call (the first call's codecs take milliseconds) was kept but heard by no one, so the guest call
+then ran to its deadline before the kept exception came out (`mty exec` lost about one SIGTERM in
+20-40 at load). A handler that does not raise behaves exactly as before. When the outermost
+shield closes, the original handlers are back and the kept exception is the caller's to raise,
+outside every callback.
 
 Rejected:
 - catching ``BaseException`` in every callback alone: the exception would still be raised
@@ -100,10 +104,12 @@ class SignalShield:
     """While open on the main thread, signal handlers cannot raise into a ctypes callback.
 
     ``with SignalShield(on_signal) as shield: ...``: ``on_signal(signum)`` is called (inside
-    whatever callback was running) when a handler raised; after the block, ``shield.pending``
-    holds that exception (the first one, if several came) and ``shield.signum`` its signal,
-    for the caller to raise. Off the main thread the shield does nothing: Python runs handlers
-    only in the main thread. Shields nest; the outermost restores the handlers.
+    whatever callback was running) when a handler raised, or on entry when one raised earlier
+    in an enclosing shield's block (that exception is still kept, so what this block guards
+    must stop too); after the block, ``shield.pending`` holds that exception (the first one,
+    if several came) and ``shield.signum`` its signal, for the caller to raise. Off the main
+    thread the shield does nothing: Python runs handlers only in the main thread. Shields nest;
+    the outermost restores the handlers.
     """
 
     __slots__ = ("_active", "_listener", "pending", "signum")
@@ -134,6 +140,8 @@ class SignalShield:
             listeners = _State.listeners
             listeners.append(listener)
             _State.depth += 1
+            if _State.signum is not None:
+                _tell_late(listener, _State.signum)
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -170,6 +178,8 @@ class SignalShield:
                     _State.saved[signum] = current
                     _signal.signal(signum, _deferring)
         _State.depth += 1
+        if self._listener is not None and _State.signum is not None:
+            _tell_late(self._listener, _State.signum)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -188,6 +198,15 @@ class SignalShield:
             self.pending, _State.pending = _State.pending, None
             self.signum, _State.signum = _State.signum, None
         # An inner shield leaves the exception to the outermost: it is raised once.
+
+
+def _tell_late(listener: _Listener, signum: int) -> None:
+    """A listener whose block begins after a handler raised (in the outermost shield's block,
+    which keeps the exception until it closes) hears of it at once: what it guards (a guest call
+    that starts after the signal came) is stopped like one the signal interrupted, instead of
+    running to its end while the kept exception waits."""
+    with contextlib.suppress(BaseException):  # as in _deferring: a listener must not raise
+        listener(signum)
 
 
 def shielded(fn: Callable[_P, _R]) -> Callable[_P, _R]:

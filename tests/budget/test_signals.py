@@ -327,6 +327,24 @@ def test_a_raising_handler_gets_its_exception_out_after_the_call(budget_wasm: by
     assert isinstance(caught.value.__context__, Cancelled)
 
 
+def test_a_signal_kept_before_a_call_interrupts_the_call(budget_wasm: bytes) -> None:
+    """A handler that raised in an open shield before a guest call began stops that call too."""
+    component = Component.load(budget_wasm)
+    # Fuel ends the spin if the signal is not heard (the bug: it ran to its deadline, while the
+    # kept KeyboardInterrupt waited; `Instance.call` is shielded as a whole, so a Ctrl-C while
+    # its Python prepared the guest call landed there).
+    with (
+        Instance(component, budget=Budget(fuel=10**10, timeout=600)) as instance,
+        SignalShield() as shield,
+    ):
+        signal.raise_signal(signal.SIGINT)  # kept: no guest call is running yet
+        with pytest.raises(Cancelled) as caught:
+            instance.call("spin")
+    assert caught.value.reason == "interrupted"
+    assert caught.value.signal == signal.SIGINT
+    assert isinstance(shield.pending, KeyboardInterrupt)
+
+
 def test_shield_restores_handlers_and_nests() -> None:
     """Shields nest; the outermost puts the handlers back and alone reports the exception."""
     heard: list[int] = []
