@@ -13,7 +13,8 @@ hand-off's bounded spin, ``MIGHTY_TOOL_SPIN_US``, costs CPU: see docs/sandbox.md
 instances made from the pool's warmed state against instances warmed in full (as before it),
 interleaved in the same process (``--warm-state``: only that part); and instances rewound after
 each run against instances closed after it, with Monty in the same process (``--rewind``: only
-that part).
+that part); ``print`` loops with the interpreter's line-buffered stdout against the unbuffered
+one it had before (``--print``: only that part).
 """
 
 from __future__ import annotations
@@ -291,6 +292,9 @@ def main() -> None:
     if "--rewind" in sys.argv:
         report(_rewind_rows())
         return
+    if "--print" in sys.argv:
+        report(_print_rows())
+        return
     rows: list[dict[str, object]] = [
         {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
     ]
@@ -387,7 +391,74 @@ def main() -> None:
     rows.extend(_handoff_floor())
     rows.extend(_warm_state_rows())
     rows.extend(_rewind_rows())
+    rows.extend(_print_rows())
     report(rows)
+
+
+_UNBUFFERED = "import sys\nsys.stdout.reconfigure(line_buffering=False, write_through=True)\n"
+"""Puts back the stdout componentize-py starts CPython with (unbuffered, every write crossing
+into the host), for the baseline of `_print_rows` in the same run: the pool rewinds each
+instance after its run, so the next run has the interpreter's line-buffered stdout again."""
+
+
+def _print_rows() -> list[Row]:
+    """``print`` loops in one run: the interpreter's line-buffered stdout against the unbuffered
+    one it had before (the same sandbox, the same loop, interleaved), and the loop with its
+    prints replaced by appends to a list (what the loop costs without output)."""
+    n = 2000
+    loops = {
+        "print(i)": (
+            f"for i in range({n}):\n    print(i)",
+            f"o = []\nfor i in range({n}):\n    o.append(i)",
+        ),
+        "print('x', i, 'y')": (
+            f"for i in range({n}):\n    print('x', i, 'y')",
+            f"o = []\nfor i in range({n}):\n    o.append(('x', i, 'y'))",
+        ),
+    }
+    rows: list[Row] = [
+        {
+            "name": "print loops: load (1, 5, 15 min)",
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        }
+    ]
+    with Sandbox(pool=2, limits=Limits(timeout=60)) as box:
+        box.run("1")
+        for name, (code, silent) in loops.items():
+            timed: dict[str, list[float]] = {"line": [], "unbuffered": [], "silent": []}
+            cpu: dict[str, list[float]] = {"line": [], "unbuffered": []}
+            for _ in range(15):
+                for kind, text in (
+                    ("line", code),
+                    ("unbuffered", _UNBUFFERED + code),
+                    ("silent", silent),
+                ):
+                    _wait_full(box, 2)
+                    started, thread = time.perf_counter(), time.thread_time()
+                    result = box.run(text)
+                    assert result.ok, result.error
+                    if kind in cpu:
+                        cpu[kind].append(time.thread_time() - thread)
+                    timed[kind].append(time.perf_counter() - started)
+            line, raw = statistics.median(timed["line"]), statistics.median(timed["unbuffered"])
+            rows.append(
+                {
+                    "name": f"{n} x {name} in one run, p50",
+                    "line_buffered_ms": round(line * 1e3, 2),
+                    "unbuffered_ms": round(raw * 1e3, 2),
+                    "ratio_line_over_unbuffered": round(line / raw, 3),
+                    "per_print_us_line_unbuffered": [
+                        round(line / n * 1e6, 2),
+                        round(raw / n * 1e6, 2),
+                    ],
+                    "thread_cpu_ms_line_unbuffered": [
+                        round(statistics.median(cpu["line"]) * 1e3, 2),
+                        round(statistics.median(cpu["unbuffered"]) * 1e3, 2),
+                    ],
+                    "without_print_ms": round(statistics.median(timed["silent"]) * 1e3, 2),
+                }
+            )
+    return rows
 
 
 _IN_RUN = """
