@@ -229,6 +229,53 @@ def test_mty_exec_exits_130_or_143(
         assert json.loads(lines[0])["error"]["kind"] == "cancelled"
 
 
+# Widens the moment CI's lost signals fell in: while `Instance.call` prepares the first call of an
+# export (under its shield, before the guest call's own listener), it marks a file and sleeps.
+_WIDENED = """
+import os, pathlib, time
+import mighty.instance._instance as instance_module
+_export = instance_module.Instance._export
+def _widened(self, name):
+    if name == "run" and not getattr(self, "_widened", False):
+        self._widened = True
+        pathlib.Path(os.environ["MTY_TEST_MARKER"]).touch()
+        time.sleep(2)
+    return _export(self, name)
+instance_module.Instance._export = _widened
+"""
+
+
+@pytest.mark.slow
+def test_mty_exec_signalled_before_its_guest_call_begins(
+    interpreter: Component, tmp_path: Path
+) -> None:
+    """A SIGTERM while `mty exec` prepares its guest call stops the run at once, not at its
+    deadline (the signal was kept, and the call it came before ran on, 60 s in CI)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_WIDENED)
+    marker = tmp_path / "marker"
+    script = tmp_path / "spin.py"
+    script.write_text("while True: pass")
+    env = {**os.environ, "PYTHONPATH": str(site), "MTY_TEST_MARKER": str(marker)}
+    argv = [_MTY, "exec", str(script), "--timeout", "600", "--fuel", _FUEL, "--json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never began"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)  # the run's own deadline is 600 s away
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, (out, err)
+    assert json.loads(out)["error"]["kind"] == "cancelled"
+
+
 # The SIGTERM handler, which the harness waits for before it signals, is installed after the
 # imports: a signal landing while Python imports can raise inside one of importlib's weakref
 # callbacks, where CPython only prints "Exception ignored" and the import goes on (nothing
