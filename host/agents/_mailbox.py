@@ -9,7 +9,11 @@ What happens when the mailbox is full is a policy chosen at construction:
 envelope, counts it, and returns False; ``"fail"`` raises ``MailboxFull`` at once.
 
 ``pause`` holds consumers back while a hot swap replaces the agent's code; producers keep
-sending (within capacity), so nothing sent during the swap is lost.
+sending (within capacity), so nothing sent during the swap is lost. A ``hold`` (a check given by
+the layer above, read each time an envelope could be handed out) holds consumers back the same
+way without a call at the moment it starts: a cluster node's lease that has gone stale holds
+every agent of the node from that instant, whether or not a thread noticed (mighty.cluster's
+fence). Whoever lifts it calls ``poke`` so that consumers waiting look again.
 
 The mailbox errors are ``HostError``: the guest did nothing wrong when its mailbox fills up or
 closes; the host could not deliver or fetch.
@@ -88,6 +92,7 @@ class Mailbox(Generic[T]):
         on_full: OnFull = "block",
         block_timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        hold: Callable[[], bool] | None = None,
     ) -> None:
         if capacity < 1:
             raise BadInput(f"a mailbox needs a capacity of at least 1, not {capacity}")
@@ -107,6 +112,7 @@ class Mailbox(Generic[T]):
         self._not_empty = threading.Condition(self._lock)
         self._closed = False
         self._paused = False
+        self._hold = hold
         # Threads waiting in put / get: a notify is only worth its cost when one is.
         self._producers = 0
         self._consumers = 0
@@ -204,7 +210,7 @@ class Mailbox(Generic[T]):
                         break
                     if self._closed:
                         raise MailboxClosed("mailbox is closed")
-                    state = "paused" if self._paused else "empty"
+                    state = "paused" if self._held() else "empty"
                     raise MailboxEmpty(f"mailbox stayed {state} for {timeout}s")
             item = self._items.popleft()
             if self._producers:
@@ -215,7 +221,7 @@ class Mailbox(Generic[T]):
         """The oldest envelope if one can be handed out now (as ``get_nowait``), else None."""
         with self._lock:
             items = self._items
-            if not items or (self._paused and not self._closed):
+            if not items or (not self._closed and self._held()):
                 return None
             item = items.popleft()
             if self._producers:
@@ -232,7 +238,7 @@ class Mailbox(Generic[T]):
         pause is read too). Like any answer it may be stale on return; its callers (an agent
         ending its turn, a wake) are made safe by the producer's wake after every put.
         """
-        return bool(self._items) and (self._closed or not self._paused)
+        return bool(self._items) and (self._closed or not self._held())
 
     def claim(self) -> bool:
         """Accept an envelope and hand it out at once, never queueing it: True (counted as
@@ -244,7 +250,7 @@ class Mailbox(Generic[T]):
         agent's lock that keeps any other consumer away until it has handled the envelope.
         """
         with self._lock:
-            if self._items or self._closed or self._paused:
+            if self._items or self._closed or self._held():
                 return False
             self._accepted += 1
             if not self._high_water:
@@ -259,11 +265,16 @@ class Mailbox(Generic[T]):
         """Whether ``item`` is the one envelope held and could be taken now (not paused)."""
         with self._lock:
             items = self._items
-            return len(items) == 1 and items[0] is item and (self._closed or not self._paused)
+            return len(items) == 1 and items[0] is item and (self._closed or not self._held())
 
     def _ready(self) -> bool:
         """An envelope can be handed out now (lock held)."""
-        return bool(self._items) and (self._closed or not self._paused)
+        return bool(self._items) and (self._closed or not self._held())
+
+    def _held(self) -> bool:
+        """Consumers are held back: paused, or the hold is on."""
+        hold = self._hold
+        return self._paused or (hold is not None and hold())
 
     def waiting(self) -> list[T]:
         """The envelopes held now, oldest first (a copy: for finding one, not for taking)."""
@@ -301,6 +312,18 @@ class Mailbox(Generic[T]):
             self._paused = False
             self._not_empty.notify_all()
 
+    def hold_while(self, hold: Callable[[], bool] | None) -> None:
+        """Hold consumers back whenever ``hold()`` is true (None: no hold); see the module
+        docstring. The check runs under the mailbox's lock: it must be quick and take no lock."""
+        with self._lock:
+            self._hold = hold
+            self._not_empty.notify_all()
+
+    def poke(self) -> None:
+        """Consumers waiting look again (a hold was lifted)."""
+        with self._lock:
+            self._not_empty.notify_all()
+
     # -- state ----------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -332,9 +355,15 @@ class Mailbox(Generic[T]):
 
     @property
     def paused(self) -> bool:
-        """Consumers are held back (``pause`` without a ``resume`` yet)."""
+        """``pause`` was called without a ``resume`` yet."""
         with self._lock:
             return self._paused
+
+    @property
+    def held(self) -> bool:
+        """Consumers are held back now: paused, or the hold is on."""
+        with self._lock:
+            return self._held()
 
     @property
     def high_water(self) -> int:

@@ -1356,6 +1356,9 @@ class Runtime:
     Use as a context manager, or call :meth:`shutdown`.
     """
 
+    _hold: Callable[[], bool] | None = None
+    """Held back while true: every mailbox (:meth:`hold_while`)."""
+
     def __init__(
         self,
         *,
@@ -1552,6 +1555,8 @@ class Runtime:
             if name is not None and name in self._names:
                 raise BadSpawn(f"the name {name!r} is already registered")
             self._agents[address] = process
+            if self._hold is not None:  # under the lock: hold_while sets it on all or on none
+                process.mailbox.hold_while(self._hold)
             if name is not None:
                 self._names[name] = address
         if stored is not None:
@@ -1606,6 +1611,8 @@ class Runtime:
             if address in self._agents:
                 return self._agents[address]
             self._agents[address] = process
+            if self._hold is not None:
+                process.mailbox.hold_while(self._hold)
             if row.name is not None and row.name not in self._names:
                 self._names[row.name] = address
         self._adopt(process)
@@ -1695,6 +1702,24 @@ class Runtime:
     def agents(self) -> list[AgentProcess]:
         with self._lock:
             return list(self._agents.values())
+
+    def hold_while(self, hold: Callable[[], bool] | None) -> None:
+        """Hold back every agent's mailbox, now and later spawned, whenever ``hold()`` is true
+        (None: no hold): nothing is handed out of it, asks run in place included (see
+        mighty.agents._mailbox). A cluster node's fence holds its agents while its lease is
+        stale. Whoever sees the hold lift calls :meth:`hold_lifted`."""
+        with self._lock:
+            self._hold = hold
+            for process in self._agents.values():
+                process.mailbox.hold_while(hold)
+        if hold is None:
+            self.hold_lifted()
+
+    def hold_lifted(self) -> None:
+        """The hold is off again: every agent with messages is scheduled."""
+        for process in self.agents():
+            process.mailbox.poke()
+            process.wake()
 
     def _forget(self, process: AgentProcess) -> None:
         with self._lock:

@@ -7,12 +7,17 @@ the heartbeat published before it, and every peer hears that heartbeat (or a lat
 than its send time: a peer declares the node dead ``dead_after`` after the last heartbeat it
 heard, hence no earlier than ``renewed + dead_after``, where ``renewed`` is the send time of
 the last acknowledged rewrite. The node fences itself at ``renewed +
-fence_after`` (``fence_after`` < ``dead_after``, by default half of it): every local agent's
-mailbox is paused (it keeps accepting; nothing is handled, an ask run in place waits too), so
-between the fence and the return no agent of this node has a side effect. An agent started
-while fenced (a local supervisor's restart, a local spawn) is paused too, within
-``_FENCED_TICK`` of its start: it may handle messages in that window (closing it needs a
-runtime hook that starts agents paused, which mighty.agents does not have). Same clock, same
+fence_after`` (``fence_after`` < ``dead_after``, by default half of it): no local agent's
+mailbox hands out a message from that instant (it keeps accepting; nothing is handled, an ask
+run in place waits too), so between the fence and the return no agent of this node starts
+handling a message. That instant does not wait for a thread to notice: the runtime's hold
+(``Runtime.hold_while(fence.holding)``) is read each time a mailbox could hand a message out,
+and is on from ``renewed + fence_after`` whether or not the watcher below has run. (It once
+waited: the watcher, a task on the NATS loop, fenced 0.5 s late on a loaded CI machine, after
+the peer had declared the node dead and restarted its agent: two copies answered.) The watcher
+then pauses the mailboxes and logs; an agent started while fenced (a local supervisor's
+restart, a local spawn) is held from its start. A message being handled at the fence runs to
+its end. Same clock, same
 process: only the rate of the two monotonic clocks matters, not their values.
 
 When a rewrite is acknowledged again, the node looks at each cluster-wide name it claimed:
@@ -71,7 +76,7 @@ __all__ = ["Fence"]
 
 _log = logging.getLogger("mighty.cluster")
 _FENCED_TICK = 0.02
-"""While fenced: how often agents started since (by a local supervisor, say) are paused too."""
+"""While fenced: how often the watcher looks whether the lease was renewed."""
 
 
 class Fence:
@@ -97,9 +102,21 @@ class Fence:
         blocked while the agent's message ends): never resumed until the last one returns."""
         self._wake: asyncio.Event | None = None
 
+    def holding(self) -> bool:
+        """The node's agents are held back now: fenced, or the lease older than ``after`` (the
+        runtime's hold, read each time an agent's mailbox could hand out a message: the fence
+        takes effect at that instant, however late this node's threads run)."""
+        return self.fenced or time.monotonic() - self.renewed >= self.after
+
     def renew(self, sent: float) -> None:
         """A lease rewrite sent at ``sent`` was acknowledged (on the NATS loop)."""
+        stale = time.monotonic() - self.renewed >= self.after
         self.renewed = max(self.renewed, sent)
+        if stale and not self.holding():
+            # Stale and fresh again before the watcher fenced: the agents the hold kept back
+            # are scheduled again (off the loop: waking takes the agents' locks).
+            with suppress(RuntimeError):  # the pool is shut down: the node is leaving anyway
+                self.node._pool.submit(self.node.runtime.hold_lifted)
         if self._wake is not None:
             self._wake.set()
 
@@ -110,8 +127,6 @@ class Fence:
             left = self.renewed + self.after - time.monotonic()
             if not self.fenced and left <= 0:
                 self._fence(-left)
-            elif self.fenced:
-                self._pause_new()
             fresh = time.monotonic() - self.renewed < self.after
             if self.fenced and fresh and await self._check_names():
                 await asyncio.get_running_loop().run_in_executor(self.node._pool, self._unfence)
@@ -137,13 +152,6 @@ class Fence:
             self.after + late,
             len(paused),
         )
-
-    def _pause_new(self) -> None:
-        known = set(self._paused)
-        for process in self.node.runtime.agents():
-            if process.address not in known and not process.mailbox.paused:
-                process.mailbox.pause()
-                self._paused.append(process.address)
 
     async def _check_names(self) -> bool:
         """Stop the agents whose names were given away; False if NATS did not answer."""
@@ -267,4 +275,5 @@ class Fence:
                 process.wake()
         self._paused = []
         self.fenced = False
+        runtime.hold_lifted()  # agents started while fenced were held, not paused
         _log.warning("node %s: lease renewed: unfenced", self.node.name)

@@ -291,6 +291,7 @@ class Node:
                 f"{config.dead_after:g} s (if it died, start again after that)"
             ) from None
         self.fence.renew(claimed)  # the first lease
+        self.runtime.hold_while(self.fence.holding)  # see _fence: held while the lease is stale
         # Bounded: past these, NATS drops for this slow consumer (counted by the server).
         await nc.subscribe(
             f"{self.subject}.*",  # the last token names the sender
@@ -335,6 +336,7 @@ class Node:
         self._closed = True
         if self.runtime.router is self:
             self.runtime.router = None
+        self.runtime.hold_while(None)  # the runtime goes on alone: no lease to keep
         self.durable.close()
         if self._thread.is_alive():
             try:

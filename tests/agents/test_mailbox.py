@@ -8,6 +8,7 @@ from collections import deque
 
 import pytest
 from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mighty._errors import BadInput, HostError
@@ -245,12 +246,37 @@ def test_close_ends_a_pause_so_consumers_can_finish() -> None:
         box.get(timeout=1)
 
 
+def test_a_hold_takes_effect_without_a_call_and_poke_wakes_a_waiting_consumer() -> None:
+    """A hold check turned on holds consumers back from that instant (no call to the mailbox);
+    turned off, ``poke`` wakes a consumer that waited through it."""
+    held = [False]
+    box: Mailbox[str] = Mailbox(2, hold=lambda: held[0])
+    box.put("first")
+    held[0] = True
+    assert box.held and not box.paused and not box.ready() and not box.claim()
+    with pytest.raises(MailboxEmpty, match="paused"):
+        box.get_nowait()
+    got: list[str] = []
+    consumer = threading.Thread(target=lambda: got.append(box.get(timeout=30)))
+    consumer.start()
+    box.put("second")  # wakes the consumer, which finds the hold on and waits again
+    held[0] = False
+    box.poke()
+    consumer.join(timeout=30)
+    assert got == ["first"] and box.get_nowait() == "second"
+    box.hold_while(None)
+    held[0] = True
+    assert not box.held
+
+
 class MailboxModel(RuleBasedStateMachine):
-    """Single-threaded, a Mailbox behaves like a bounded deque with closed and paused flags."""
+    """Single-threaded, a Mailbox behaves like a bounded deque with closed and paused flags,
+    and a hold that goes on and off without a call to the mailbox (a lease going stale)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.box: Mailbox[int] = Mailbox(4, on_full="fail")
+        self.hold = False
+        self.box: Mailbox[int] = Mailbox(4, on_full="fail", hold=lambda: self.hold)
         self.model: deque[int] = deque()
         self.closed = False
         self.paused = False
@@ -280,7 +306,7 @@ class MailboxModel(RuleBasedStateMachine):
     @rule()
     def get(self) -> None:
         """Take one."""
-        if self.paused and not self.closed:
+        if (self.paused or self.hold) and not self.closed:
             with pytest.raises(MailboxEmpty):
                 self.box.get_nowait()
         elif self.model:
@@ -296,7 +322,7 @@ class MailboxModel(RuleBasedStateMachine):
     def claim(self) -> None:
         """Accept and hand out at once (an ask run in place): only from an empty, open,
         unpaused mailbox, so that nothing queued is passed over; counted as accepted."""
-        claimable = not self.model and not self.closed and not self.paused
+        claimable = not self.model and not self.closed and not (self.paused or self.hold)
         assert self.box.claim() is claimable
         if claimable:
             self.next += 1
@@ -321,6 +347,11 @@ class MailboxModel(RuleBasedStateMachine):
         self.box.resume()
         self.paused = False
 
+    @rule(on=st.booleans())
+    def flip_hold(self, on: bool) -> None:
+        """The hold's check turns on or off; the mailbox is not told."""
+        self.hold = on
+
     @precondition(lambda self: not self.closed)
     @rule()
     def close(self) -> None:
@@ -332,7 +363,9 @@ class MailboxModel(RuleBasedStateMachine):
     def counters_match(self) -> None:
         """Length and counters agree with the model."""
         assert len(self.box) == len(self.model)
-        assert self.box.ready() is (bool(self.model) and (self.closed or not self.paused))
+        held = self.paused or self.hold
+        assert self.box.ready() is (bool(self.model) and (self.closed or not held))
+        assert self.box.held is held and self.box.paused is self.paused
         assert self.box.accepted == self.accepted
         assert self.box.rejected == self.rejected
         assert self.box.high_water == self.high

@@ -15,6 +15,7 @@ from mighty import Budget, Component
 from mighty.agents import (
     AgentChild,
     AgentCrashed,
+    AgentError,
     AgentType,
     BreakerSettings,
     CircuitOpen,
@@ -48,6 +49,43 @@ def test_spawn_send_ask_and_names(echo_agent: Component) -> None:
         rt.send(first, "x", 1)
         assert rt.drain(5)
         assert rt.process(first).stats.handled == 2
+
+
+def test_a_runtime_hold_keeps_every_mailbox_until_lifted(echo_agent: Component) -> None:
+    """While the runtime's hold check is true, no agent (one spawned during the hold too) is
+    handed a message, in-place asks included; once it is false and ``hold_lifted`` is called,
+    what waited is handled in order. ``hold_while(None)`` ends it outright."""
+    with Runtime(workers=2) as rt:
+        rt.register(AgentType("echo", echo_agent))
+        before = rt.spawn("echo")
+        held = threading.Event()
+        held.set()
+        rt.hold_while(held.is_set)
+        during = rt.spawn("echo")
+        answers: dict[str, object] = {}
+
+        def ask(address: str) -> None:
+            answers[address] = rt.ask(address, "x", address, timeout=120)
+
+        askers = [threading.Thread(target=ask, args=(a,)) for a in (before, during)]
+        for asker in askers:
+            asker.start()
+        rt.send(before, "x", "sent")
+        assert all(rt.process(a).mailbox.held for a in (before, during))
+        with pytest.raises(AgentError) as waited:
+            rt.ask(during, "x", "short", timeout=0.2)
+        assert waited.value.code == "timeout"
+        assert rt.process(before).stats.handled == 0 and rt.process(during).stats.handled == 0
+        held.clear()
+        rt.hold_lifted()
+        for asker in askers:
+            asker.join(120)
+        assert answers == {before: before, during: during}
+        assert rt.drain(60)
+        assert rt.process(before).stats.handled == 2
+        held.set()
+        rt.hold_while(None)
+        assert rt.ask(before, "x", "free") == "free"
 
 
 def test_unknown_and_dead_addresses_are_noproc(echo_agent: Component) -> None:

@@ -97,12 +97,13 @@ def _until(
 
 
 def _answering(runtime: Runtime, name: str) -> bool:
-    """An agent of ``runtime`` holds ``name`` and may handle messages (not fenced)."""
+    """An agent of ``runtime`` holds ``name`` and could be handed a message now (its mailbox is
+    not held back: not paused, not under a fenced or stale lease)."""
     address = runtime.whereis(name)
     if address is None:
         return False
     try:
-        return not runtime.process(address).mailbox.paused
+        return not runtime.process(address).mailbox.held
     except NoProc:
         return False
 
