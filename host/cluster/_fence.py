@@ -90,7 +90,9 @@ class Fence:
         """Send time of the last acknowledged lease rewrite."""
         self.fenced = False
         self.fenced_at = 0.0
-        """When it last fenced itself (monotonic)."""
+        """When it last fenced itself (monotonic): the instant its lease went stale and its
+        agents were held, which the watcher's log line ("fenced", with ``held_since`` on the
+        wall clock in its record) may follow late."""
         self.fences = 0
         """How many times this node fenced itself."""
         self.yielded: list[str] = []
@@ -143,14 +145,17 @@ class Fence:
                 mailbox.pause()
                 paused.append(process.address)
         self._paused = paused
-        self.fenced_at = time.monotonic()
+        # The fence began when the lease went stale (the hold), not now: the watcher may be late.
+        self.fenced_at = self.renewed + self.after
         self.fenced = True
         self.fences += 1
+        held_since = time.time() - (time.monotonic() - self.fenced_at)
         _log.warning(
             "node %s: fenced: no lease renewed for %.2f s (%d agents paused)",
             self.node.name,
             self.after + late,
             len(paused),
+            extra={"held_since": held_since},
         )
 
     async def _check_names(self) -> bool:

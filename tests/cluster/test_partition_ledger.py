@@ -130,8 +130,11 @@ class _Events(logging.Handler):
             kind = "yielded" if "belongs to" in message else "taken"
             name = message.split("'")[1]
         if kind:
+            # A fence holds the node's agents from the instant its lease went stale, which the
+            # watcher's line may follow late (a loaded machine): that instant is the event's.
+            when = getattr(record, "held_since", record.created)
             with self._lock:
-                self.events.append((record.created, node, kind, name))
+                self.events.append((when, node, kind, name))
 
 
 @dataclass
