@@ -71,8 +71,10 @@ def _interrupt(
             # __del__ or a weakref callback, where exceptions are only printed) is sent again.
             # `mty` loses none since its unraisable hook (tests/cli/test_interrupts.py); a plain
             # Python program (test_python_instance_call_is_cancelled) still can.
-            proc.send_signal(signal.SIGUSR1)  # its threads' Python stacks, for the message
-            proc.send_signal(signal.SIGUSR2)  # mighty's signal state (_SITE), the same
+            # Its threads' Python stacks and mighty's signal state, for the message (_SITE): signals
+            # whose default is to be ignored, as they are once the process is exiting.
+            proc.send_signal(signal.SIGWINCH)
+            proc.send_signal(signal.SIGURG)
             time.sleep(1)
             _RESENT.append(_where(proc.pid))
             proc.send_signal(signum)
@@ -92,10 +94,10 @@ def _interrupt(
 
 _RESENT: list[str] = []
 
-# Every process the tests signal dumps its threads' Python stacks on SIGUSR1 (faulthandler, from
+# Every process the tests signal dumps its threads' Python stacks on SIGWINCH (faulthandler, from
 # a sitecustomize module on its path: the command itself is run unchanged), so that a lost
 # signal's failure message says where the main thread was.
-# And on SIGUSR2 (a Python handler: it runs at the main thread's next bytecode, which a guest call
+# And on SIGURG (a Python handler: it runs at the main thread's next bytecode, which a guest call
 # reaches at its next epoch tick), the state of mighty's signal machinery: whether a lost signal
 # was kept by a shield, told to the running call, or owed.
 _STATE_DUMP = """
@@ -127,12 +129,12 @@ def _mighty_state(signum, frame):
         sys.stderr.flush()
     except BaseException as exc:
         sys.stderr.write(f"MIGHTY-STATE failed: {exc!r}" + chr(10))
-signal.signal(signal.SIGUSR2, _mighty_state)
+signal.signal(signal.SIGURG, _mighty_state)
 """
 _SITE = Path(tempfile.mkdtemp(prefix="mty-signals-"))
 atexit.register(shutil.rmtree, _SITE, True)
 (_SITE / "sitecustomize.py").write_text(
-    "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    "import faulthandler, signal\nfaulthandler.register(signal.SIGWINCH, all_threads=True)\n"
     + _STATE_DUMP
 )
 _DUMPING = {
@@ -185,8 +187,10 @@ def _many(
         outcomes = list(pool.map(make, rngs))
     # A code that prints whose signal was lost is not left running for the resend: it ends by
     # itself at its output limit (2 MiB of 'x\n') with status 1. That is the same lost signal,
-    # counted with the resends.
-    ended = [o for o in outcomes if o[0] == 1 and '"kind": "output_limit"' in o[1]]
+    # counted with the resends. When it ends just as the resend comes (CI: ~40 s to the limit),
+    # the resend may find it exiting, with Python's handlers gone: its status is then the
+    # signal's, and its output still says how the run ended.
+    ended = [o for o in outcomes if '"kind": "output_limit"' in o[1]]
     lost = len(_RESENT) - before + len(ended)
     assert lost <= lost_at_most, f"a signal was lost {lost} times in the tries:\n" + "\n--\n".join(
         _RESENT[before:] + [f"ended by itself: {o[2][-2000:]}" for o in ended]
@@ -272,7 +276,7 @@ def test_mty_exec_exits_130_or_143(
     # unheard signal before a guest call (test_mty_exec_signalled_before_its_guest_call_begins)
     # was one cause and is fixed; what is left is not found. Tolerated here up to three for
     # SIGTERM so that a fourth says so; the message carries each lost one's stacks and mighty's
-    # signal state at the time (SIGUSR2, _STATE_DUMP).
+    # signal state at the time (SIGURG, _STATE_DUMP).
     allowed = 3 if signum == signal.SIGTERM else 1
     for outcome in _many(once, signum + 200, lost_at_most=allowed):
         _assert_clean(outcome, signum)
