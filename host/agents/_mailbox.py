@@ -221,7 +221,9 @@ class Mailbox(Generic[T]):
         """The oldest envelope if one can be handed out now (as ``get_nowait``), else None."""
         with self._lock:
             items = self._items
-            if not items or (not self._closed and self._held()):
+            if not items or (
+                not self._closed and (self._paused or (self._hold is not None and self._hold()))
+            ):
                 return None
             item = items.popleft()
             if self._producers:
@@ -238,7 +240,10 @@ class Mailbox(Generic[T]):
         pause is read too). Like any answer it may be stale on return; its callers (an agent
         ending its turn, a wake) are made safe by the producer's wake after every put.
         """
-        return bool(self._items) and (self._closed or not self._held())
+        if not self._items:
+            return False
+        hold = self._hold  # inline, not _held(): this and take() run for every message
+        return self._closed or not (self._paused or (hold is not None and hold()))
 
     def claim(self) -> bool:
         """Accept an envelope and hand it out at once, never queueing it: True (counted as
