@@ -128,7 +128,7 @@ def interpreter_rows() -> list[dict[str, object]]:
         store.close()
         return t1 - t0, time.perf_counter() - t1
 
-    linker_mighty = gate.linker_for(get_engine(), shared.imports, shared.origin)
+    linker_mighty = gate.linker_for(get_engine(), shared.imports, shared.origin, shared.modules)
 
     def bare() -> tuple[float, float]:
         # mighty's engine, memory creator and images, without the Instance wrapper (gate

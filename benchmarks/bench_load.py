@@ -80,7 +80,8 @@ def main() -> None:
         store.close()
 
     raw_inst = samples(raw_instantiate, repeat=200, warmup=5)
-    entry = CompiledCache().path_for(component.sha256)
+    # Its own compiled form (the big modules it shares are compiled files of their own).
+    own = sum(p.stat().st_size for p in CompiledCache().directory.glob(f"{component.sha256}*"))
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     report(
         [
@@ -91,7 +92,8 @@ def main() -> None:
                 "raw_deserialize_file_s": round(median(raw_load), 4),
                 "ratio": round(median(load_times) / median(raw_load), 2),
                 "component_mb": round(component.size / 1e6, 1),
-                "compiled_mb": round(entry.stat().st_size / 1e6, 1),
+                "compiled_mb_own": round(own / 1e6, 1),
+                "shared_modules": len(component.modules),
                 "share_memory_false_s": round(median(copy_load), 4),
                 "images": len(component.images),
                 "target": "<= 0.3 s",

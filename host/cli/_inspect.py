@@ -60,6 +60,8 @@ def describe_component(component: Component, data: bytes | None = None) -> dict[
     internal = sorted(set(component.export_functions(include_internal=True)) - set(shown))
     imports: list[dict[str, Any]] = []
     for name, extern in component.wasm.type.imports(get_engine()).items():
+        if name not in component.imports:
+            continue  # a core module it shares with other components (Component.modules)
         item = extern.ty
         if isinstance(item, wc.FuncType):
             imports.append({"name": name, "function": _function(name, item)})

@@ -1,4 +1,4 @@
-"""The on-disk cache of compiled components.
+"""The on-disk cache of compiled components (and of the core modules they share, ``_shared``).
 
 Compiling a componentize-py component takes seconds; deserializing its compiled form takes tens of
 milliseconds. Entries are keyed by (component bytes sha256, engine settings fingerprint, wasmtime
@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import os
 import struct
 from pathlib import Path
 
+import wasmtime
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
@@ -42,9 +44,42 @@ class CompiledCache:
     def path_for(self, component_sha256: str) -> Path:
         return self.directory / f"{component_sha256}.cwasm"
 
+    def module_path_for(self, module_sha256: str) -> Path:
+        return self.directory / f"module-{module_sha256}.cwasm"
+
     def load(self, component_sha256: str) -> wc.Component | None:
         """The cached compiled component, or None if absent or unusable (then it is removed)."""
-        path = self.path_for(component_sha256)
+        payload = self._read(self.path_for(component_sha256))
+        if payload is None:
+            return None
+        try:
+            return _deserialize(payload)
+        except WasmtimeError:
+            # Verified bytes that wasmtime still refuses: written by another build of wasmtime
+            # with the same version string. Rebuild.
+            self._discard(self.path_for(component_sha256))
+            return None
+
+    def load_module(self, module_sha256: str) -> wasmtime.Module | None:
+        """The cached compiled core module (a shared one), or None, as :meth:`load`."""
+        path = self.module_path_for(module_sha256)
+        payload = self._read(path)
+        if payload is None:
+            return None
+        try:
+            return _deserialize_module(payload)
+        except WasmtimeError:
+            self._discard(path)
+            return None
+
+    def store(self, component_sha256: str, compiled: wc.Component) -> Path:
+        return self._write(self.path_for(component_sha256), bytes(compiled.serialize()))
+
+    def store_module(self, module_sha256: str, compiled: wasmtime.Module) -> Path:
+        return self._write(self.module_path_for(module_sha256), bytes(compiled.serialize()))
+
+    def _read(self, path: Path) -> bytearray | None:
+        """A verified entry's payload, or None if absent or unusable (then it is removed)."""
         try:
             with path.open("rb") as f:
                 header = f.read(_HEADER.size)
@@ -52,6 +87,9 @@ class CompiledCache:
                     raise _Corrupt
                 magic, fmt, digest, length = _HEADER.unpack(header)
                 if magic != _MAGIC or fmt != _FORMAT:
+                    raise _Corrupt
+                # The header's length is believed only if the file is that long.
+                if length != os.fstat(f.fileno()).st_size - len(header):
                     raise _Corrupt
                 payload = bytearray(length)
                 if f.readinto(payload) != length or f.read(1):
@@ -64,18 +102,10 @@ class CompiledCache:
         if hashlib.sha256(payload).digest() != digest:
             self._discard(path)
             return None
-        try:
-            return _deserialize(payload)
-        except WasmtimeError:
-            # Verified bytes that wasmtime still refuses: written by another build of wasmtime
-            # with the same version string. Rebuild.
-            self._discard(path)
-            return None
+        return payload
 
-    def store(self, component_sha256: str, compiled: wc.Component) -> Path:
-        payload = bytes(compiled.serialize())
+    def _write(self, path: Path, payload: bytes) -> Path:
         header = _HEADER.pack(_MAGIC, _FORMAT, hashlib.sha256(payload).digest(), len(payload))
-        path = self.path_for(component_sha256)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write_bytes(path, header + payload)
         return path
@@ -101,3 +131,14 @@ def _deserialize(payload: bytearray) -> wc.Component:
     if error:
         raise WasmtimeError._from_ptr(error)
     return wc.Component._from_ptr(ptr)
+
+
+def _deserialize_module(payload: bytearray) -> wasmtime.Module:
+    buffer = (ctypes.c_uint8 * len(payload)).from_buffer(payload)
+    ptr = ctypes.POINTER(ffi.wasmtime_module_t)()
+    error = ffi.wasmtime_module_deserialize(
+        get_engine().ptr(), buffer, len(payload), ctypes.byref(ptr)
+    )
+    if error:
+        raise WasmtimeError._from_ptr(error)
+    return wasmtime.Module._from_ptr(ptr)

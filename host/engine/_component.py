@@ -7,7 +7,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+import wasmtime
 from wasmtime import WasmtimeError
 from wasmtime import component as wc
 
@@ -17,19 +19,71 @@ from mighty.engine._cache import CompiledCache
 from mighty.engine._engine import get_engine
 from mighty.engine._image import MemoryImage, split_images
 from mighty.engine._memory import MemoryAccount, instantiating_into
+from mighty.engine._shared import (
+    externalize,
+    is_shared_import,
+    shared_module,
+    would_externalize,
+)
 from mighty.engine._signals import shielded
 from mighty.engine._state import MemoryState
 from mighty.engine._store import keep_component
 
 __all__ = ["MAX_COMPONENT_BYTES", "Component", "check_component_bytes"]
 
+_T = TypeVar("_T")
 _WASM_MAGIC = b"\x00asm"
 _CORE_VERSION = b"\x01\x00\x00\x00"
 _COMPONENT_VERSION_LAYER = b"\x01\x00"  # layer field of the component binary header
 
 
 def _imports(wasm: wc.Component) -> tuple[str, ...]:
-    return tuple(wasm.type.imports(get_engine()).keys())
+    return tuple(name for name in wasm.type.imports(get_engine()) if not is_shared_import(name))
+
+
+def _compile(origin: str, size: int, compile_: Callable[[], _T]) -> _T:
+    try:
+        return compile_()
+    except MemoryError:
+        raise CompileError(
+            f"cannot compile {origin}: not enough memory for a {size}-byte component"
+        ) from None
+    except WasmtimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
+        if "failed to parse" in str(exc) or "invalid" in first.lower():
+            raise InvalidComponent(f"{origin} is not a valid component: {first}") from exc
+        raise CompileError(f"cannot compile {origin}: {first}") from exc
+
+
+def _compiled_module(
+    name: str,
+    data: bytes,
+    cache: CompiledCache | None,
+    origin: str,
+    progress: Callable[[str], None] | None,
+) -> wasmtime.Module:
+    module = shared_module(name, None, cache)
+    if module is not None:
+        return module
+    if progress is not None:
+        progress(f"compiling a core module of {origin} ({len(data) / 1e6:.1f} MB), once for all")
+    compiled = _compile(origin, len(data), lambda: shared_module(name, data, cache))
+    assert compiled is not None  # given its bytes, it is compiled or raises
+    return compiled
+
+
+def _linked_modules(
+    wasm: wc.Component, data: bytes | None, cache: CompiledCache | None
+) -> tuple[tuple[str, wasmtime.Module], ...] | None:
+    """The shared modules a compiled component imports, or None if one is in no cache."""
+    found = []
+    for name in wasm.type.imports(get_engine()):
+        if is_shared_import(name):
+            module = shared_module(name, data, cache)
+            if module is None:
+                return None  # removed from the cache: compile the component again
+            found.append((name, module))
+    return tuple(found)
 
 
 def check_component_bytes(data: bytes | bytearray | memoryview, origin: str) -> None:
@@ -86,6 +140,9 @@ class Component:
     """Initial memory contents shared copy-on-write by every instance (see ``_image``). When
     present, ``wasm`` was compiled from the bytes with those segments emptied, so it must be
     instantiated inside :meth:`instantiating`, as :class:`mighty.Instance` does."""
+    modules: tuple[tuple[str, wasmtime.Module], ...] = ()
+    """The core modules ``wasm`` imports by these names instead of carrying them (``_shared``):
+    a linker that instantiates it must define them (``Gate.linker_for`` does)."""
 
     def instantiating(
         self,
@@ -109,6 +166,7 @@ class Component:
         use_cache: bool = True,
         progress: Callable[[str], None] | None = None,
         share_memory: bool = True,
+        share_modules: bool = True,
     ) -> Component:
         """Load a component from a path or bytes, compiling it only if no cached form exists.
 
@@ -116,6 +174,8 @@ class Component:
         instances share copy-on-write, when the component's shape allows (see ``_image``);
         ``share_memory=False`` keeps wasmtime copying the data segments into every instance
         (the baseline the benchmarks and the differential tests compare against).
+        With ``share_modules`` (the default) its big core modules are compiled once for every
+        component that carries them (see ``_shared``); ``False`` compiles it whole.
         """
         if isinstance(source, bytes | bytearray):
             if len(source) > MAX_COMPONENT_BYTES:
@@ -143,26 +203,31 @@ class Component:
             data, images = split
             key = f"{digest}-images"
         cache = cache if cache is not None else (CompiledCache() if use_cache else None)
+        # Compiled with its big modules cut out (``_shared``), or whole (small components; or
+        # modules the rewrite does not handle, then whole under the "-shared" key too).
+        sharing = share_modules and would_externalize(data)
+        if sharing:
+            key = f"{key}-shared"
         if cache is not None:
             cached = cache.load(key)
-            if cached is not None:
-                return cls(cached, digest, origin, size, True, _imports(cached), images)
+            modules = _linked_modules(cached, None, cache) if cached is not None else None
+            if cached is not None and modules is not None:
+                imports = _imports(cached)
+                return cls(cached, digest, origin, size, True, imports, images, modules)
+        cut = externalize(data) if sharing else None
+        shared: tuple[tuple[str, wasmtime.Module], ...] = ()
+        if cut is not None:
+            data, parts = cut
+            shared = tuple(
+                (part.name, _compiled_module(part.name, part.data, cache, origin, progress))
+                for part in parts
+            )
         if progress is not None:
             progress(f"compiling {origin} ({size / 1e6:.1f} MB); cached after this run")
-        try:
-            compiled = wc.Component(get_engine(), data)
-        except MemoryError:
-            raise CompileError(
-                f"cannot compile {origin}: not enough memory for a {size}-byte component"
-            ) from None
-        except WasmtimeError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
-            if "failed to parse" in str(exc) or "invalid" in first.lower():
-                raise InvalidComponent(f"{origin} is not a valid component: {first}") from exc
-            raise CompileError(f"cannot compile {origin}: {first}") from exc
+        compiled = _compile(origin, size, lambda: wc.Component(get_engine(), data))
         if cache is not None:
             cache.store(key, compiled)
-        return cls(compiled, digest, origin, size, False, _imports(compiled), images)
+        return cls(compiled, digest, origin, size, False, _imports(compiled), images, shared)
 
     def export_functions(self, *, include_internal: bool = False) -> dict[str, wc.FuncType]:
         """Every exported function, top level by name and nested ones as ``instance#name``.

@@ -1837,7 +1837,7 @@ class Gate:
     def __init__(self, providers: Sequence[Provider]) -> None:
         self.providers = tuple(providers)
         self._lock = threading.Lock()
-        self._linkers: dict[tuple[str, ...], wc.Linker] = {}
+        self._linkers: dict[tuple[tuple[str, ...], tuple[str, ...]], wc.Linker] = {}
         self._bindings: dict[str, dict[str, Binding]] = {}
         self._resources: dict[str, dict[str, ResourceKind]] = {}
         self._type_only: set[str] = set()
@@ -1869,23 +1869,34 @@ class Gate:
         known = self.interfaces()
         return [name for name in imports if unversioned(name) not in known]
 
-    def linker_for(self, engine: wasmtime.Engine, imports: Sequence[str], origin: str) -> wc.Linker:
-        """A linker defining every import in ``imports`` (full names with versions).
+    def linker_for(
+        self,
+        engine: wasmtime.Engine,
+        imports: Sequence[str],
+        origin: str,
+        modules: Sequence[tuple[str, wasmtime.Module]] = (),
+    ) -> wc.Linker:
+        """A linker defining every import in ``imports`` (full names with versions), and the
+        core ``modules`` a component imports by name (``Component.modules``).
 
-        Linkers are cached per import list: they hold no per-instance state, and building one
-        registers every host function.
+        Linkers are cached per import list and module names (a shared module's name is its
+        hash): they hold no per-instance state, and building one registers every host function.
         """
-        key = tuple(imports)
+        key = (tuple(imports), tuple(name for name, _ in modules))
         with self._lock:
             cached = self._linkers.get(key)
             if cached is not None:
                 return cached
-            linker = self._build_linker(engine, imports, origin)
+            linker = self._build_linker(engine, imports, origin, modules)
             self._linkers[key] = linker
             return linker
 
     def _build_linker(
-        self, engine: wasmtime.Engine, imports: Sequence[str], origin: str
+        self,
+        engine: wasmtime.Engine,
+        imports: Sequence[str],
+        origin: str,
+        modules: Sequence[tuple[str, wasmtime.Module]],
     ) -> wc.Linker:
         missing = self.missing(imports)
         if missing:
@@ -1905,6 +1916,8 @@ class Gate:
                         )
                     for binding in self._bindings.get(interface, {}).values():
                         _add_func(instance, binding, self._resources.get(interface, {}))
+            for name, module in modules:
+                root.add_module(name, module)
         return linker
 
     def context(

@@ -120,7 +120,9 @@ class Instance:
         self._poisoned: str | None = None
         self._closed = True
         self._gate = gate or default_gate()
-        linker = self._gate.linker_for(get_engine(), component.imports, component.origin)
+        linker = self._gate.linker_for(
+            get_engine(), component.imports, component.origin, component.modules
+        )
         self._recording: Recording | None = None
         if record is not None:
             self._recording = record.attach(
