@@ -37,8 +37,13 @@ _CORE_VERSION = b"\x01\x00\x00\x00"
 _COMPONENT_VERSION_LAYER = b"\x01\x00"  # layer field of the component binary header
 
 
-def _imports(wasm: wc.Component) -> tuple[str, ...]:
-    return tuple(name for name in wasm.type.imports(get_engine()) if not is_shared_import(name))
+def _imports(
+    wasm: wc.Component, modules: Sequence[tuple[str, wasmtime.Module]] = ()
+) -> tuple[str, ...]:
+    """Every import but the shared ``modules`` (one named like them that is not among them is
+    the guest's own import, which the gate then reports as missing)."""
+    linked = {name for name, _ in modules}
+    return tuple(name for name in wasm.type.imports(get_engine()) if name not in linked)
 
 
 def _compile(origin: str, size: int, compile_: Callable[[], _T]) -> _T:
@@ -73,13 +78,13 @@ def _compiled_module(
 
 
 def _linked_modules(
-    wasm: wc.Component, data: bytes | None, cache: CompiledCache | None
+    wasm: wc.Component, cache: CompiledCache | None
 ) -> tuple[tuple[str, wasmtime.Module], ...] | None:
     """The shared modules a compiled component imports, or None if one is in no cache."""
     found = []
     for name in wasm.type.imports(get_engine()):
         if is_shared_import(name):
-            module = shared_module(name, data, cache)
+            module = shared_module(name, None, cache)
             if module is None:
                 return None  # removed from the cache: compile the component again
             found.append((name, module))
@@ -210,9 +215,9 @@ class Component:
             key = f"{key}-shared"
         if cache is not None:
             cached = cache.load(key)
-            modules = _linked_modules(cached, None, cache) if cached is not None else None
+            modules = _linked_modules(cached, cache) if cached is not None and sharing else ()
             if cached is not None and modules is not None:
-                imports = _imports(cached)
+                imports = _imports(cached, modules)
                 return cls(cached, digest, origin, size, True, imports, images, modules)
         cut = externalize(data) if sharing else None
         shared: tuple[tuple[str, wasmtime.Module], ...] = ()
@@ -227,7 +232,8 @@ class Component:
         compiled = _compile(origin, size, lambda: wc.Component(get_engine(), data))
         if cache is not None:
             cache.store(key, compiled)
-        return cls(compiled, digest, origin, size, False, _imports(compiled), images, shared)
+        imports = _imports(compiled, shared)
+        return cls(compiled, digest, origin, size, False, imports, images, shared)
 
     def export_functions(self, *, include_internal: bool = False) -> dict[str, wc.FuncType]:
         """Every exported function, top level by name and nested ones as ``instance#name``.

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wasmtime import component as wc
 
-from mighty import Instance
+from mighty import Instance, MissingImports
 from mighty.engine import CompiledCache, Component, get_engine
 from mighty.engine._shared import externalize, is_shared_import, module_type, would_externalize
 from tests.conftest import assemble
@@ -197,7 +197,7 @@ def test_two_builds_share_one_compiled_copy(
 _LOAD = """
 import sys
 from mighty.engine import Component
-from mighty import Instance
+from mighty import Instance, MissingImports
 component = Component.load(sys.argv[1])
 with Instance(component) as instance:
     print(component.from_cache, len(component.modules), instance.call("fib", 10))
@@ -238,3 +238,22 @@ def test_a_shared_module_lost_from_the_cache_is_compiled_again(
     smallest.write_bytes(bytes(data))
     assert _load_in_a_new_process(hello_wasm, cache) == "False 3 55"
     assert _load_in_a_new_process(hello_wasm, cache) == "True 3 55"
+
+
+def test_a_guest_importing_a_shared_name_itself_gets_no_module() -> None:
+    """A component that imports a core module under a shared module's name (not one mighty cut
+    out) is told that nothing provides it, like any import nothing provides."""
+    name = "mighty-shared-m" + "0" * 40
+    data = assemble(
+        f"""(component
+          (core type $t (module (export "run" (func (result i32)))))
+          (import "{name}" (core module $M (type $t)))
+          (core instance $m (instantiate $M))
+          (func (export "run") (result u32) (canon lift (core func $m "run"))))"""
+    )
+    component = Component.load(data)
+    assert component.modules == ()
+    assert name in component.imports
+    with pytest.raises(MissingImports) as caught:
+        Instance(component)
+    assert list(caught.value.missing) == [name]
