@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import wasmtime
 
+from mighty._errors import Misuse
 from mighty.engine._cache import CompiledCache
 from mighty.engine._engine import get_engine
 
@@ -439,7 +440,7 @@ def shared_module(
             if data is None:
                 return None
             if not hashlib.sha256(data).hexdigest().startswith(digest):
-                raise ValueError(f"the bytes given for {name} are another module's")
+                raise Misuse(f"the bytes given for {name} are another module's")
             module = wasmtime.Module(get_engine(), data)
             if cache is not None:
                 cache.store_module(digest, module)
