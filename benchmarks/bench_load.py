@@ -81,7 +81,7 @@ def main() -> None:
 
     raw_inst = samples(raw_instantiate, repeat=200, warmup=5)
     # Its own compiled form (the big modules it shares are compiled files of their own).
-    own = sum(p.stat().st_size for p in CompiledCache().directory.glob(f"{component.sha256}*"))
+    own = CompiledCache().path_for(f"{component.sha256}-images-shared").stat().st_size
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     report(
         [
