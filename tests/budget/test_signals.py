@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -176,6 +177,14 @@ def _where(pid: int) -> str:
     return "\n".join(lines)
 
 
+class SignalLost(UserWarning):
+    """A lost signal the test tolerates (see test_mty_exec_exits_130_or_143), with evidence."""
+
+
+# Shown in the warnings summary, not turned into an error as other warnings are (pyproject).
+pytestmark = pytest.mark.filterwarnings("always::tests.budget.test_signals.SignalLost")
+
+
 def _many(
     make: Callable[[random.Random], tuple[int, str, str]], seed: int, *, lost_at_most: int = 1
 ) -> list[tuple[int, str, str]]:
@@ -192,9 +201,12 @@ def _many(
     # signal's, and its output still says how the run ended.
     ended = [o for o in outcomes if '"kind": "output_limit"' in o[1]]
     lost = len(_RESENT) - before + len(ended)
-    assert lost <= lost_at_most, f"a signal was lost {lost} times in the tries:\n" + "\n--\n".join(
-        _RESENT[before:] + [f"ended by itself: {o[2][-2000:]}" for o in ended]
-    )
+    evidence = "\n--\n".join(_RESENT[before:] + [f"ended by itself: {o[2][-2000:]}" for o in ended])
+    assert lost <= lost_at_most, f"a signal was lost {lost} times in the tries:\n" + evidence
+    if lost:
+        # Tolerated, but never silent: the warnings summary of a passing run carries the
+        # evidence (the open bug is only ever seen in full-suite runs).
+        warnings.warn(SignalLost(f"{lost} of {TRIES} lost (tolerated):\n{evidence}"), stacklevel=2)
     return [o for o in outcomes if o not in ended]
 
 
