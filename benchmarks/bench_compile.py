@@ -6,13 +6,16 @@ Builds two different handlers with `mty build` (cached builds: examples/hello an
 probe guest), then compiles each into empty compiled caches of its own, in this process:
 - whole: ``Component.load(share_modules=False)``, the baseline: wasmtime compiles the component
   as it is, every core module in it (what mighty did before the shared modules);
-- shared, first: the first component with ``share_modules`` on (the default), in an empty
+- shared, first: the first component with ``share_modules=True`` (opt-in), in an empty
   cache: its big modules are compiled once, then the small rest;
 - shared, next: the second component in the same cache and process: only what is its own.
 Wall time and process CPU (the compiler runs on a thread per core), the compiled cache's size
 per component, and the load average. Each compile happens once per figure (a compile is seconds
 long), in the order whole A, shared A, shared B, whole B, so the two whole compiles bracket the
 shared ones.
+And what sharing costs: an instantiation and close of the second component, shared against
+whole, interleaved (p50 of 4 x 100 each; wasmtime links an imported module's imports by name
+on every instantiation, where a whole component's are resolved when it is compiled).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import ROOT, report
+from _common import ROOT, p, report
 
-from mighty import Component
+from mighty import Component, Instance
 from mighty.build import build_component
 from mighty.engine import CompiledCache
 
@@ -59,10 +62,17 @@ def main() -> None:
     whole_cache = CompiledCache(scratch / "whole")
     shared_cache = CompiledCache(scratch / "shared")
     whole_a = _timed(lambda: Component.load(paths[0], cache=whole_cache, share_modules=False))
-    first = _timed(lambda: Component.load(paths[0], cache=shared_cache))
-    nxt = _timed(lambda: Component.load(paths[1], cache=shared_cache))
+    first = _timed(lambda: Component.load(paths[0], cache=shared_cache, share_modules=True))
+    nxt = _timed(lambda: Component.load(paths[1], cache=shared_cache, share_modules=True))
     whole_b = _timed(lambda: Component.load(paths[1], cache=whole_cache, share_modules=False))
     assert len(first[2].modules) == len(nxt[2].modules) > 0
+    made: dict[str, list[float]] = {"shared": [], "whole": []}
+    for _ in range(4):
+        for label, component in (("shared", nxt[2]), ("whole", whole_b[2])):
+            for _ in range(100):
+                started = time.perf_counter()
+                Instance(component).close()
+                made[label].append(time.perf_counter() - started)
     whole_wall = (whole_a[0] + whole_b[0]) / 2
     whole_cpu = (whole_a[1] + whole_b[1]) / 2
     own = _size(shared_cache, nxt[2].sha256)
@@ -91,6 +101,12 @@ def main() -> None:
                 "ratio_wall_vs_whole": round(nxt[0] / whole_wall, 3),
                 "ratio_cpu_vs_whole": round(nxt[1] / whole_cpu, 3),
                 "compiled_mb_of_its_own": round(own / 1e6, 2),
+            },
+            {
+                "name": "instantiate + close, shared / whole (ms)",
+                "shared_p50_ms": round(p(made["shared"], 0.5) * 1e3, 3),
+                "whole_p50_ms": round(p(made["whole"], 0.5) * 1e3, 3),
+                "ratio": round(p(made["shared"], 0.5) / p(made["whole"], 0.5), 2),
             },
             {
                 "name": "machine at the end",

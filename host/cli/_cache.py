@@ -5,7 +5,8 @@
 
 The cache (``$MTY_CACHE_DIR``, else the platform's user cache directory) has four sections:
 ``builds`` (componentize-py outputs by build key), ``compiled`` (native code by component and
-wasmtime version), ``components`` (every component loaded, by sha256, so ``mty replay`` finds
+wasmtime version, and the core modules components share, ``module-<sha256>``: removing one only
+means it is compiled again), ``components`` (every component loaded, by sha256, so ``mty replay`` finds
 what a trace names) and ``sandbox`` (the code-mode interpreter builds). Nothing evicted entries
 before: ten builds of agents made 673 MB.
 
@@ -219,7 +220,7 @@ def _mb(size: int) -> str:
 
 _ABOUT = {
     "builds": "componentize-py outputs, by build key",
-    "compiled": "native code, by component and wasmtime version",
+    "compiled": "native code, by component (and shared module) and wasmtime version",
     "components": "components traces name, for mty replay",
     "sandbox": "code-mode interpreter builds",
 }

@@ -16,6 +16,7 @@ from wasmtime import component as wc
 
 from mighty import Instance, MissingImports
 from mighty.engine import CompiledCache, Component, get_engine
+from mighty.engine._component import SHARE_MODULES_ENV
 from mighty.engine._shared import externalize, is_shared_import, module_type, would_externalize
 from tests.conftest import assemble
 
@@ -165,7 +166,7 @@ def test_module_type_refuses_what_it_does_not_read() -> None:
 def test_a_built_component_runs_the_same_with_its_modules_shared(hello_wasm: Path) -> None:
     """The README's handler, its big modules shared: the same imports and the same answers as
     the same component compiled whole."""
-    shared = Component.load(hello_wasm)
+    shared = Component.load(hello_wasm, share_modules=True)
     whole = Component.load(hello_wasm, share_modules=False)
     assert len(shared.modules) == 3
     assert whole.modules == ()
@@ -183,8 +184,8 @@ def test_two_builds_share_one_compiled_copy(
     """Two different handlers carry the same big modules: one compiled module serves both, in
     the process and in the cache (one file per module, whatever the number of components)."""
     cache = CompiledCache(tmp_path)
-    hello = Component.load(hello_wasm, cache=cache)
-    probe = Component.load(probe_wasm, cache=cache)
+    hello = Component.load(hello_wasm, cache=cache, share_modules=True)
+    probe = Component.load(probe_wasm, cache=cache, share_modules=True)
     assert hello.sha256 != probe.sha256
     assert [name for name, _ in hello.modules] == [name for name, _ in probe.modules]
     for (_, one), (_, other) in zip(hello.modules, probe.modules, strict=True):
@@ -205,7 +206,7 @@ with Instance(component) as instance:
 
 
 def _load_in_a_new_process(path: Path, cache: Path) -> str:
-    env = {**os.environ, "MTY_CACHE_DIR": str(cache)}
+    env = {**os.environ, "MTY_CACHE_DIR": str(cache), SHARE_MODULES_ENV: "1"}
     done = subprocess.run(
         [sys.executable, "-c", _LOAD, str(path)],
         check=False,
@@ -251,9 +252,23 @@ def test_a_guest_importing_a_shared_name_itself_gets_no_module() -> None:
           (core instance $m (instantiate $M))
           (func (export "run") (result u32) (canon lift (core func $m "run"))))"""
     )
-    component = Component.load(data)
+    component = Component.load(data, share_modules=True)
     assert component.modules == ()
     assert name in component.imports
     with pytest.raises(MissingImports) as caught:
         Instance(component)
     assert list(caught.value.missing) == [name]
+
+
+def test_components_load_whole_unless_sharing_is_asked_for(
+    hello_wasm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sharing costs every instantiation (wasmtime links each imported module's imports by name
+    then), so it is opt-in: ``share_modules=True`` or ``$MTY_SHARE_MODULES=1``."""
+    monkeypatch.delenv(SHARE_MODULES_ENV, raising=False)
+    assert Component.load(hello_wasm).modules == ()
+    monkeypatch.setenv(SHARE_MODULES_ENV, "1")
+    assert len(Component.load(hello_wasm).modules) == 3
+    assert Component.load(hello_wasm, share_modules=False).modules == ()
+    monkeypatch.setenv(SHARE_MODULES_ENV, "0")
+    assert Component.load(hello_wasm).modules == ()
