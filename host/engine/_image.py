@@ -149,6 +149,13 @@ class _Reader:
             raise _Unsupported("i32 constant out of range")
         return result & 0xFFFFFFFF
 
+    def sleb(self) -> None:
+        """Skip a signed LEB128 of any width up to 64 bits."""
+        for _ in range(10):
+            if not self.byte() & 0x80:
+                return
+        raise _Unsupported("LEB128 too long")
+
     def skip(self, n: int) -> None:
         if self.pos + n > len(self.data):
             raise _Unsupported("truncated")
@@ -156,6 +163,10 @@ class _Reader:
 
     def name(self) -> None:
         self.skip(self.uleb())
+
+    def since(self, start: int) -> bytes:
+        """The bytes read from ``start`` to here."""
+        return bytes(self.data[start : self.pos])
 
 
 @dataclass(eq=False)

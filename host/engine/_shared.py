@@ -34,6 +34,7 @@ import wasmtime
 from mighty._errors import Misuse
 from mighty.engine._cache import CompiledCache
 from mighty.engine._engine import get_engine
+from mighty.engine._image import _Reader, _sections, _uleb, _Unsupported
 
 __all__ = [
     "MIN_SHARED_BYTES",
@@ -51,10 +52,6 @@ MIN_SHARED_BYTES = 64 << 10
 _IMPORT_PREFIX = "mighty-shared-m"
 
 
-class _Unsupported(Exception):
-    """Outside what the rewrite handles: the component stays whole."""
-
-
 @dataclass(frozen=True)
 class SharedModule:
     """A core module cut out of a component: the import name it is linked under, its bytes."""
@@ -64,81 +61,12 @@ class SharedModule:
     data: bytes
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes | memoryview, pos: int = 0) -> None:
-        self.data = data
-        self.pos = pos
-
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise _Unsupported("truncated")
-        value = self.data[self.pos]
-        self.pos += 1
-        return value
-
-    def uleb(self) -> int:
-        result = shift = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 63:
-                raise _Unsupported("LEB128 too long")
-
-    def sleb(self) -> None:
-        for _ in range(10):
-            if not self.byte() & 0x80:
-                return
-        raise _Unsupported("LEB128 too long")
-
-    def skip(self, n: int) -> None:
-        if n < 0 or self.pos + n > len(self.data):
-            raise _Unsupported("truncated")
-        self.pos += n
-
-    def name(self) -> None:
-        self.skip(self.uleb())
-
-    def since(self, start: int) -> bytes:
-        return bytes(self.data[start : self.pos])
-
-
-def _uleb(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _vec(items: list[bytes]) -> bytes:
     return _uleb(len(items)) + b"".join(items)
 
 
 def _section(section_id: int, payload: bytes) -> bytes:
     return bytes((section_id,)) + _uleb(len(payload)) + payload
-
-
-def _sections(data: bytes | memoryview, pos: int) -> list[tuple[int, int, int, int]]:
-    """(id, start of the id byte, payload start, payload end) of every section from ``pos``."""
-    out = []
-    reader = _Reader(data, pos)
-    while reader.pos < len(data):
-        start = reader.pos
-        section = reader.byte()
-        size = reader.uleb()
-        body = reader.pos
-        reader.skip(size)
-        out.append((section, start, body, body + size))
-    return out
 
 
 # -- reading a core module's type ----------------------------------------------------------------
@@ -319,12 +247,13 @@ def module_type(module: bytes) -> bytes:
     if module[:8] != b"\x00asm\x01\x00\x00\x00":
         raise _Unsupported("not a core module")
     shape = _Shape()
-    for section, _start, body, end in _sections(module, 8):
+    view = memoryview(module)
+    for section, _start, body, end in _sections(view, 8):
         if section in _UNTYPED_SECTIONS:
             continue
         if section not in _TYPED_SECTIONS:
             raise _Unsupported(f"section {section}")  # tags, string constants, ...
-        reader = _Reader(module[:end], body)
+        reader = _Reader(view[:end], body)
         shape.read(section, reader)
         if reader.pos != end:
             raise _Unsupported(f"section {section} has bytes left over")
@@ -364,7 +293,7 @@ def _cut(data: bytes, min_size: int) -> list[tuple[int, int, int]]:
     there is no outer component to alias from)."""
     if data[:4] != b"\x00asm" or data[6:8] != b"\x01\x00":
         raise _Unsupported("not a component")
-    sections = _sections(data, 8)
+    sections = _sections(memoryview(data), 8)
     if any(section == 3 for section, _start, _body, _end in sections):
         return []
     return [
