@@ -6,9 +6,9 @@
 The cache (``$MTY_CACHE_DIR``, else the platform's user cache directory) has four sections:
 ``builds`` (componentize-py outputs by build key), ``compiled`` (native code by component and
 wasmtime version, and the core modules components share, ``module-<sha256>``: removing one only
-means it is compiled again), ``components`` (every component loaded, by sha256, so ``mty replay`` finds
-what a trace names) and ``sandbox`` (the code-mode interpreter builds). Nothing evicted entries
-before: ten builds of agents made 673 MB.
+means it is compiled again), ``components`` (every component loaded, by sha256, so ``mty
+replay`` finds what a trace names) and ``sandbox`` (the code-mode interpreter builds). Nothing
+evicted entries before: ten builds of agents made 673 MB.
 
 ``prune`` always removes what no one can use: compiled code of other wasmtime versions or
 engine settings, temporary files and staging folders a killed build left (older than an hour),
