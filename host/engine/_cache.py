@@ -17,7 +17,9 @@ import ctypes
 import hashlib
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import wasmtime
 from wasmtime import WasmtimeError
@@ -29,6 +31,7 @@ from mighty.engine._engine import SETTINGS, get_engine, wasmtime_version
 
 __all__ = ["CompiledCache"]
 
+_C = TypeVar("_C")
 _MAGIC = b"MTYCWASM"
 _FORMAT = 1
 _HEADER = struct.Struct("<8sI32sQ")  # magic, format, sha256(payload), len(payload)
@@ -49,26 +52,21 @@ class CompiledCache:
 
     def load(self, component_sha256: str) -> wc.Component | None:
         """The cached compiled component, or None if absent or unusable (then it is removed)."""
-        payload = self._read(self.path_for(component_sha256))
-        if payload is None:
-            return None
-        try:
-            return _deserialize(payload)
-        except WasmtimeError:
-            # Verified bytes that wasmtime still refuses: written by another build of wasmtime
-            # with the same version string. Rebuild.
-            self._discard(self.path_for(component_sha256))
-            return None
+        return self._load(self.path_for(component_sha256), _deserialize)
 
     def load_module(self, module_sha256: str) -> wasmtime.Module | None:
         """The cached compiled core module (a shared one), or None, as :meth:`load`."""
-        path = self.module_path_for(module_sha256)
+        return self._load(self.module_path_for(module_sha256), _deserialize_module)
+
+    def _load(self, path: Path, deserialize: Callable[[bytearray], _C]) -> _C | None:
         payload = self._read(path)
         if payload is None:
             return None
         try:
-            return _deserialize_module(payload)
+            return deserialize(payload)
         except WasmtimeError:
+            # Verified bytes that wasmtime still refuses: written by another build of wasmtime
+            # with the same version string. Rebuild.
             self._discard(path)
             return None
 

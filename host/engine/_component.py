@@ -33,7 +33,7 @@ __all__ = ["MAX_COMPONENT_BYTES", "SHARE_MODULES_ENV", "Component", "check_compo
 
 _T = TypeVar("_T")
 SHARE_MODULES_ENV = "MTY_SHARE_MODULES"
-"""``1``: components load with their big core modules shared (``Component.load``'s default)."""
+"""Set to ``1``: ``Component.load(share_modules=None)`` shares big core modules (else whole)."""
 _WASM_MAGIC = b"\x00asm"
 _CORE_VERSION = b"\x01\x00\x00\x00"
 _COMPONENT_VERSION_LAYER = b"\x01\x00"  # layer field of the component binary header
