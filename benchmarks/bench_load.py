@@ -81,7 +81,8 @@ def main() -> None:
 
     raw_inst = samples(raw_instantiate, repeat=200, warmup=5)
     # Its own compiled form (the big modules it shares are compiled files of their own).
-    own = CompiledCache().path_for(f"{component.sha256}-images-shared").stat().st_size
+    key = f"{component.sha256}-images" + ("-shared" if component.modules else "")
+    own = CompiledCache().path_for(key).stat().st_size
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     report(
         [
