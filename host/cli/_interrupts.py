@@ -66,6 +66,9 @@ class _State:
     in_hook = 0  # >0 while the main thread runs the hook (a hint for the helper)
     wake: int | None = None  # write end of the helper's pipe
     helper: threading.Thread | None = None
+    # Where the handler last ran (a few frames, innermost first): evidence for a lost signal
+    # (tests/budget/test_signals.py prints it). Written only when a signal comes.
+    last_ran: str = ""
 
 
 def _exception_for(signum: int) -> BaseException:
@@ -74,6 +77,8 @@ def _exception_for(signum: int) -> BaseException:
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
     """SIGINT raises KeyboardInterrupt, SIGTERM Terminated; inside the hook, the signal is owed."""
+    # From the caller: the shield's deferring handler (engine._signals), or the interrupted code.
+    _State.last_ran = f"{signum} in {_where(sys._getframe(1))}"
     if _within(frame, _unraisable.__code__):
         _owe(signum)
         return
@@ -87,6 +92,15 @@ def _within(frame: FrameType | None, code: CodeType) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _where(frame: FrameType | None, depth: int = 6) -> str:
+    """``frame`` and a few of its callers, as ``function:line`` (no references kept)."""
+    names: list[str] = []
+    while frame is not None and len(names) < depth:
+        names.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " < ".join(names)
 
 
 def _owe(signum: int) -> None:

@@ -120,7 +120,8 @@ def _mighty_state(signum, frame):
                          f"listeners={len(st.listeners)} pending={st.pending!r} signum={st.signum}")
         if cli is not None:
             it = cli._State
-            parts.append(f"interrupts depth={it.depth} owed={it.owed} owes={it.owes} in_hook={it.in_hook}")
+            parts.append(f"interrupts depth={it.depth} owed={it.owed} owes={it.owes} in_hook={it.in_hook} "
+                         f"last_ran={getattr(it, 'last_ran', '?')}")
         if budget is not None:
             parts.append("calls " + " ".join(
                 f"(interrupted={c.interrupted} stopped={c.stopped})"
