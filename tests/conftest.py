@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from mighty.engine import Component
+from mighty.engine import SHARE_MODULES_ENV, Component
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -20,6 +20,15 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Builds and compiled components are cached by content hash, so sharing one cache directory
 # across sessions is safe and keeps repeated runs fast. CI starts from an empty one.
 os.environ.setdefault("MTY_CACHE_DIR", str(ROOT / ".mty-cache" / "tests"))
+
+# Shared core modules (docs/architecture.md, "Shared core modules"): the suite builds ~50 guests,
+# each carrying the same libpython, libc and runtime glue. Compiled whole (the default for
+# users), each costs ~19 s of CPU; with the big modules shared, the first costs that and every
+# other ~0.5 s (bench_compile), which takes ~7 of a cold run's ~33 minutes off (measured). What
+# sharing changes is only how wasmtime links an instance, and that is what the tests of the two
+# forms check side by side (tests/engine/test_shared.py: the same imports, exports and answers,
+# and the default is whole). `mty` processes the tests start inherit it.
+os.environ.setdefault(SHARE_MODULES_ENV, "1")
 
 # No per-example deadline: speed is measured by benchmarks/, never by a timed assert, and on a
 # loaded 2-core machine one example of a real component can take longer than hypothesis's 200 ms.

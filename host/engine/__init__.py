@@ -1,7 +1,12 @@
 """The engine layer: the process's wasmtime Engine, component loading, the compiled cache."""
 
 from mighty.engine._cache import CompiledCache
-from mighty.engine._component import MAX_COMPONENT_BYTES, Component, check_component_bytes
+from mighty.engine._component import (
+    MAX_COMPONENT_BYTES,
+    SHARE_MODULES_ENV,
+    Component,
+    check_component_bytes,
+)
 from mighty.engine._engine import EPOCH_TICK, SETTINGS, EngineSettings, get_engine, wasmtime_version
 from mighty.engine._lowering import LOWERED_BYTES_PER_BYTE, check_lowering
 from mighty.engine._memory import (
@@ -24,6 +29,7 @@ __all__ = [
     "MAX_COMPONENT_BYTES",
     "MAX_GAP",
     "SETTINGS",
+    "SHARE_MODULES_ENV",
     "CompiledCache",
     "Component",
     "ComponentStore",

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from wasmtime import component as wc
 
 from mighty import Instance, MissingImports
-from mighty.engine import CompiledCache, Component, get_engine
-from mighty.engine._component import SHARE_MODULES_ENV
+from mighty.engine import SHARE_MODULES_ENV, CompiledCache, Component, get_engine
 from mighty.engine._shared import externalize, is_shared_import, module_type, would_externalize
 from tests.conftest import assemble
 
