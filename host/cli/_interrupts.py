@@ -94,11 +94,14 @@ def _within(frame: FrameType | None, code: CodeType) -> bool:
     return False
 
 
-def _where(frame: FrameType | None, depth: int = 6) -> str:
-    """``frame`` and a few of its callers, as ``function:line`` (no references kept)."""
+def _where(frame: FrameType | None, depth: int = 12) -> str:
+    """``frame`` and its callers, as ``function:line``, importlib's own frames left out (no
+    references kept)."""
     names: list[str] = []
     while frame is not None and len(names) < depth:
-        names.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        code = frame.f_code
+        if not code.co_filename.startswith("<frozen importlib"):
+            names.append(f"{code.co_name}:{frame.f_lineno}")
         frame = frame.f_back
     return " < ".join(names)
 
