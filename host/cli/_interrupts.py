@@ -66,8 +66,9 @@ class _State:
     in_hook = 0  # >0 while the main thread runs the hook (a hint for the helper)
     wake: int | None = None  # write end of the helper's pipe
     helper: threading.Thread | None = None
-    # Where the handler last ran (a few frames, innermost first): evidence for a lost signal
-    # (tests/budget/test_signals.py prints it). Written only when a signal comes.
+    # Where the handler last ran (its caller and up to eleven more frames, innermost first):
+    # evidence for a lost signal (tests/budget/test_signals.py prints it). Written only when a
+    # signal comes.
     last_ran: str = ""
 
 
