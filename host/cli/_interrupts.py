@@ -20,6 +20,16 @@ written to a pipe: no lock, no thread started, nothing that could deadlock or re
 handler. A command that is about to return while a signal is owed waits for it, so that it ends
 with 130 or 143 and not with 0. One mechanism for every such place, ``__del__`` included.
 
+CPython also drops some exceptions without reporting them at all: an unclosed file object's
+finalizer calls its ``close()`` and clears whatever that raised (``iobase_finalize``, outside
+development mode), and a cold run of the suite lost SIGTERMs with the handler last run inside an
+import, no hook called. So each exception the handler raises carries a token (in its
+``__dict__``): when the exception is freed while no other one of the handler's is alive, the
+command still runs and did not end for a signal (:func:`exiting_for_signal`, which the command's
+error handling calls), and nothing reported it to the hook, the exception was dropped, and its
+token's finalizer owes the signal as the hook does. Wherever CPython drops it, the next safe
+point raises it again.
+
 Rejected:
 - recognising finalizer frames by name (``__del__``) and re-sending from a timer there: weakref
   and GC callbacks have no recognisable frame, a command that finished within the timer's delay
@@ -43,7 +53,7 @@ from contextlib import contextmanager, suppress
 from types import CodeType, FrameType
 from typing import Any
 
-__all__ = ["Terminated", "interruptible", "signal_behind"]
+__all__ = ["Terminated", "exiting_for_signal", "interruptible", "signal_behind"]
 
 # How long a command that is about to return waits for an owed signal, at most; then it
 # raises the signal's exception itself (the helper thread is gone, which should not happen).
@@ -70,6 +80,33 @@ class _State:
     # evidence for a lost signal (tests/budget/test_signals.py prints it). Written only when a
     # signal comes.
     last_ran: str = ""
+    live = 0  # exceptions the handler raised that are still alive (their tokens)
+    exiting = False  # the command is ending for a signal: nothing is owed any more
+    command = 0  # counts installs: a token outliving its command (kept by a test) owes nothing
+
+
+class _Token:
+    """Rides on each exception the handler raises: freed with it; if that exception did not end
+    the command, it was dropped (see the module docstring) and its signal is owed."""
+
+    __slots__ = ("command", "reported", "signum")
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.command = _State.command
+        self.reported = False  # the hook took the exception (and owed the signal itself)
+        _State.live += 1
+
+    def __del__(self) -> None:
+        if self.command != _State.command:
+            return  # it outlived its command
+        _State.live -= 1
+        if self.reported or _State.live or _State.exiting or _State.wake is None:
+            return
+        _owe(self.signum)
+
+
+_CARRIED = "_mty_signal_token"  # the key in the exception's __dict__
 
 
 def _exception_for(signum: int) -> BaseException:
@@ -84,7 +121,22 @@ def _on_interrupt(signum: int, frame: FrameType | None) -> None:
         _owe(signum)
         return
     _State.owed = None
-    raise _exception_for(signum)
+    # Not kept in a local: this frame is in the exception's traceback, and a local naming the
+    # exception would make a cycle that only the cyclic collector frees (and its token with it).
+    raise _carrying_token(signum)
+
+
+def _carrying_token(signum: int) -> BaseException:
+    exc = _exception_for(signum)
+    exc.__dict__[_CARRIED] = _Token(signum)
+    return exc
+
+
+def exiting_for_signal() -> None:
+    """The command is ending because of a signal (its exit status says so): from here on no
+    freed exception of the handler's owes its signal again."""
+    _State.exiting = True
+    _State.owed = None
 
 
 def _within(frame: FrameType | None, code: CodeType) -> bool:
@@ -158,6 +210,9 @@ def _unraisable(unraisable: Any) -> None:
         if signum is None:
             _State.previous_hook(unraisable)
         else:
+            token = unraisable.exc_value.__dict__.get(_CARRIED)
+            if isinstance(token, _Token):
+                token.reported = True  # owed here; its end owes nothing more
             _owe(signum)
     finally:
         _State.in_hook -= main
@@ -218,6 +273,9 @@ def _take_over() -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         _State.handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _on_interrupt)
     _State.owed = None
+    _State.exiting = False
+    _State.command += 1
+    _State.live = 0
     _State.previous_hook = sys.unraisablehook
     sys.unraisablehook = _unraisable
     read_end, write_end = os.pipe()

@@ -39,7 +39,12 @@ from mighty._errors import (
     HostError,
     MightyError,
 )
-from mighty.cli._interrupts import Terminated, interruptible, signal_behind
+from mighty.cli._interrupts import (
+    Terminated,
+    exiting_for_signal,
+    interruptible,
+    signal_behind,
+)
 from mighty.cli._progress import Waits
 
 if TYPE_CHECKING:
@@ -159,6 +164,7 @@ def _fail(
 def _signal_exit(signum: int) -> int:
     # Shells report a death by signal N as 128 + N; exiting with that code says the same thing
     # without dying, so that every byte of output is flushed first.
+    exiting_for_signal()
     with suppress(ValueError):  # not the main thread: no handler to change
         # A second Ctrl-C while the first is being reported must not end in a traceback.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -157,6 +157,10 @@ class SignalShield:
             if isinstance(pending, KeyboardInterrupt) and getattr(error, "reason", None) == (
                 "interrupted"
             ):
+                # The cancellation stands for the Ctrl-C, and keeps it as its cause (`mty` tells
+                # a dropped signal exception by its end: mighty.cli._interrupts).
+                if error.__cause__ is None:
+                    error.__cause__ = pending
                 raise
             raise pending from error
         if self.pending is not None:

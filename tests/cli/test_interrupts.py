@@ -2,9 +2,11 @@
 
 Each test runs the `mty` group (``mighty.cli.main``) in a fresh Python with one extra command,
 which makes the process signal itself from inside a weakref callback, a ``__del__``, a GC
-callback or an unraisable-exception hook, goes on working there, and then returns at once.
-Without the interrupt hook the handler's exception was printed ("Exception ignored in: ...")
-and the command exited 0.
+callback, an unraisable-exception hook or the ``close()`` an unclosed file object's finalizer
+calls, goes on working there, and then returns at once. Without the interrupt hook the handler's
+exception was printed ("Exception ignored in: ...") and the command exited 0; without the tokens
+the handler's exceptions carry, the one raised in ``close()`` vanished (CPython clears it) and
+the command exited 0.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 # argv: place, signal number, iterations of work after the signal was sent.
 _SCRIPT = r"""
-import gc, os, signal, sys, weakref
+import gc, io, os, signal, sys, weakref
 
 import click
 
@@ -81,6 +83,15 @@ def land_command():
 
         class Owner:
             field = Landing()
+    elif place == "io_close":
+        # The finalizer of an unclosed file object calls its close() and clears what that
+        # raised, reporting nothing (CPython's iobase_finalize outside development mode).
+        class Closing(io.RawIOBase):
+            def close(self):
+                land()
+                super().close()
+
+        Closing()
     click.echo("carried on")
 
 
@@ -101,10 +112,12 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @settings(max_examples=15)
 @given(
-    place=st.sampled_from(["weakref", "del", "gc", "hook", "set_name"]),
+    place=st.sampled_from(["weakref", "del", "gc", "hook", "set_name", "io_close"]),
     signum=st.sampled_from(sorted(_SIGNALS)),
     work=st.integers(0, 20_000),
 )
+@example(place="io_close", signum=signal.SIGTERM, work=0)
+@example(place="io_close", signum=signal.SIGINT, work=5_000)
 def test_a_signal_in_an_unraisable_context_is_not_lost(place: str, signum: int, work: int) -> None:
     """Wherever the handler lands, the command exits 128+N with one line and no traceback."""
     proc = _python(_SCRIPT, place, str(int(signum)), str(work))
@@ -184,3 +197,45 @@ def test_handlers_and_hook_are_put_back_after_the_command() -> None:
     proc = _python(_RESTORED)
     assert proc.returncode == 0, proc
     assert proc.stdout.splitlines() == ["during True True True", "after True True True"]
+
+
+_OUTLIVED = r"""
+import os, signal
+
+import click
+
+from mighty.cli import main
+from mighty.cli._interrupts import Terminated
+
+kept = []
+
+
+@main.command("first")
+def first_command():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10**7):
+            pass
+    except Terminated as exc:
+        kept.append(exc)  # the command handles its signal, and the exception outlives it
+    click.echo("first handled it")
+
+
+@main.command("second")
+def second_command():
+    kept.clear()  # freed while another command runs: not a signal of this one
+    for _ in range(10**5):
+        pass
+    click.echo("second ran")
+
+
+main(["first"], prog_name="mty", standalone_mode=False)
+main(["second"], prog_name="mty", standalone_mode=False)
+"""
+
+
+def test_a_signal_exception_freed_after_its_command_owes_nothing() -> None:
+    """An exception the handler raised in one command and freed in the next ends neither."""
+    proc = _python(_OUTLIVED)
+    assert proc.returncode == 0, proc
+    assert proc.stdout.splitlines() == ["first handled it", "second ran"], proc
