@@ -121,7 +121,18 @@ def _mighty_state(signum, frame):
         if cli is not None:
             it = cli._State
             parts.append(f"interrupts depth={it.depth} owed={it.owed} owes={it.owes} in_hook={it.in_hook} "
+                         f"live={getattr(it, 'live', '?')} exiting={getattr(it, 'exiting', '?')} "
                          f"last_ran={getattr(it, 'last_ran', '?')}")
+            # A handler's exception still alive (its token): who holds it, two levels up.
+            import gc
+            for exc in [o for o in gc.get_objects()
+                        if isinstance(o, BaseException) and "_mty_signal_token" in o.__dict__]:
+                holders = []
+                for ref in gc.get_referrers(exc):
+                    up = [type(r).__name__ for r in gc.get_referrers(ref)][:6]
+                    name = getattr(getattr(ref, "f_code", None), "co_name", "")
+                    holders.append(f"{type(ref).__name__}{':' + name if name else ''} < {up}")
+                parts.append(f"alive {exc!r} held by {holders[:8]}")
         if budget is not None:
             parts.append("calls " + " ".join(
                 f"(interrupted={c.interrupted} stopped={c.stopped})"
