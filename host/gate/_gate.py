@@ -37,7 +37,7 @@ from wasmtime import component as wc
 from wasmtime.component import _linker as wc_linker
 from wasmtime.component._types import FuncType
 
-from mighty._errors import Closed, HostError, MissingImports
+from mighty._errors import Closed, HostError, InvalidComponent, MissingImports
 from mighty.abi import (
     BorrowType,
     FuncCodec,
@@ -1904,20 +1904,25 @@ class Gate:
                 f"{origin} imports what nothing provides: {', '.join(missing)}", missing=missing
             )
         linker = wc.Linker(engine)
-        with linker.root() as root:
-            for name in imports:
-                interface = unversioned(name)
-                with root.add_instance(name) as instance:
-                    for kind in self._resources.get(interface, {}).values():
-                        instance.add_resource(
-                            kind.name,
-                            wc.ResourceType.host(kind.type_id),
-                            _resource_drop(kind.type_id),
-                        )
-                    for binding in self._bindings.get(interface, {}).values():
-                        _add_func(instance, binding, self._resources.get(interface, {}))
-            for name, module in modules:
-                root.add_module(name, module)
+        try:
+            with linker.root() as root:
+                for name in imports:
+                    interface = unversioned(name)
+                    with root.add_instance(name) as instance:
+                        for kind in self._resources.get(interface, {}).values():
+                            instance.add_resource(
+                                kind.name,
+                                wc.ResourceType.host(kind.type_id),
+                                _resource_drop(kind.type_id),
+                            )
+                        for binding in self._bindings.get(interface, {}).values():
+                            _add_func(instance, binding, self._resources.get(interface, {}))
+                for name, module in modules:
+                    root.add_module(name, module)
+        except wasmtime.WasmtimeError as exc:
+            # What wasmtime refuses here is the import list (a name given twice): said as
+            # ours, with wasmtime's words and error kept.
+            raise InvalidComponent(f"{origin}: its imports cannot be linked: {exc}") from exc
         return linker
 
     def context(

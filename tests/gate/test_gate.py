@@ -18,6 +18,7 @@ from mighty import (
     GuestExit,
     GuestTrap,
     Instance,
+    InvalidComponent,
     MissingImports,
 )
 from mighty.budget import CallScope
@@ -217,6 +218,14 @@ def test_missing_interfaces_are_all_named(component: Component) -> None:
     with pytest.raises(MissingImports) as info:
         Instance(component, gate=Gate([]))
     assert info.value.missing == ("t:x/api",)
+
+
+def test_imports_wasmtime_refuses_to_link_are_an_invalid_component(gate: Gate) -> None:
+    """An import list wasmtime cannot link (a name twice) is our typed error, its cause kept."""
+    with pytest.raises(InvalidComponent, match="defined twice") as info:
+        gate.linker_for(get_engine(), ["t:x/api", "t:x/api"], "twice.wasm", [])
+    assert "twice.wasm" in info.value.message
+    assert isinstance(info.value.__cause__, wasmtime.WasmtimeError)
 
 
 def test_provider_setup_runs_per_instance(component: Component, gate: Gate) -> None:
