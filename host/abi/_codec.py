@@ -41,10 +41,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
-from wasmtime import _ffi as ffi
 from wasmtime.component import FuncType, ResourceAny, ResourceHost
 
 from mighty._errors import ArgumentError, WrongType
+from mighty._wasmtime import ffi, resource_any_from_ptr
 
 from ._native import native as _cmod
 from ._native import use_native
@@ -832,7 +832,7 @@ class _HandleCodec(_Codec):
 
     def lift(self, src: Any) -> Any:
         # A copy of the handle box: the tree we read from is freed by its owner afterwards.
-        return ResourceAny._from_ptr(ffi.wasmtime_component_resource_any_clone(src.of.resource))
+        return resource_any_from_ptr(ffi.wasmtime_component_resource_any_clone(src.of.resource))
 
 
 # Field codecs whose lowering overwrites a slot's whole payload and whose zero value owns no

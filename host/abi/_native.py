@@ -12,9 +12,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-from wasmtime import _ffi as ffi
-
 from mighty._errors import HostError
+from mighty._wasmtime import ffi
 
 from ._values import Err, Ok, Some, Variant
 

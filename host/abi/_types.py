@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from wasmtime import _ffi as ffi
 from wasmtime.component import FuncType, ResourceType
-from wasmtime.component import _types as wt
 
 from mighty._errors import InvalidComponent
+from mighty._wasmtime import component_types as wt
+from mighty._wasmtime import ffi, resource_type_from_ptr
 
 __all__ = [
     "BOOL",
@@ -359,7 +359,7 @@ def _from_c(vt: Any) -> WitType:
     ):
         # The ResourceType wrapper takes the valtype's only allocation, so no valtype_delete.
         is_own = kind == ffi.WASMTIME_COMPONENT_VALTYPE_OWN.value
-        res = ResourceType._from_ptr(vt.of.own if is_own else vt.of.borrow)
+        res = resource_type_from_ptr(vt.of.own if is_own else vt.of.borrow)
         return OwnType(res) if is_own else BorrowType(res)
     try:
         return _compound_from_c(vt, kind)

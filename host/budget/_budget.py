@@ -61,7 +61,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, overload
 
 import wasmtime
-from wasmtime import _ffi as ffi
 
 from mighty._errors import (
     BadInput,
@@ -75,6 +74,7 @@ from mighty._errors import (
     WrongType,
 )
 from mighty._usage import Usage
+from mighty._wasmtime import error_from_ptr, ffi
 from mighty.budget._scope import CallScope, CancelScope
 from mighty.engine import MemoryAccount, SignalShield, get_engine, immortal, quick_call
 from mighty.gate import UNSCOPED, GuestContext, GuestViolation, HostFunctionFailed
@@ -424,7 +424,7 @@ class Meter:
             context = self.store._context()
             error = _set_fuel(context, budget.fuel)
             if error:
-                raise wasmtime.WasmtimeError._from_ptr(error)
+                raise error_from_ptr(error)
         self.account.start_call(budget.memory)
         if not fueled:
             _set_epoch_deadline(context, 1)

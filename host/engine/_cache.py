@@ -23,10 +23,10 @@ from typing import TypeVar
 
 import wasmtime
 from wasmtime import WasmtimeError
-from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
 from mighty._cachedir import atomic_write_bytes, cache_root
+from mighty._wasmtime import component_from_ptr, error_from_ptr, ffi, module_from_ptr
 from mighty.engine._engine import SETTINGS, get_engine, wasmtime_version
 
 __all__ = ["CompiledCache"]
@@ -127,8 +127,8 @@ def _deserialize(payload: bytearray) -> wc.Component:
         get_engine().ptr(), buffer, len(payload), ctypes.byref(ptr)
     )
     if error:
-        raise WasmtimeError._from_ptr(error)
-    return wc.Component._from_ptr(ptr)
+        raise error_from_ptr(error)
+    return component_from_ptr(ptr)
 
 
 def _deserialize_module(payload: bytearray) -> wasmtime.Module:
@@ -138,5 +138,5 @@ def _deserialize_module(payload: bytearray) -> wasmtime.Module:
         get_engine().ptr(), buffer, len(payload), ctypes.byref(ptr)
     )
     if error:
-        raise WasmtimeError._from_ptr(error)
-    return wasmtime.Module._from_ptr(ptr)
+        raise error_from_ptr(error)
+    return module_from_ptr(ptr)

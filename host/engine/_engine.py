@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 import wasmtime
-from wasmtime import _ffi as ffi
 
+from mighty._wasmtime import ffi
 from mighty.engine._memory import install_memory_creator
 
 __all__ = ["EPOCH_TICK", "EngineSettings", "get_engine", "wasmtime_version"]

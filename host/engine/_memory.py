@@ -37,9 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wasmtime import _ffi as ffi
-
 from mighty._errors import BadInput
+from mighty._wasmtime import ffi
 from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
 from mighty.engine._state import MAX_GAP, MemoryState, freeze, layerable

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, TypeVar
 
-from wasmtime import _ffi as ffi
+from mighty._wasmtime import ffi
 
 __all__ = ["immortal", "quick_call"]
 

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import wasmtime
-from wasmtime import _ffi as ffi
 from wasmtime import component as wc
-from wasmtime.component import _linker as wc_linker
-from wasmtime.component._types import FuncType
 
 from mighty._errors import Closed, HostError, InvalidComponent, MissingImports
+from mighty._wasmtime import component_linker as wc_linker
+from mighty._wasmtime import error_from_ptr, ffi, func_type_from_ptr
 from mighty.abi import (
     BorrowType,
     FuncCodec,
@@ -797,7 +796,7 @@ def _tapped_method(
         error = _any_to_host(context_ptr, _PTR_AT(args_ptr + _PAYLOAD), store.host_ref)
         if error:
             err = ctypes.cast(error, _ERROR_PTR)
-            raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+            raise StaleHandle(f"not a host resource: {error_from_ptr(err)}")
         try:
             rep = _host_rep(host)
         finally:
@@ -876,7 +875,7 @@ immortal(wc_linker.resource_dtor_finalize)
 
 
 def _compile(reg: _Registered, type_ptr: Any) -> _Serve:
-    fty = FuncType._from_ptr(ctypes.cast(type_ptr, _FUNC_TYPE_PTR), owner=object())
+    fty = func_type_from_ptr(ctypes.cast(type_ptr, _FUNC_TYPE_PTR), owner=object())
     codec = FuncCodec.from_func_type(fty)
     param_types = [t for _, t in codec.sig.params]
     converters = [_handle_converter(t, _to_handle) for t in param_types]
@@ -1520,7 +1519,7 @@ def _method_server(
         error = _any_to_host(context_ptr, _PTR_AT(args_ptr + _PAYLOAD), store.host_ref)
         if error:
             err = ctypes.cast(error, _ERROR_PTR)
-            raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+            raise StaleHandle(f"not a host resource: {error_from_ptr(err)}")
         try:
             rep = _host_rep(host)
         finally:
@@ -1636,7 +1635,7 @@ def _host_at(context_ptr: Any, resource: Any) -> tuple[int, int]:
     error = _any_to_host(context_ptr, resource, _byref(host))
     if error:
         err = ctypes.cast(error, _ERROR_PTR)
-        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+        raise StaleHandle(f"not a host resource: {error_from_ptr(err)}")
     try:
         return _host_type(host), _host_rep(host)
     finally:
@@ -1649,7 +1648,7 @@ def _rep_at(store: _CallStore, context_ptr: Any, resource: Any) -> int:
     error = _any_to_host(context_ptr, resource, store.host_ref)
     if error:
         err = ctypes.cast(error, _ERROR_PTR)
-        raise StaleHandle(f"not a host resource: {wasmtime.WasmtimeError._from_ptr(err)}")
+        raise StaleHandle(f"not a host resource: {error_from_ptr(err)}")
     try:
         rep: int = _host_rep(host)
         return rep
@@ -1968,4 +1967,4 @@ def _add_func(
         instance.ptr(), ctypes.create_string_buffer(name), len(name), _C_DISPATCH, key, _C_FINALIZE
     )
     if error:
-        raise wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
+        raise error_from_ptr(ctypes.cast(error, _ERROR_PTR))

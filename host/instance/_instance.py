@@ -14,12 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
-from wasmtime import WasmtimeError
-from wasmtime import _ffi as ffi
 from wasmtime import component as wc
-from wasmtime.component._enter import maybe_raise_last_exn
 
 from mighty._errors import Closed, ExportNotFound, GuestTrap
+from mighty._wasmtime import error_from_ptr, ffi, maybe_raise_last_exn
 from mighty.abi import FuncCodec, FuncSig
 from mighty.budget import Budget, CancelScope, Meter, Usage
 from mighty.engine import (
@@ -60,7 +58,7 @@ def _raise_call_error(error: Any) -> NoReturn:
     """Raise what a failed ``wasmtime_component_func_call`` returned (``error``, a pointer to
     its ``wasmtime_error_t``): a Python exception a host function parked first, else the
     error itself."""
-    err = WasmtimeError._from_ptr(error)
+    err = error_from_ptr(error)
     maybe_raise_last_exn()
     raise err
 

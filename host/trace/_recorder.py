@@ -34,8 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from wasmtime import _ffi as ffi
-
+from mighty._wasmtime import ffi
 from mighty.abi import Err, Ok, Some, Variant
 from mighty.engine import SETTINGS, Component
 from mighty.gate import (
