@@ -295,6 +295,9 @@ def main() -> None:
     if "--print" in sys.argv:
         report(_print_rows())
         return
+    if "--floor" in sys.argv:
+        report(_floor_rows())
+        return
     rows: list[dict[str, object]] = [
         {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
     ]
@@ -392,7 +395,170 @@ def main() -> None:
     rows.extend(_warm_state_rows())
     rows.extend(_rewind_rows())
     rows.extend(_print_rows())
+    rows.extend(_floor_rows())
     report(rows)
+
+
+_RAW_INPUTS = b'{"globals": {}, "keep": false, "max-value": 1048576}'
+
+
+class _RawInterpreter:
+    """The sandbox's interpreter component called through raw wasmtime-py: its own engine
+    (the code-generation settings mighty's engine has: fuel, epoch checks, NaN
+    canonicalisation; wasmtime's own memory allocator, copy-on-write from its images), its
+    own WASI (``add_wasip2``), the tools interface answered by plain Python functions that
+    offer no tool. Compiled through wasmtime's own cache (``config.cache``): the first run
+    compiles for ~10 s."""
+
+    def __init__(self, path: str) -> None:
+        import dataclasses
+
+        import wasmtime
+        from wasmtime import component
+
+        from mighty.engine import SETTINGS
+
+        config = dataclasses.replace(SETTINGS, host_memory=False).to_config()
+        config.cache = True
+        self.engine = wasmtime.Engine(config)
+        self.component = component.Component.from_file(self.engine, path)
+        self.linker = component.Linker(self.engine)
+        self.linker.add_wasip2()
+        with self.linker.root() as root, root.add_instance("mighty:sandbox/tools@0.1.0") as api:
+            api.add_func("list-tools", lambda _store: "[]")
+            api.add_func("call", lambda _store, _name, _args: None)
+            api.add_func("start", lambda _store, _name, _args: 0)
+            api.add_func("wait", lambda _store, _timeout: [])
+            api.add_func("cancel", lambda _store, _handle: None)
+        self.store, self.run_export = self.instantiate()
+
+    def instantiate(self) -> tuple[Any, Any]:
+        """A new store and instance, ready to call (fuel and the epoch deadline far off)."""
+        import wasmtime
+
+        store = wasmtime.Store(self.engine)
+        store.set_fuel(1 << 62)
+        store.set_epoch_deadline(1 << 62)
+        store.set_wasi(wasmtime.WasiConfig())
+        instance = self.linker.instantiate(store, self.component)
+        return store, instance.get_func(store, "run")
+
+    def run(self, code: str) -> None:
+        outcome = self.run_export(self.store, code, _RAW_INPUTS)
+        self.run_export.post_return(self.store)
+        if not outcome.ok:
+            raise RuntimeError(f"raw run failed: {outcome.message}")
+
+
+def _floor_rows() -> list[Row]:
+    """What the runtime itself takes: the sandbox's interpreter called through raw wasmtime-py
+    (no gate, budget, recording or pool; one instance kept hot and reused, never rewound: the
+    best case for it), beside the sandbox's pooled run and Monty's fresh session, the three
+    interleaved run by run, spaced 10 ms apart and back to back; then raw wasmtime-py's
+    instantiation of the interpreter and its first run, thread CPU (the floor of the creation
+    target), interleaved with the sandbox making an instance from its warmed state."""
+    from mighty._cachedir import cache_root
+    from mighty.sandbox._interpreter import interpreter_component
+
+    rows: list[Row] = [
+        {"name": "machine load (1, 5, 15 min)", "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    ]
+    path = cache_root() / "sandbox" / f"interpreter-{interpreter_component().sha256}.wasm"
+    raw = _RawInterpreter(str(path))
+    size = 4
+    monty_pool: Any = None
+    try:
+        import pydantic_monty
+
+        monty_pool = pydantic_monty.Monty().__enter__()
+    except ImportError:
+        pass
+
+    def monty_once() -> None:
+        with monty_pool.checkout() as session:
+            session.feed_run("1 + 1")
+
+    labels = ["sandbox", "raw wasmtime-py", *(["Monty"] if monty_pool is not None else [])]
+    spaced: dict[str, list[float]] = {label: [] for label in labels}
+    cpu: dict[str, list[float]] = {label: [] for label in labels}
+    back: dict[str, list[float]] = {label: [] for label in labels}
+    made: dict[str, list[float]] = {
+        "sandbox from its warmed state": [],
+        "raw wasmtime-py": [],
+        "raw wasmtime-py, instantiated only (no run)": [],
+    }
+    try:
+        with Sandbox(pool=size) as sandbox:
+            runs = {
+                "sandbox": lambda: sandbox.run("result = 1 + 1"),
+                "raw wasmtime-py": lambda: raw.run("result = 1 + 1"),
+                "Monty": monty_once,
+            }
+            for label in labels:
+                for _ in range(20):
+                    runs[label]()
+            for _ in range(200):
+                for label in labels:
+                    _wait_full(sandbox, size)
+                    time.sleep(0.01)
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    runs[label]()
+                    spaced[label].append(time.perf_counter() - t0)
+                    cpu[label].append(time.thread_time() - c0)
+            for _ in range(3):
+                for label in labels:
+                    _wait_full(sandbox, size)
+                    back[label].extend(samples(runs[label], repeat=60, warmup=0))
+            pool = sandbox._pool
+            for _ in range(60):
+                c0 = time.thread_time()
+                warmed = pool._warmed
+                assert warmed is not None
+                live = pool._from_state(warmed)  # what a run that finds the pool empty does
+                live.close()
+                made["sandbox from its warmed state"].append(time.thread_time() - c0)
+                c0 = time.thread_time()
+                store, run_export = raw.instantiate()
+                outcome = run_export(store, "result = 1 + 1", _RAW_INPUTS)
+                run_export.post_return(store)
+                del store, run_export, outcome
+                made["raw wasmtime-py"].append(time.thread_time() - c0)
+                c0 = time.thread_time()
+                store, run_export = raw.instantiate()
+                del store, run_export
+                made["raw wasmtime-py, instantiated only (no run)"].append(time.thread_time() - c0)
+    finally:
+        if monty_pool is not None:
+            monty_pool.__exit__(None, None, None)
+
+    def ms(xs: list[float]) -> float:
+        return round(statistics.median(xs) * 1e3, 3)
+
+    for label in labels:
+        row: Row = {
+            "name": f"'result = 1 + 1': {label}",
+            "spaced_p50_ms": ms(spaced[label]),
+            "spaced_thread_cpu_ms": ms(cpu[label]),
+            "back_to_back_p50_ms": ms(back[label]),
+        }
+        if label != "raw wasmtime-py":
+            row["spaced_over_raw"] = round(ms(spaced[label]) / ms(spaced["raw wasmtime-py"]), 2)
+            row["back_to_back_over_raw"] = round(ms(back[label]) / ms(back["raw wasmtime-py"]), 2)
+        rows.append(row)
+    for label, times in made.items():
+        rows.append(
+            {
+                "name": f"an interpreter instance made (and run once): {label}",
+                "thread_cpu_p50_ms": ms(times),
+            }
+        )
+    rows.append(
+        {
+            "name": "machine load after (1, 5, 15 min)",
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
+    return rows
 
 
 _UNBUFFERED = "import sys\nsys.stdout.reconfigure(line_buffering=False, write_through=True)\n"
