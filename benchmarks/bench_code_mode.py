@@ -15,8 +15,10 @@ Figures, each beside a baseline measured in the same run:
   like-for-like baseline (both pay pydantic-ai's machinery per awaited call). The harness pins
   its pydantic-ai version, so it is installed outside the venv with that version, both first on
   ``PYTHONPATH`` (benchmarks/README.md says how); the whole row then runs on that version.
+  Beside them, pydantic-ai's own floor: the same toolset with the snippet run by the host's
+  CPython (``exec``, no sandbox, no isolation; the same tool functions and ``ToolManager``).
 
-`--quick` takes fewer samples. The machine's load average is printed: on 2 CPUs a load above ~2
+`--quick` takes fewer samples; `--pydantic-ai` runs only the `run_code` part. The machine's load average is printed: on 2 CPUs a load above ~2
 means the figures share the CPUs with something else.
 """
 
@@ -134,7 +136,51 @@ def concurrency(rows: list[dict[str, object]]) -> None:
             )
 
 
+def _native_code_toolset() -> type:
+    """``MightyCodeToolset`` with the snippet run by the host's own CPython (``exec`` of the
+    code compiled with top-level await, the same tool functions, the same ``ToolManager`` per
+    ``run_code`` call): no sandbox, no isolation, a baseline only. Its cost over the direct
+    turn is pydantic-ai's own share of a code-mode turn, what no sandbox can go below."""
+    import ast
+
+    from mighty.sandbox.integrations import pydantic_ai as integration
+
+    class NativeCode(integration.MightyCodeToolset):
+        async def call_tool(self, name: str, tool_args: Any, ctx: Any, tool: Any) -> Any:
+            from pydantic_ai.tool_manager import ToolManager
+
+            wrapped = await self.wrapped.get_tools(ctx)
+            parent = ctx.tool_manager
+            manager = ToolManager(
+                toolset=self.wrapped,
+                root_capability=parent.root_capability if parent is not None else None,
+                ctx=ctx,
+                tools=wrapped,
+            )
+            tree = ast.parse(tool_args["code"])
+            last = tree.body[-1]
+            if isinstance(last, ast.Expr):  # the last expression is the answer
+                tree.body[-1] = ast.Assign([ast.Name("_answer", ast.Store())], last.value)
+                ast.fix_missing_locations(tree)
+            code = compile(tree, "<run_code>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            scope = {
+                t.tool_def.name: integration._tool_function(t.tool_def.name, t.tool_def)
+                for t in wrapped.values()
+            }
+            token = integration._CURRENT.set(integration._Call(manager, ctx.tool_call_id or "c"))
+            try:
+                pending = eval(code, scope)  # a baseline running its own snippet
+                if pending is not None:
+                    await pending
+            finally:
+                integration._CURRENT.reset(token)
+            return scope.get("_answer")
+
+    return NativeCode
+
+
 def pydantic_ai(rows: list[dict[str, object]]) -> None:
+    _NativeCode = _native_code_toolset()  # noqa: N806 - a class
     from pydantic_ai import Agent
     from pydantic_ai.messages import (
         ModelMessage,
@@ -166,7 +212,8 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
     code_mode = MightyCodeToolset(tools, limits=Limits(), pool=4)
     coded = Agent(model_for("run_code", {"code": snippet}), toolsets=[code_mode])
     direct = Agent(model_for("add", {"a": 1, "b": 2}), toolsets=[tools])
-    agents: list[Agent[None, str]] = [coded, direct]
+    native = Agent(model_for("run_code", {"code": snippet}), toolsets=[_NativeCode(tools)])
+    agents: list[Agent[None, str]] = [coded, direct, native]
     try:
         from pydantic_ai_harness import CodeMode
     except ImportError:
@@ -212,17 +259,21 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
             return times
 
     try:
-        with_code, with_tool, *with_harness = asyncio.run(measure())
+        with_code, with_tool, with_native, *with_harness = asyncio.run(measure())
     finally:
         code_mode.close()
     alone = asyncio.run(sandbox_only())
     cost = statistics.median(c - t for c, t in zip(with_code, with_tool, strict=True))
+    native_cost = statistics.median(c - t for c, t in zip(with_native, with_tool, strict=True))
     row: dict[str, object] = {
         "name": "run_code via pydantic-ai (5 awaited tool calls)",
         "agent_run_code_p50_ms": round(p(with_code, 0.5) * 1e3, 3),
         "agent_direct_tool_p50_ms": round(p(with_tool, 0.5) * 1e3, 3),
         "run_code_cost_p50_ms": round(cost * 1e3, 3),
         "sandbox_run_async_same_snippet_p50_ms": round(p(alone, 0.5) * 1e3, 3),
+        "native_exec_run_code_p50_ms": round(p(with_native, 0.5) * 1e3, 3),
+        "native_exec_run_code_cost_p50_ms": round(native_cost * 1e3, 3),
+        "ratio_run_code_cost_over_native": round(cost / native_cost, 2),
     }
     if with_harness:
         import pydantic_ai
@@ -250,6 +301,7 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
 
             monty = samples(feed, repeat=repeat * 3, warmup=10)
         row["monty_same_snippet_p50_ms"] = round(p(monty, 0.5) * 1e3, 3)
+        row["ratio_native_exec_cost_over_monty"] = round(native_cost / p(monty, 0.5), 1)
         row["ratio_run_code_cost_over_monty"] = round(cost / p(monty, 0.5), 1)
         row["ratio_sandbox_alone_over_monty"] = round(p(alone, 0.5) / p(monty, 0.5), 1)
     rows.append(row)
@@ -258,8 +310,9 @@ def pydantic_ai(rows: list[dict[str, object]]) -> None:
 def main() -> None:
     print(f"load average: {os.getloadavg()[0]:.2f}")
     rows: list[dict[str, object]] = []
-    tool_overhead(rows)
-    concurrency(rows)
+    if "--pydantic-ai" not in sys.argv:  # that part alone
+        tool_overhead(rows)
+        concurrency(rows)
     pydantic_ai(rows)
     report(rows)
 
