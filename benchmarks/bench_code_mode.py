@@ -18,8 +18,9 @@ Figures, each beside a baseline measured in the same run:
   Beside them, pydantic-ai's own floor: the same toolset with the snippet run by the host's
   CPython (``exec``, no sandbox, no isolation; the same tool functions and ``ToolManager``).
 
-`--quick` takes fewer samples; `--pydantic-ai` runs only the `run_code` part. The machine's load average is printed: on 2 CPUs a load above ~2
-means the figures share the CPUs with something else.
+`--quick` takes fewer samples; `--pydantic-ai` runs only the `run_code` part. The machine's
+load average is printed: on 2 CPUs a load above ~2 means the figures share the CPUs with
+something else.
 """
 
 from __future__ import annotations

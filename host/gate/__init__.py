@@ -1,22 +1,19 @@
 """The gate: the one place host functions are registered; every guest import passes through it."""
 
-from mighty.gate._gate import (
+from mighty.gate._context import (
     Binding,
     CallHook,
     Direct,
-    Gate,
     GuestContext,
-    GuestExitRequest,
     GuestViolation,
     Handle,
     HostFunctionFailed,
     Provider,
     ResourceKind,
     StaleHandle,
-    request_exit,
-    resource_kind,
     unversioned,
 )
+from mighty.gate._gate import Gate, GuestExitRequest, request_exit, resource_kind
 from mighty.gate._scope import UNSCOPED, MissingSlot, Scope, Seed, Slot, Waitable
 
 __all__ = [

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mighty.gate._gate import Binding, GuestContext, ResourceKind
+from mighty.gate._context import Binding, GuestContext, ResourceKind
 
 __all__ = ["INTERFACE", "MAX_FILE", "MAX_FUNCTION", "SourceProvider", "bounded_position"]
 

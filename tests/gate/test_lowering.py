@@ -30,7 +30,8 @@ from mighty.abi import (
 )
 from mighty.engine import get_engine
 from mighty.gate import Direct, Gate, GuestViolation, MissingSlot, Slot
-from mighty.gate._gate import _CallStore, _fused, _getter, _lowerer
+from mighty.gate._frames import _fused, _getter, _lowerer
+from mighty.gate._native import _CallStore
 
 _VAL = ffi.wasmtime_component_val_t
 
