@@ -328,6 +328,7 @@ AGENTS_ORDER = [
     "_host",
     "_seats",
     "_hibernate",
+    "_process",
     "_runtime",
     # what is built on a runtime
     "_supervisor",

@@ -20,7 +20,8 @@ from mighty.agents._history import (
 from mighty.agents._introspect import INSPECT, SNAPSHOT_VERSION
 from mighty.agents._manifest import Manifest, load_manifest
 from mighty.agents._output import AgentOutput
-from mighty.agents._runtime import AgentProcess, AgentStats, Runtime, decode_body, encode_body
+from mighty.agents._process import AgentProcess, AgentStats, decode_body, encode_body
+from mighty.agents._runtime import Runtime
 from mighty.agents._store import (
     BadStateDir,
     SnapshotCorrupt,

@@ -48,7 +48,8 @@ from mighty.agents._manifest import (
     supervisor_spec,
 )
 from mighty.agents._output import AgentOutput, level_number
-from mighty.agents._runtime import Runtime, decode_body, encode_body
+from mighty.agents._process import decode_body, encode_body
+from mighty.agents._runtime import Runtime
 from mighty.agents._supervisor import Supervisor
 from mighty.agents._tree import start_tree
 from mighty.agents._types import AgentError, AgentEvent

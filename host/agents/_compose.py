@@ -9,7 +9,8 @@ from contextlib import suppress
 from typing import Any
 
 from mighty._errors import BadInput
-from mighty.agents._runtime import Runtime, decode_body, encode_body
+from mighty.agents._process import decode_body, encode_body
+from mighty.agents._runtime import Runtime
 from mighty.agents._types import AgentError, MessageDropped
 
 __all__ = ["broadcast", "pipe"]

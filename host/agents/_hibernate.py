@@ -62,7 +62,8 @@ from mighty.engine import check_lowering
 from mighty.reload import SchemaError, check_compatible, parse_schema
 
 if TYPE_CHECKING:
-    from mighty.agents._runtime import AgentProcess, Runtime
+    from mighty.agents._process import AgentProcess
+    from mighty.agents._runtime import Runtime
     from mighty.agents._types import AgentType
     from mighty.instance import Instance
 

@@ -237,7 +237,7 @@ def _is_message(value: Any) -> bool:
 
 
 def _body_text(size: int, head: bytes) -> str:
-    from mighty.agents._runtime import decode_body
+    from mighty.agents._process import decode_body
 
     if size == 0:
         return "null"

@@ -29,7 +29,8 @@ from mighty.budget import CallScope
 from mighty.gate import Binding, GuestContext, ResourceKind, Scope, Slot
 
 if TYPE_CHECKING:
-    from mighty.agents._runtime import AgentProcess, Runtime
+    from mighty.agents._process import AgentProcess
+    from mighty.agents._runtime import Runtime
 
 __all__ = ["AGENT_PROCESS", "AgentHostProvider"]
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from mighty._cbor import loads_untrusted
 
 if TYPE_CHECKING:
-    from mighty.agents._runtime import AgentProcess, Runtime
+    from mighty.agents._process import AgentProcess
+    from mighty.agents._runtime import Runtime
 
 __all__ = [
     "BODY_LIMIT",

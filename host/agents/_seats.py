@@ -72,7 +72,7 @@ from mighty.gate import Seed
 from mighty.wasi import LOG_SINK, STDERR_SINK, STDOUT_SINK
 
 if TYPE_CHECKING:
-    from mighty.agents._runtime import AgentProcess
+    from mighty.agents._process import AgentProcess
     from mighty.instance import Instance
 
 __all__ = ["MAX_SEATS", "RESEED", "SeatStats", "Seats", "Tenancy"]

@@ -55,7 +55,8 @@ from mighty.reload import (
 )
 
 if TYPE_CHECKING:
-    from mighty.agents._runtime import AgentProcess, Runtime
+    from mighty.agents._process import AgentProcess
+    from mighty.agents._runtime import Runtime
 
 __all__ = ["reload_agent_type"]
 

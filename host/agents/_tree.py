@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mighty.agents._runtime import AgentProcess, Runtime, encode_body
+from mighty.agents._process import AgentProcess, encode_body
+from mighty.agents._runtime import Runtime
 from mighty.agents._supervisor import (
     ChildHandle,
     ChildSpec,

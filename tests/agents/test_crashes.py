@@ -28,7 +28,7 @@ from mighty.agents import (
     decode_body,
     start_tree,
 )
-from mighty.agents import _runtime as runtime_module
+from mighty.agents import _process as process_module
 from mighty.agents.hosting import Scheduler
 from mighty.cli import main
 
@@ -150,14 +150,14 @@ def test_an_unexpected_error_in_a_turn_is_a_crash_and_the_worker_survives(
     crasher_agent: Component, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A codec raising RuntimeError crashes the agent; it is restarted and the worker goes on."""
-    real = runtime_module.decode_body
+    real = process_module.decode_body
 
     def broken(data: bytes | None) -> Any:
         if real(data) == "boom":
             raise RuntimeError("codec bug")
         return real(data)
 
-    monkeypatch.setattr(runtime_module, "decode_body", broken)
+    monkeypatch.setattr(process_module, "decode_body", broken)
     with Runtime(workers=1) as rt:
         rt.register(AgentType("c", crasher_agent, accepts={"x": None, "y": AnyBody}))
         start_tree(rt, SupervisorSpec("root", [AgentChild("c", "c")]))
