@@ -94,7 +94,7 @@ def interpreter_rows() -> list[dict[str, object]]:
     from mighty.budget._budget import Meter
     from mighty.engine import get_engine
     from mighty.sandbox import interpreter_component
-    from mighty.sandbox._api import _gate
+    from mighty.sandbox._pool import _gate
 
     shared = interpreter_component()
     assert shared.images, "the interpreter component got no memory images"
@@ -219,7 +219,7 @@ def lifecycle_rows() -> list[dict[str, object]]:
 
     from mighty.engine import _memory
     from mighty.sandbox import Sandbox
-    from mighty.sandbox import _api as sandbox_api
+    from mighty.sandbox import _pool as sandbox_pool
 
     def faults() -> int:
         return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -235,14 +235,14 @@ def lifecycle_rows() -> list[dict[str, object]]:
 
         def from_image() -> tuple[float, int]:
             c0, f0 = time.thread_time(), faults()
-            live = sandbox_api._Live(config)
+            live = sandbox_pool._Live(config)
             live.warm()
             live.close()
             return time.thread_time() - c0, faults() - f0
 
         def from_state() -> tuple[float, int]:
             c0, f0 = time.thread_time(), faults()
-            live = sandbox_api._Live(config, memory=state)
+            live = sandbox_pool._Live(config, memory=state)
             live.reseed()
             live.close()
             return time.thread_time() - c0, faults() - f0

@@ -32,7 +32,7 @@ from _common import p, report, samples
 import mighty.sandbox._tools as tools_module
 from mighty.abi import Ok
 from mighty.sandbox import Limits, Sandbox
-from mighty.sandbox._api import _encode_inputs
+from mighty.sandbox._results import _encode_inputs
 
 Row = dict[str, object]
 

@@ -16,22 +16,19 @@ See docs/sandbox.md for limits, error kinds, tools and the threat model.
 """
 
 from mighty.budget import CancelScope, Progress, RunContext, current_context
-from mighty.sandbox._api import (
+from mighty.sandbox._api import MAX_STARTED_RUNS, Busy, RunHandle, Sandbox
+from mighty.sandbox._interpreter import interpreter_component
+from mighty.sandbox._packages import PackageError
+from mighty.sandbox._results import (
     ERROR_KINDS,
-    MAX_STARTED_RUNS,
     Artifact,
-    Busy,
     Limits,
     OutputListener,
     RunError,
-    RunHandle,
     RunResult,
     RunUsage,
-    Sandbox,
-    Session,
 )
-from mighty.sandbox._interpreter import interpreter_component
-from mighty.sandbox._packages import PackageError
+from mighty.sandbox._sessions import Session
 from mighty.sandbox._snapshot import (
     SnapshotCorrupt,
     SnapshotError,

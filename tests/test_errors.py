@@ -49,7 +49,7 @@ INTERNAL_RAISES = {
     ("mighty.cluster._config", "_peers"),
     ("mighty.cluster._config", "_servers"),
     ("mighty.reload._schema", "_reject_constant"),
-    ("mighty.sandbox._api", "_not_json"),
+    ("mighty.sandbox._results", "_not_json"),
     ("mighty.sandbox._tools", "_no_constants"),
     ("mighty.sandbox._tools", "wait"),
     ("mighty.trace._format", "_blob_hook"),

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty.sandbox import Limits, Sandbox
-from mighty.sandbox._api import MAX_ERROR_TEXT, check_result
+from mighty.sandbox._results import MAX_ERROR_TEXT, check_result
 from mighty.sandbox._tools import (
     _WORKERS,
     MAX_DATA,

@@ -1,6 +1,6 @@
 """Rewound instances: after a run the pool rewinds its instance to the warmed state and serves
 the next run with it; that run sees nothing of the last, and an instance that cannot be made
-as fresh is closed instead (see ``mighty.sandbox._api._Pool``)."""
+as fresh is closed instead (see ``mighty.sandbox._pool._Pool``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mighty.engine import Component
 from mighty.sandbox import Limits, RunResult, Sandbox
-from mighty.sandbox import _api as sandbox_api
+from mighty.sandbox import _pool as sandbox_pool
 from mighty.wasi import MemoryDir
 
 
@@ -183,8 +183,8 @@ def test_an_instance_is_replaced_after_its_last_life(
     interpreter: Component, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After its last life (``_MAX_LIVES`` runs here) an instance is closed and a new one made."""
-    monkeypatch.setattr(sandbox_api, "_MAX_LIVES", 3)
-    monkeypatch.setattr(sandbox_api, "_stagger", _NoStagger())
+    monkeypatch.setattr(sandbox_pool, "_MAX_LIVES", 3)
+    monkeypatch.setattr(sandbox_pool, "_stagger", _NoStagger())
     with Sandbox(pool=1) as box:
         _start(box)
         outcomes = [_served(box, "None")[1] for _ in range(7)]
@@ -211,7 +211,7 @@ def test_a_pools_instances_retire_at_different_runs(interpreter: Component) -> N
             assert time.monotonic() < deadline, "the pool never filled"
             time.sleep(0.01)
         limits = [live.max_lives for live in box._pool._ready]
-    assert all(sandbox_api._MAX_LIVES <= limit < 2 * sandbox_api._MAX_LIVES for limit in limits)
+    assert all(sandbox_pool._MAX_LIVES <= limit < 2 * sandbox_pool._MAX_LIVES for limit in limits)
     assert len(set(limits)) > 1  # four draws from 10,000 values all equal: ~1e-12
 
 
@@ -219,7 +219,7 @@ def test_a_run_waits_for_the_instance_being_rewound(
     interpreter: Component, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run that finds none ready while one is being rewound takes that one, not a new one."""
-    monkeypatch.setattr(sandbox_api, "_TAKE_WAIT", 600.0)  # as long as the rewind takes
+    monkeypatch.setattr(sandbox_pool, "_TAKE_WAIT", 600.0)  # as long as the rewind takes
     with Sandbox(pool=1) as box:
         _start(box)
         made, rewinds = box._pool.made_by_callers, box._pool.rewinds
@@ -232,13 +232,13 @@ def test_a_run_waits_for_the_instance_being_rewound(
 def _released_on(box: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads that hand instances back to ``box``'s pool, as they do."""
     threads: list[str] = []
-    release = sandbox_api._Pool.release
+    release = sandbox_pool._Pool.release
 
-    def spy(pool: sandbox_api._Pool, live: sandbox_api._Live) -> None:
+    def spy(pool: sandbox_pool._Pool, live: sandbox_pool._Live) -> None:
         threads.append(threading.current_thread().name)
         release(pool, live)
 
-    monkeypatch.setattr(sandbox_api._Pool, "release", spy)
+    monkeypatch.setattr(sandbox_pool._Pool, "release", spy)
     return threads
 
 

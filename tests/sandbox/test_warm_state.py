@@ -1,7 +1,7 @@
 """The pool's warmed state: instances made from one captured memory share nothing they must not.
 
 After its first instance, a pool makes every instance from that instance's memory as it was right
-after warming (see ``mighty.sandbox._api._Pool``). These tests wait until the state is taken and
+after warming (see ``mighty.sandbox._pool._Pool``). These tests wait until the state is taken and
 check, for runs served by such instances, what the freshness tests of test_pool.py check plus
 what a shared memory could leak: the ``random`` sequence, ``os.urandom``, files, modules, tools.
 """
@@ -164,7 +164,7 @@ def test_an_instance_made_on_the_callers_thread_starts_from_the_state_reseeded(
 ) -> None:
     """A run that finds no instance ready makes one (``make_now``) from the state: reseeded,
     and fresh whatever an earlier run from the state did."""
-    from mighty.sandbox._api import _encode_inputs
+    from mighty.sandbox._results import _encode_inputs
 
     payload = _encode_inputs(None, keep=False, max_value=1 << 20)
     probe = "import random, sys\nresult = [random.random(), 'planted' in sys.modules]"
