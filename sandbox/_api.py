@@ -53,11 +53,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mighty._errors import (
-    BadInput,
-    Closed,
-    HostError,
-)
+from mighty._errors import BadInput, Closed, HostError
 from mighty.budget import CancelScope, RunContext
 from mighty.budget import Progress as RunProgress
 from mighty.engine import state_from_pages
@@ -74,21 +70,10 @@ from mighty.sandbox._results import (
     _encode_inputs,
 )
 from mighty.sandbox._sessions import Session, _Spares
-from mighty.sandbox._snapshot import (
-    SnapshotCorrupt,
-    SnapshotMismatch,
-    decode_snapshot,
-)
-from mighty.sandbox._tools import (
-    Tool,
-    describe_tools,
-    tools_from,
-)
+from mighty.sandbox._snapshot import SnapshotCorrupt, SnapshotMismatch, decode_snapshot
+from mighty.sandbox._tools import Tool, describe_tools, tools_from
 from mighty.trace import Recorder
-from mighty.wasi import (
-    DirGrant,
-    MemoryDir,
-)
+from mighty.wasi import DirGrant, MemoryDir
 
 __all__ = ["MAX_STARTED_RUNS", "Busy", "RunHandle", "Sandbox"]
 MAX_STARTED_RUNS = 64

@@ -1,6 +1,6 @@
-"""The interpreter instances a sandbox runs code in: one :class:`_Live` instance (made, warmed,
-reseeded, run once, rewound or closed) and the :class:`_Pool` that keeps them ready on its own
-thread.
+"""The interpreter instances a sandbox runs code in: one :class:`_Live` instance (made, warmed
+or reseeded, run, then rewound or closed) and the :class:`_Pool` that keeps them ready on its
+own thread.
 
 The first instance is warmed in full and its memory, captured before it serves a run, becomes
 the pool's warmed state; every later one is made from that state copy-on-write and reseeded.
@@ -8,8 +8,8 @@ After a run an instance is rewound to its state (``Instance.rewind``) when nothi
 can be left in it, else closed; each retires after a drawn number of runs. docs/sandbox.md
 ("Isolation and sessions") and benchmarks/README.md ("Code mode") give the measurements.
 
-Rejected: one instance reset between runs from inside (CPython state cannot be reset reliably
-from inside); see ``_api.py``.
+Rejected: one instance reset between runs by code run inside it (CPython's state cannot be
+reset reliably from within); see ``_api.py``.
 """
 
 from __future__ import annotations
@@ -51,13 +51,7 @@ from mighty.sandbox._results import (
     _error_text_limit,
     check_result,
 )
-from mighty.sandbox._tools import (
-    TOOL_HOST,
-    Tool,
-    ToolHost,
-    ToolsProvider,
-    cut_text,
-)
+from mighty.sandbox._tools import TOOL_HOST, Tool, ToolHost, ToolsProvider, cut_text
 from mighty.trace import Recorder
 from mighty.wasi import (
     STDERR_SINK,

@@ -1,6 +1,7 @@
-"""What a sandbox run is given and gives back: :class:`Limits`, :class:`RunResult` (its
-:class:`RunError`, :class:`RunUsage` and :class:`Artifact` s), the checks every guest report
-passes before it counts (``check_result``), and the run's inputs as the interpreter reads them.
+"""What a sandbox run is given and gives back: :class:`Limits`; :class:`RunResult`, with its
+error, usage and artifacts (:class:`RunError`, :class:`RunUsage`, :class:`Artifact`); the checks
+every guest report passes before it counts (``check_result``); the run's inputs as the
+interpreter reads them.
 
 Pure data and checks, with no instance in sight: the pool (``_pool.py``), sessions
 (``_sessions.py``) and the ``Sandbox`` (``_api.py``) build on it. ``_api.py``'s notes say how
@@ -17,10 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mighty._errors import (
-    BadInput,
-    WrongType,
-)
+from mighty._errors import BadInput, WrongType
 from mighty.budget import Budget
 from mighty.sandbox._tools import (
     MAX_CONCURRENT_CALLS,

@@ -17,20 +17,12 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mighty._errors import (
-    BadInput,
-    GuestError,
-    HostError,
-)
+from mighty._errors import BadInput, GuestError, HostError
 from mighty.budget import CancelScope, RunContext
 from mighty.engine import MemoryState, state_from_pages
 from mighty.sandbox._pool import _Config, _Live
 from mighty.sandbox._results import RunResult, _check_nesting, _encode_inputs
-from mighty.sandbox._snapshot import (
-    SnapshotError,
-    SnapshotMismatch,
-    encode_snapshot,
-)
+from mighty.sandbox._snapshot import SnapshotError, SnapshotMismatch, encode_snapshot
 
 if TYPE_CHECKING:
     from mighty.sandbox._api import Sandbox

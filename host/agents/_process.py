@@ -30,30 +30,13 @@ import cbor2
 from pydantic import ValidationError
 
 from mighty._cbor import loads_untrusted
-from mighty._errors import (
-    BudgetExceeded,
-    Cancelled,
-    GuestError,
-    HostError,
-    MightyError,
-)
+from mighty._errors import BudgetExceeded, Cancelled, GuestError, HostError, MightyError
 from mighty.abi import Err, Ok
 from mighty.agents._host import AGENT_PROCESS
-from mighty.agents._introspect import (
-    CANCELLED,
-    CRASHED,
-    FAILED,
-    INSPECT,
-    OK,
-    REFUSED,
-    History,
-)
+from mighty.agents._introspect import CANCELLED, CRASHED, FAILED, INSPECT, OK, REFUSED, History
 from mighty.agents._journal import Recovery, RecoveryRefused, hooks_of
 from mighty.agents._mailbox import Mailbox, MailboxClosed, MailboxFull
-from mighty.agents._output import (
-    LineSplitter,
-    OutputTail,
-)
+from mighty.agents._output import LineSplitter, OutputTail
 from mighty.agents._types import (
     AgentCrashed,
     AgentError,
@@ -69,17 +52,8 @@ from mighty.agents._types import (
     NoProc,
     Refused,
 )
-from mighty.budget import (
-    Budget,
-    CancelScope,
-    RunContext,
-    enter_context,
-    leave_context,
-)
-from mighty.capabilities import (
-    AGENT_TOOLS,
-    AgentTools,
-)
+from mighty.budget import Budget, CancelScope, RunContext, enter_context, leave_context
+from mighty.capabilities import AGENT_TOOLS, AgentTools
 from mighty.engine import Component, MemoryState
 from mighty.gate import Seed
 from mighty.instance import Instance

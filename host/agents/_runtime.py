@@ -54,9 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import cbor2
 
 from mighty._cbor import loads_untrusted
-from mighty._errors import (
-    BadInput,
-)
+from mighty._errors import BadInput
 from mighty.agents._hibernate import Hibernator
 from mighty.agents._host import AgentHostProvider
 from mighty.agents._introspect import (
@@ -99,18 +97,8 @@ from mighty.agents._types import (
     MessageCancelled,
     NoProc,
 )
-from mighty.budget import (
-    DEFAULT_TIMEOUT,
-    CancelScope,
-    RunContext,
-    current_context,
-    interrupting,
-)
-from mighty.capabilities import (
-    AgentToolsProvider,
-    Capabilities,
-    CapabilityBroker,
-)
+from mighty.budget import DEFAULT_TIMEOUT, CancelScope, RunContext, current_context, interrupting
+from mighty.capabilities import AgentToolsProvider, Capabilities, CapabilityBroker
 from mighty.gate import Gate, Scope
 from mighty.reload import ReloadReport, SwapVerifier
 from mighty.wasi import WasiProvider

@@ -39,12 +39,7 @@ from wasmtime import component as wc
 from mighty._errors import InvalidComponent, MissingImports
 from mighty._wasmtime import component_linker as wc_linker
 from mighty._wasmtime import error_from_ptr, ffi
-from mighty.abi import (
-    BorrowType,
-    OwnType,
-    PrimitiveType,
-    WitType,
-)
+from mighty.abi import BorrowType, OwnType, PrimitiveType, WitType
 from mighty.engine import immortal
 from mighty.gate._context import (
     Binding,
@@ -57,10 +52,7 @@ from mighty.gate._context import (
     StaleHandle,
     unversioned,
 )
-from mighty.gate._frames import (
-    _compile,
-    _mentions_resources,
-)
+from mighty.gate._frames import _compile, _mentions_resources
 from mighty.gate._native import (
     _ERROR_PTR,
     _INT_AT,

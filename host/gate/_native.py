@@ -15,10 +15,7 @@ from typing import Any
 
 from mighty._errors import Closed
 from mighty._wasmtime import ffi
-from mighty.abi import (
-    FuncCodec,
-    WitType,
-)
+from mighty.abi import FuncCodec, WitType
 from mighty.gate._context import Binding, GuestContext, ResourceKind
 
 __all__: list[str] = []
