@@ -59,8 +59,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mighty._errors import BadInput, MightyError
 from mighty.sandbox import Limits, Sandbox, interpreter_component
+from mighty.sandbox._data import cut_text, json_problem
 from mighty.sandbox._mcp_http import check_bind, parse_bind, read_token, serve_http
-from mighty.sandbox._tools import cut_text, describe_tools, json_problem, tools_from
+from mighty.sandbox._tools import describe_tools, tools_from
 
 __all__ = [
     "ARTIFACT_PART",

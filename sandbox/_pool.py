@@ -38,6 +38,7 @@ from mighty.budget import Budget, RunContext, Usage, using_context
 from mighty.engine import Component, MemoryState
 from mighty.gate import CallHook, Gate
 from mighty.instance import Instance
+from mighty.sandbox._data import cut_text
 from mighty.sandbox._results import (
     _GUEST_REPORTED,
     MAX_ERROR_TEXT,
@@ -51,7 +52,7 @@ from mighty.sandbox._results import (
     _error_text_limit,
     check_result,
 )
-from mighty.sandbox._tools import TOOL_HOST, Tool, ToolHost, ToolsProvider, cut_text
+from mighty.sandbox._tools import TOOL_HOST, Tool, ToolHost, ToolsProvider
 from mighty.trace import Recorder
 from mighty.wasi import (
     STDERR_SINK,

@@ -20,12 +20,11 @@ from typing import Any
 
 from mighty._errors import BadInput, WrongType
 from mighty.budget import Budget
+from mighty.sandbox._data import cut_text, json_problem
 from mighty.sandbox._tools import (
     MAX_CONCURRENT_CALLS,
     MAX_CONCURRENT_CALLS_LIMIT,
     MAX_NESTED_RUNS,
-    cut_text,
-    json_problem,
     nesting_depth,
 )
 

@@ -8,11 +8,12 @@ event loop (async) under its own timeout, and its result goes back as JSON. Ever
 the tool is an ``Err`` the guest raises as ``ToolError``; only what the *code* did wrong in a way
 that must end the run (an unknown tool name, too many calls) stops the guest.
 
-Everything that comes back from a tool is bounded before it is built: the result is encoded by
-:func:`encode_json` (size-capped, finite floats, valid Unicode, no generators) inside the worker
-and under the tool's timeout; error texts are cut by :func:`cut_text`; a tool name too long to be
-a tool is refused by its length alone. Any exception of a tool, ``BaseException`` included, is a
-``ToolError`` for the code (see :func:`_failure` for the one exception: Ctrl-C on the main thread).
+Everything that comes back from a tool is bounded before it is built (``_data.py``): the result
+is encoded by :func:`encode_json` (size-capped, finite floats, valid Unicode, no generators)
+inside the worker and under the tool's timeout; error texts are cut by :func:`cut_text`; a tool
+name too long to be a tool is refused by its length alone. Any exception of a tool,
+``BaseException`` included, is a ``ToolError`` for the code (see :func:`_failure` for the one
+exception: Ctrl-C on the main thread).
 
 Rejected:
 - ``pydantic.validate_call``. It wraps the callable, so a validation error and an error raised
@@ -32,14 +33,12 @@ import collections
 import concurrent.futures
 import contextlib
 import contextvars
-import dataclasses
 import inspect
 import json
 import keyword
 import logging
 import math
 import os
-import re
 import select
 import threading
 import time
@@ -49,18 +48,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-import pydantic_core
 
 from mighty._errors import BadInput, WrongType
 from mighty.abi import Err, Ok
 from mighty.budget import RunContext, current_context, using_context
 from mighty.gate import Binding, GuestContext, GuestViolation, ResourceKind, Scope, Slot
+from mighty.sandbox._data import MAX_DEPTH, NotData, _safe_text, cut_text, encode_json
 
 __all__ = [
     "MAX_CONCURRENT_CALLS",
     "MAX_CONCURRENT_CALLS_LIMIT",
     "MAX_DATA",
-    "MAX_DEPTH",
     "MAX_HELD_DATA",
     "MAX_MESSAGE",
     "MAX_NAME",
@@ -70,10 +68,7 @@ __all__ = [
     "TOOL_HOST",
     "Tool",
     "ToolsProvider",
-    "cut_text",
     "describe_tools",
-    "encode_json",
-    "json_problem",
     "nesting_depth",
     "tools_from",
 ]
@@ -81,8 +76,6 @@ __all__ = [
 INTERFACE = "mighty:sandbox/tools"
 MAX_DATA = 1 << 20
 """Most bytes of JSON one tool call's arguments or result may take."""
-MAX_DEPTH = 100
-"""Deepest nesting of lists and objects accepted in tool arguments and results."""
 MAX_NAME = 256
 """Longest tool name the host looks up; a longer one is refused by its length alone."""
 MAX_MESSAGE = 16 << 10
@@ -110,7 +103,6 @@ _MAX_WAIT = 3600.0
 MAX_NESTED_RUNS = 1
 """How deep sandbox runs may nest through tools: a tool may start a run, whose tools may not."""
 _log = logging.getLogger("mighty.sandbox")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _NESTING: contextvars.ContextVar[int] = contextvars.ContextVar("mighty_sandbox_nesting", default=0)
 _Arguments = tuple[tuple[Any, ...], dict[str, Any]]
 """A call's validated ``(args, kwargs)``."""
@@ -121,178 +113,6 @@ _Site = tuple[int, RunContext]
 def nesting_depth() -> int:
     """How many tool calls of sandbox runs enclose the current code (0 outside any tool)."""
     return _NESTING.get()
-
-
-def cut_text(text: str, limit: int) -> str:
-    """``text`` as valid Unicode (lone surrogates become ``?``) of at most ``limit`` UTF-8
-    bytes; when cut, a short note with the full length in characters is appended.
-
-    Never encodes more than ``limit + 1`` characters of ``text``, however long it is.
-    """
-    head = text[: limit + 1]
-    data = head.encode("utf-8", "replace")
-    if len(head) == len(text) and len(data) <= limit:
-        return text if len(data) == len(text) and text.isascii() else data.decode("utf-8")
-    note = f" [... cut: {len(text)} characters in all]"
-    room = max(0, limit - len(note))
-    return data[:room].decode("utf-8", "ignore") + note
-
-
-def _safe_text(value: object, limit: int) -> str:
-    """``str(value)`` cut to ``limit``; a ``__str__`` that fails is reported, not raised."""
-    try:
-        text = value if isinstance(value, str) else str(value)
-    except BaseException as exc:  # noqa: BLE001 - a hostile __str__ must not escape
-        text = f"<unprintable {type(exc).__name__}>"
-    if not isinstance(text, str):  # a str subclass's __str__ may return anything
-        text = "<unprintable>"
-    return cut_text(text, limit)
-
-
-def json_problem(value: Any, what: str = "the value") -> str | None:
-    """Why decoded JSON ``value`` is not JSON data (a non-finite float, a lone surrogate in a
-    string or key), or None when it is. Iterative: any depth ``json.loads`` produced is fine."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return f"{what} contains a string with a lone surrogate (not valid Unicode)"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"{what} contains the number {item!r}, which JSON cannot represent"
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-        elif isinstance(item, dict):
-            for key, v in item.items():
-                stack.append((key, depth + 1))
-                stack.append((v, depth + 1))
-        elif item is not None and not isinstance(item, bool | int):
-            return f"{what} contains a {type(item).__name__}, which is not JSON data"
-    return None
-
-
-class NotData(ValueError):
-    """A value :func:`encode_json` refused: not JSON data, or over its size limit."""
-
-    def __init__(self, message: str, *, too_large: bool = False) -> None:
-        super().__init__(message)
-        self.too_large = too_large
-
-
-def encode_json(value: Any, limit: int, what: str = "the value") -> bytes:
-    """Compact JSON of ``value`` (what ``to_jsonable_python`` would make of it), building at
-    most ``limit`` bytes: raises :class:`NotData` as soon as the output would pass ``limit``,
-    for a generator or iterator anywhere (never drained), a non-finite float, a lone
-    surrogate, a non-string key that JSON cannot convert, or nesting deeper than MAX_DEPTH."""
-    encoder = _Encoder(limit, what)
-    encoder.add(value, what, 0)
-    return "".join(encoder.parts).encode("utf-8")
-
-
-_ESCAPE = json.encoder.encode_basestring_ascii
-
-
-class _Encoder:
-    __slots__ = ("limit", "parts", "size", "what")
-
-    def __init__(self, limit: int, what: str) -> None:
-        self.limit = limit
-        self.what = what
-        self.parts: list[str] = []
-        self.size = 0
-
-    def emit(self, text: str) -> None:
-        self.size += len(text)
-        if self.size > self.limit:
-            raise NotData(f"{self.what} is more than {self.limit} bytes of JSON", too_large=True)
-        self.parts.append(text)
-
-    def string(self, text: str, path: str) -> None:
-        if len(text) > self.limit - self.size:  # nothing built: the length alone is too much
-            raise NotData(f"{self.what} is more than {self.limit} bytes of JSON", too_large=True)
-        if _SURROGATE.search(text):
-            raise NotData(f"{path} contains a lone surrogate (not valid Unicode)")
-        self.emit(_ESCAPE(text))
-
-    def add(self, value: Any, path: str, depth: int) -> None:
-        if value is None:
-            self.emit("null")
-        elif value is True:
-            self.emit("true")
-        elif value is False:
-            self.emit("false")
-        elif isinstance(value, str):
-            self.string(value, path)
-        elif isinstance(value, int):
-            try:
-                digits = int.__repr__(value)
-            except ValueError:  # more digits than int -> str allows
-                raise NotData(f"{path} is an integer too large to write") from None
-            self.emit(digits)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise NotData(f"{path} is {value!r}, which JSON cannot represent")
-            self.emit(float.__repr__(value))
-        elif depth >= MAX_DEPTH:
-            raise NotData(f"{path} is nested deeper than {MAX_DEPTH} levels")
-        elif isinstance(value, list | tuple | set | frozenset | collections.deque):
-            self.emit("[")
-            for index, item in enumerate(value):
-                if index:
-                    self.emit(",")
-                self.add(item, f"{path}[{index}]", depth + 1)
-            self.emit("]")
-        elif isinstance(value, dict):
-            self.emit("{")
-            for index, (key, item) in enumerate(value.items()):
-                if index:
-                    self.emit(",")
-                self.string(self.key(key, path), path)
-                self.emit(":")
-                self.add(item, f"{path}[{_short(key)}]", depth + 1)
-            self.emit("}")
-        elif _is_lazy(value):
-            raise NotData(
-                f"{path} is a {type(value).__name__} (an iterator or awaitable); return a list"
-            )
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            self.add(fields, path, depth + 1)
-        elif isinstance(value, pydantic.BaseModel):
-            # Python mode keeps iterators lazy (SerializationIterator), for the check above.
-            self.add(value.model_dump(mode="python", by_alias=True), path, depth + 1)
-        else:
-            try:
-                plain = pydantic_core.to_jsonable_python(value)
-            except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
-                raise NotData(
-                    f"{path} is a {type(value).__name__}, which is not JSON data: "
-                    f"{_safe_text(exc, 200)}"
-                ) from None
-            if plain is value or type(plain) is type(value):
-                raise NotData(f"{path} is a {type(value).__name__}, which is not JSON data")
-            self.add(plain, path, depth + 1)
-
-    def key(self, key: Any, path: str) -> str:
-        # As json.dumps converts them.
-        if isinstance(key, str):
-            return key
-        if key is None or isinstance(key, bool):
-            return {None: "null", True: "true", False: "false"}[key]
-        if isinstance(key, int):
-            return int.__repr__(key)
-        if isinstance(key, float) and math.isfinite(key):
-            return float.__repr__(key)
-        raise NotData(f"{path} has a key of type {type(key).__name__}; JSON keys are strings")
-
-
-def _short(key: object) -> str:
-    return repr(key) if isinstance(key, str) and len(key) <= 40 else f"<{type(key).__name__}>"
-
-
-def _is_lazy(value: object) -> bool:
-    return hasattr(value, "__next__") or hasattr(value, "__anext__") or inspect.isawaitable(value)
 
 
 class InvalidArgument(ValueError):

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mighty.sandbox import Limits, Sandbox
+from mighty.sandbox._data import NotData, cut_text, encode_json, json_problem
 from mighty.sandbox._results import MAX_ERROR_TEXT, check_result
 from mighty.sandbox._tools import (
     _WORKERS,
@@ -21,10 +22,6 @@ from mighty.sandbox._tools import (
     MAX_MESSAGE,
     MAX_NAME,
     MAX_TOOL_THREADS,
-    NotData,
-    cut_text,
-    encode_json,
-    json_problem,
 )
 from tests.sandbox._helpers import assert_clean, failed, json_values
 
