@@ -5,8 +5,11 @@ A session is set up with a small working state (a few imports, functions, a clas
 - baseline: ``Sandbox.run("result = 1 + 1")`` from a ready pool (the pool refills between runs);
 - ``fork()`` of a session with a run in between (the memory is frozen anew each time), and
   ``fork()`` again with nothing run in between (the frozen memory is reused), each with a spare
-  instance ready (spaced out like the pooled baseline); closing a fork; forks back to back
-  (the spare thread cannot keep up, so most make their instance); the first run in a fork;
+  instance ready (spaced out like the pooled baseline); a fork after a run and the fork's first
+  run together (a fork makes its instance when first used: a spare mapped ahead, or its own);
+  the session's own run after a fork (its first write to each page since the fork takes the
+  fault that tells the kernel's write tracking about it); closing a fork; forks back to back;
+  the first run in each of those forks (most make their instance: one spare per size);
 - the freeze alone (pagemap + copying the changed pages into a sealed memfd);
 - ``snapshot()`` (freeze, read, zlib level 1) with its size, and ``restore(bytes)``;
 - a fresh ``session()``'s first run (instantiate, start-up, the run), for comparison.
@@ -100,7 +103,7 @@ def main() -> None:
             live = session._live
             assert live is not None
             deadline = time.monotonic() + 30
-            size = live.instance.capture_memory().size
+            size = live.instance.memory[0]  # not a capture: that would be a freeze itself
             while not spares.ready(size) and time.monotonic() < deadline:
                 time.sleep(0.0005)
             time.sleep(0.01)
@@ -115,6 +118,28 @@ def main() -> None:
 
         fork_changed = _time(lambda: made.append(session.fork()), repeat, after_run)
         rows.append(_row("fork() after a run", fork_changed, vs_baseline=ratio(fork_changed)))
+        closed()
+
+        def fork_and_run() -> None:
+            child = session.fork()
+            made.append(child)
+            child.run("acc.add(1)")
+
+        fork_run = _time(fork_and_run, repeat, after_run)
+        rows.append(
+            _row("fork() after a run + the fork's first run", fork_run, vs_baseline=ratio(fork_run))
+        )
+        closed()
+
+        def run_after_fork() -> None:
+            session.run("acc.add(1)")
+            made.append(session.fork())
+            spare_ready()
+
+        run_tracked = _time(lambda: session.run("acc.add(1)"), repeat, run_after_fork)
+        rows.append(
+            _row("the session's run after a fork", run_tracked, vs_baseline=ratio(run_tracked))
+        )
         closed()
         fork_same = _time(lambda: made.append(session.fork()), repeat, spare_ready)
         rows.append(_row("fork() again, no run between", fork_same, vs_baseline=ratio(fork_same)))

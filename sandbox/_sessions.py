@@ -99,14 +99,20 @@ class _Spares:
         self._wanted: dict[int, MemoryState] = {}  # size -> a blank state of it, newest last
         self._newest: dict[int, weakref.ref[MemoryState]] = {}  # size -> the state to map
         self._failed: set[int] = set()
+        self._mapping: set[int] = set()
+        """Sizes whose spare the thread is mapping now (out of ``_ready``; ``take`` waits)."""
         self._unmappable: set[int] = set()
         """Sizes whose spares could not be mapped ahead (left to the fork, which reports why)."""
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def take(self, state: MemoryState) -> tuple[_Live, _Held, bool] | None:
-        """A spare of ``state``'s size, its holdings, and whether it holds ``state`` already."""
+        """A spare of ``state``'s size, its holdings, and whether it holds ``state`` already.
+        While the thread maps the spare of that size (a fork's first use right after it), the
+        mapping is waited for: ~1 ms, where making another instance takes ~5-10."""
         with self._cond:
+            while state.size in self._mapping and not self._closed:
+                self._cond.wait()
             spare = self._ready.pop(state.size, None)
             if spare is None:
                 return None
@@ -165,23 +171,36 @@ class _Spares:
                 size, like, spare = work
                 target = None if size in self._unmappable else self._newest.get(size)
                 state = target() if target is not None else None
-            if spare is None:
-                try:
-                    live, held = _started(self._config, like)
-                except Exception:  # noqa: BLE001 - a fork then starts its own and reports it
-                    with self._cond:
-                        self._failed.add(size)
-                        self._wanted.pop(size, None)
-                        self._newest.pop(size, None)
-                    continue
-                spare = _Spare(live, held)
-            if state is not None and not self._map(spare, state):
-                continue
-            with self._cond:
-                if not self._closed and size in self._wanted and size not in self._ready:
-                    self._ready[size] = spare
-                    continue
-            spare.live.close()
+                if spare is not None and state is not None:
+                    self._mapping.add(size)
+            try:
+                self._make_ready(size, like, spare, state)
+            finally:
+                with self._cond:
+                    self._mapping.discard(size)
+                    self._cond.notify_all()
+
+    def _make_ready(
+        self, size: int, like: MemoryState, spare: _Spare | None, state: MemoryState | None
+    ) -> None:
+        """(On the thread) make or map the spare of ``size`` and put it among the ready."""
+        if spare is None:
+            try:
+                live, held = _started(self._config, like)
+            except Exception:  # noqa: BLE001 - a fork then starts its own and reports it
+                with self._cond:
+                    self._failed.add(size)
+                    self._wanted.pop(size, None)
+                    self._newest.pop(size, None)
+                return
+            spare = _Spare(live, held)
+        if state is not None and not self._map(spare, state):
+            return
+        with self._cond:
+            if not self._closed and size in self._wanted and size not in self._ready:
+                self._ready[size] = spare
+                return
+        spare.live.close()
 
     def _map(self, spare: _Spare, state: MemoryState) -> bool:
         """Make ``spare`` hold ``state``; False (the spare closed, and spares of its size no
@@ -236,9 +255,13 @@ class Session:
     process with the same interpreter build) and ``fork()`` makes an independent copy.
     """
 
-    def __init__(self, sandbox: Sandbox, *, _start: _Start | None = None) -> None:
+    def __init__(
+        self, sandbox: Sandbox, *, _start: _Start | None = None, _lazy: bool = False
+    ) -> None:
         self._sandbox = sandbox
         self._live: _Live | None = None
+        self._pending: _Start | None = None
+        """A fork's state, until its interpreter is first needed (``_now``)."""
         self._lock = threading.Lock()
         self.restarts = 0
         self._held: frozenset[tuple[str, int]] = frozenset()
@@ -246,8 +269,19 @@ class Session:
         self._frozen: MemoryState | None = None
         """The memory as of the last snapshot or fork, while no run has changed it."""
         self._frozen_exact = False
-        if _start is not None:
+        if _start is not None and _lazy:
+            self._pending = _start
+        elif _start is not None:
             self._live = self._begin(_start)
+
+    def _now(self) -> _Live:
+        """(Under the lock) the session's interpreter, made now if it has none: from the
+        fork's state while it has not started, else fresh. The state stays pending if that
+        fails (the error is the caller's; nothing of the fork is lost)."""
+        if self._live is None:
+            self._live = self._begin(self._pending)
+            self._pending = None
+        return self._live
 
     def _begin(self, start: _Start | None) -> _Live:
         """A started interpreter: fresh, or holding ``start``'s memory.
@@ -313,20 +347,26 @@ class Session:
         """A new session starting from this one's state; the two then go their own ways.
 
         The memory is frozen once (a sealed copy of the changed pages) and mapped
-        copy-on-write into the new instance: pages neither session writes stay shared.
+        copy-on-write into the new session's instance when it first needs one (its first run,
+        snapshot or reset; a spare instance mapped ahead on the spares thread when the
+        sandbox has a pool): pages neither session writes stay shared. Forking is what the
+        state costs to freeze; a fork kept as a checkpoint and never run costs no instance.
+        An error mapping the state (out of memory, say) is raised by that first use, which may
+        be tried again.
         """
         with self._lock:
-            state = self._freeze()
-            start = (state, self._held)
-        child = Session(self._sandbox, _start=start)
+            if self._live is None and self._pending is not None:
+                start = self._pending  # not started: the new one starts where this one would
+            else:
+                start = (self._freeze(), self._held)
+        state = start[0]
+        child = Session(self._sandbox, _start=start, _lazy=True)
         if self._sandbox._spares is not None:
-            self._sandbox._spares.want(state)  # the next fork of this size finds one ready
+            self._sandbox._spares.want(state)  # mapped ahead for the child's first use
         return child
 
     def _freeze(self, *, exact: bool = False) -> MemoryState:
-        if self._live is None:
-            self._live = self._begin(None)
-        live = self._live
+        live = self._now()
         held = live.instance.holdings()
         if held != self._held:
             extra = sorted({name for name, _rep in held ^ self._held})
@@ -335,8 +375,9 @@ class Session:
                 f"({', '.join(extra)}): close open files and streams before a snapshot or fork"
             )
         if self._frozen is None or (exact and not self._frozen_exact):
-            # A snapshot holds exactly the changed pages; a fork maps merged ranges.
-            self._frozen = live.instance.capture_memory(exact=exact)
+            # A snapshot holds exactly the changed pages; a fork maps merged ranges, and asks
+            # the kernel to note the pages written from now on (the next fork compares those).
+            self._frozen = live.instance.capture_memory(exact=exact, track=not exact)
             self._frozen_exact = exact
         return self._frozen
 
@@ -354,9 +395,7 @@ class Session:
         payload = _encode_inputs(inputs, keep=True, max_value=self._sandbox.limits.output)
         context = RunContext.top("run", cancel=cancel)
         with self._lock:
-            if self._live is None:
-                self._live = self._begin(None)
-            live = self._live
+            live = self._now()
             self._frozen = None
             result = live.execute(code, payload, context, None)
             if live.dead:
@@ -388,6 +427,8 @@ class Session:
         """Forget every global the session's runs defined."""
         with self._lock:
             self._frozen = None
+            if self._pending is not None:
+                self._now()  # a fork not started yet: its globals are the ones to forget
             if self._live is not None:
                 try:
                     self._live.instance.call("reset")
@@ -398,6 +439,7 @@ class Session:
     def close(self) -> None:
         """Free the interpreter. Idempotent."""
         with self._lock:
+            self._pending = None
             if self._live is not None:
                 self._live.close()
                 self._live = None

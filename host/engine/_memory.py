@@ -42,6 +42,7 @@ from mighty._wasmtime import ffi
 from mighty.engine._image import MemoryImage
 from mighty.engine._native import immortal
 from mighty.engine._state import MAX_GAP, MemoryState, freeze, layerable
+from mighty.engine._tracking import tracker
 
 try:
     from mighty.engine import _pages  # the rewind's copy and the capture's compare (_pages.c)
@@ -162,6 +163,12 @@ class _Memory:
     memory differs from one of them is one of the memory's own (written since it was mapped),
     so a capture can be a layer over the newest that still lives (``capture_memory``; a state
     captured only to be dropped, say for its size, would otherwise end the chain)."""
+    registered: int = 0
+    """The size registered for write tracking (0: none; a memory that grew registers anew)."""
+    tracked: weakref.ref[MemoryState] | None = None
+    """The state the memory held when its pages were last write-protected (``_tracking``):
+    every page where it differs from that state was written since, and the kernel lists them.
+    None while it is not tracked (never asked for, or remapped since)."""
 
 
 _MEMORIES: dict[int, _Memory] = {}
@@ -633,7 +640,7 @@ def learn_hot_pages(account: MemoryAccount, *, max_ranges: int = 4096) -> int:
 
 
 def capture_memory(
-    account: MemoryAccount, *, gap: int = MAX_GAP, layered: bool = True
+    account: MemoryAccount, *, gap: int = MAX_GAP, layered: bool = True, track: bool = False
 ) -> MemoryState:
     """Freeze the one linear memory charged to ``account`` (a store's): its image, and a sealed
     copy of the pages that differ from it (ranges at most ``gap`` bytes apart copied as one;
@@ -647,6 +654,11 @@ def capture_memory(
     was mapped; the page map says which), since every other page still holds what the mapping
     gave it, which is what that state held there. ``layered=False`` (a snapshot's exact pages)
     always freezes whole.
+
+    With ``track``, the kernel is asked to note the pages written from now on
+    (``_tracking``, where it can): the next layered capture then compares only those, not every
+    page the memory ever wrote. The guest pays one minor fault per page on its first write
+    after each capture, so only callers that capture again ask (a session's forks).
     """
     with _MEMORIES_LOCK:
         table = list(_MEMORIES.values())
@@ -656,15 +668,18 @@ def capture_memory(
     memory = memories[0]
     previous = _newest(memory.frozen) if layered else None
     state = None
+    protected = False
     if (
         previous is not None
         and previous.size == memory.size
         and previous.image is memory.image
         and layerable(previous)
     ):
-        changed = _changed_since(memory, previous)
+        changed, protected = _changed_since(memory, previous, reset=track)
         if changed is not None:
             if not changed:
+                if protected:
+                    memory.tracked = weakref.ref(previous)
                 return previous  # nothing written differs: the memory holds it still
             layer_gap = min(gap, _LAYER_GAP)
             state = freeze(
@@ -674,7 +689,53 @@ def capture_memory(
         state = freeze(memory.base, memory.size, memory.image, _changed_ranges(memory), gap=gap)
     memory.frozen = [ref for ref in memory.frozen if ref() is not None][-_FROZEN + 1 :]
     memory.frozen.append(weakref.ref(state))
+    if track:
+        _track(memory, state, protected=protected)
     return state
+
+
+def _track(memory: _Memory, state: MemoryState, *, protected: bool) -> None:
+    """Write-protect ``memory`` (which holds ``state`` now) so that the kernel notes which pages
+    are written from here on; nothing (and no longer tracked) where it cannot. ``protected``:
+    this capture's scan (``_written``) protected every page already."""
+    memory.tracked = None
+    watcher = tracker()
+    if watcher is None:
+        return
+    if protected:
+        memory.tracked = weakref.ref(state)
+        return
+    # Registered already: clear what was written since (the scan protects those pages again).
+    # Else, or when that fails (a child process made by ``os.fork`` inherits no registration),
+    # register the memory as it is now (again: a part registered before stays so).
+    if memory.registered != memory.size or (
+        watcher.written(memory.base, memory.size, reset=True) is None
+    ):
+        memory.registered = 0
+        if not watcher.register(memory.base, memory.size):
+            return
+        memory.registered = memory.size
+    memory.tracked = weakref.ref(state)
+
+
+def _written(memory: _Memory, previous: MemoryState, *, reset: bool) -> bytearray | None:
+    """One byte per page, 1 where ``memory`` was written since it held ``previous`` (the
+    kernel's record, see ``_track``); None when it has none for that state. ``reset``: protect
+    those pages again in the same call (the memory is about to be captured whole)."""
+    tracked = memory.tracked() if memory.tracked is not None else None
+    watcher = tracker() if tracked is previous else None
+    memory.tracked = None  # until ``_track`` says which state the protection now stands for
+    if watcher is None:
+        return None
+    ranges = watcher.written(memory.base, memory.size, reset=reset)
+    if ranges is None:
+        return None
+    marks = bytearray(memory.size // _HOST_PAGE)
+    for offset, length in ranges:
+        marks[offset // _HOST_PAGE : (offset + length) // _HOST_PAGE] = b"\x01" * (
+            length // _HOST_PAGE
+        )
+    return marks
 
 
 _FROZEN = 4
@@ -695,27 +756,36 @@ def _newest(states: list[weakref.ref[MemoryState]]) -> MemoryState | None:
     return None
 
 
-def _changed_since(memory: _Memory, previous: MemoryState) -> list[tuple[int, int]] | None:
+def _changed_since(
+    memory: _Memory, previous: MemoryState, *, reset: bool
+) -> tuple[list[tuple[int, int]] | None, bool]:
     """Page ranges where ``memory`` differs from ``previous`` (the state it last held whole,
-    see ``capture_memory``): its own pages, each compared with ``previous``; None when the
-    page map or a view of ``previous`` cannot be had."""
-    pages = memory.size // _HOST_PAGE
-    raw = _read_pagemap(memory.base, pages)
+    see ``capture_memory``): the pages written since it held it when the kernel noted them
+    (``_written``), else its own pages, each compared with ``previous``; None when the page
+    map or a view of ``previous`` cannot be had. And whether the kernel's record was read with
+    ``reset`` (every page protected again now)."""
+    changed = _written(memory, previous, reset=reset)
+    protected = changed is not None and reset
+    if changed is None:
+        raw = _read_pagemap(memory.base, memory.size // _HOST_PAGE)
+        if raw is None:
+            return None, False
+        changed = bytearray(raw[7::8].translate(_OWN))
     pieces = _pieces(previous)
     image = previous.image
     reference = _image_address(image) if image is not None else 0
-    if raw is None or pieces is None or (image is not None and not reference):
-        return None
+    if pieces is None or (image is not None and not reference):
+        return None, protected
     image_pages = image.length // _HOST_PAGE if image is not None else 0
-    changed = bytearray(raw[7::8].translate(_OWN))
     if _compiled():
         _pages.drop_same_at(memory.base, reference, changed, _HOST_PAGE, image_pages, pieces)
     else:
         _drop_same_at(memory.base, reference, changed, image_pages, pieces)
-    return [
+    ranges = [
         (match.start() * _HOST_PAGE, (match.end() - match.start()) * _HOST_PAGE)
         for match in re.finditer(rb"\x01+", changed)
     ]
+    return ranges, protected
 
 
 def _pieces(state: MemoryState) -> bytes | None:
@@ -836,6 +906,8 @@ def restore_memory(account: MemoryAccount, state: MemoryState) -> None:
         raise BadInput(
             f"a memory state of {state.size} bytes cannot replace a memory of {memory.size}"
         )
+    # Remapped ranges are new mappings, not registered for write tracking (``_track``).
+    memory.registered, memory.tracked = 0, None
     if state.base is not None and state.base is memory.state and _none_own(memory):
         # The memory holds ``state``'s base (mapped, nothing written since): map the layer's
         # own pages over it (a spare mapped ahead for the previous state of a session).
@@ -905,6 +977,7 @@ def rewind_memory(account: MemoryAccount, target: MemoryState) -> bool:
     if raw is None:
         return False
     memory.frozen = []  # it holds ``target`` now, but only the pool rewinds: not needed
+    memory.tracked = None
     _copy_back(memory.base, reference, raw, differing)
     return True
 

@@ -178,10 +178,11 @@ def freeze(
     try:
         at = 0
         views: list[memoryview] = []
+        # One view of the memory, sliced per range (a ctypes array type per range cost ~7 us
+        # each: ~0.6 ms of a fork's freeze).
+        whole = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
         for offset, length in merged:
-            views.append(
-                memoryview((ctypes.c_char * length).from_address(address + offset)).cast("B")
-            )
+            views.append(whole[offset : offset + length])
             placed.append((offset, length, at))
             at += length
         _pwritev_all(fd, views)

@@ -372,17 +372,22 @@ class Instance:
             raise Closed("instance is closed")
         return learn_hot_pages(self._meter.account)
 
-    def capture_memory(self, *, exact: bool = False, gap: int | None = None) -> MemoryState:
+    def capture_memory(
+        self, *, exact: bool = False, gap: int | None = None, track: bool = False
+    ) -> MemoryState:
         """Freeze this instance's linear memory (between calls): its component's image plus a
         sealed copy of the pages that differ (``exact``: only those, else close ranges merged
         so that the state maps in fewer calls; ``gap``: merged when at most that many bytes
-        apart). Instances made with ``memory=`` start from it."""
+        apart). Instances made with ``memory=`` start from it. ``track``: the kernel notes
+        which pages the guest writes from now on, so that the next capture compares only those
+        (one fault per page first written; for callers that capture again, see
+        :func:`mighty.engine.capture_memory`)."""
         if self._closed:
             raise Closed("instance is closed")
         merge = 0 if exact else MAX_GAP if gap is None else gap
         # A snapshot's exact pages are frozen whole; a fork's state may be a layer over the
         # last state this memory held (only what changed since is copied).
-        return capture_memory(self._meter.account, gap=merge, layered=not exact)
+        return capture_memory(self._meter.account, gap=merge, layered=not exact, track=track)
 
     def restore_memory(self, state: MemoryState) -> None:
         """Make this instance's linear memory hold ``state`` (between calls; same component,

@@ -39,13 +39,16 @@ def _read_back(state: MemoryState) -> bytearray:
     return memory
 
 
+@pytest.mark.parametrize("tracking", ["kernel", "off"])
 @pytest.mark.parametrize("path", _PATHS)
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     steps=st.lists(
-        st.tuples(_pokes, st.sampled_from([0, _HOST_PAGE, 8 * _HOST_PAGE]), st.booleans()),
+        st.tuples(
+            _pokes, st.sampled_from([0, _HOST_PAGE, 8 * _HOST_PAGE]), st.booleans(), st.booleans()
+        ),
         max_size=8,
     )
 )
@@ -53,22 +56,25 @@ def test_every_state_of_a_chain_holds_what_the_memory_held(
     component: Component,
     monkeypatch: pytest.MonkeyPatch,
     path: str,
-    steps: list[tuple[Pokes, int, bool]],
+    tracking: str,
+    steps: list[tuple[Pokes, int, bool, bool]],
 ) -> None:
-    """Writes and captures in any order, any gap, compiled compare or pure Python, places
-    written back to the image's bytes between captures: each state is a layer over the one
-    before (or that one, when nothing changed) and holds exactly the memory at its capture,
-    read back or instantiated."""
+    """Writes and captures in any order, any gap, compiled compare or pure Python, the pages
+    written noted by the kernel or not (asked for by some captures only), places written back
+    to the image's bytes between captures: each state is a layer over the one before (or that
+    one, when nothing changed) and holds exactly the memory at its capture, read back or
+    instantiated."""
     monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
+    monkeypatch.setenv("MIGHTY_WRITE_TRACKING", "1" if tracking == "kernel" else "0")
     model = _model()
     image = _model()
     taken: list[tuple[MemoryState, bytes]] = []
     with Instance(component) as instance:
-        for pokes, gap, back in steps:
+        for pokes, gap, back, track in steps:
             _poke(instance, model, pokes)
             if back:
                 _poke(instance, model, [(at, image[at]) for at in _PLACES])
-            state = instance.capture_memory(gap=gap)
+            state = instance.capture_memory(gap=gap, track=track)
             if taken:
                 previous = taken[-1][0]
                 assert state is previous or state.base is previous
