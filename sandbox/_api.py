@@ -440,10 +440,7 @@ class Sandbox:
             state = state_from_pages(snap.memory_size, image, snap.ranges, snap.data)
         except ValueError as exc:
             raise SnapshotCorrupt(f"the snapshot's memory is not valid: {exc}") from None
-        session = Session(self, _start=(state, snap.holdings))
-        if self._spares is not None:
-            self._spares.want(state)
-        return session
+        return Session(self, _start=(state, snap.holdings))  # which asks for spares of it
 
     def _run(
         self,

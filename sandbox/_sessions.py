@@ -50,13 +50,15 @@ _Held = frozenset[tuple[str, int]]
 class _Spare:
     """A started session instance waiting in :class:`_Spares`, and the state it holds."""
 
-    __slots__ = ("held", "holds", "live")
+    __slots__ = ("held", "holds", "live", "populated")
 
     def __init__(self, live: _Live, held: _Held) -> None:
         self.live = live
         self.held = held
         self.holds: weakref.ref[MemoryState] | None = None
         """The state mapped into it (``restore_memory``), or None: the fresh image."""
+        self.populated = False
+        """Whether the pages of the state it holds were copied in (``_populate``)."""
 
 
 def _started(config: _Config, like: MemoryState | None) -> tuple[_Live, _Held]:
@@ -100,7 +102,9 @@ class _Spares:
         self._newest: dict[int, weakref.ref[MemoryState]] = {}  # size -> the state to map
         self._failed: set[int] = set()
         self._mapping: set[int] = set()
-        """Sizes whose spare the thread is mapping now (out of ``_ready``; ``take`` waits)."""
+        """Sizes whose spare the thread is mapping or populating now (out of ``_ready``;
+        ``take`` waits, and a populating thread stops early for it: ``_hurry``)."""
+        self._hurry: set[int] = set()
         self._unmappable: set[int] = set()
         """Sizes whose spares could not be mapped ahead (left to the fork, which reports why)."""
         self._thread: threading.Thread | None = None
@@ -112,7 +116,9 @@ class _Spares:
         mapping is waited for: ~1 ms, where making another instance takes ~5-10."""
         with self._cond:
             while state.size in self._mapping and not self._closed:
+                self._hurry.add(state.size)
                 self._cond.wait()
+            self._hurry.discard(state.size)
             spare = self._ready.pop(state.size, None)
             if spare is None:
                 return None
@@ -174,6 +180,10 @@ class _Spares:
                 if spare is not None and state is not None:
                     self._mapping.add(size)
             try:
+                holds = spare.holds() if spare is not None and spare.holds is not None else None
+                if spare is not None and state is not None and holds is state:
+                    self._populate(size, spare, state)
+                    state = None  # mapped already: back among the ready as it is
                 self._make_ready(size, like, spare, state)
             finally:
                 with self._cond:
@@ -196,6 +206,8 @@ class _Spares:
             spare = _Spare(live, held)
         if state is not None and not self._map(spare, state):
             return
+        if state is not None:
+            spare.populated = False  # next, as a job of its own (``_next``)
         with self._cond:
             if not self._closed and size in self._wanted and size not in self._ready:
                 self._ready[size] = spare
@@ -218,18 +230,36 @@ class _Spares:
         return True
 
     def _next(self) -> tuple[int, MemoryState, _Spare | None] | None:
-        """(Under the lock) the next job: a size with no spare (to make), or a spare holding
-        another state than the newest one wanted of its size (taken out, to map again)."""
+        """(Under the lock) the next job: a size with no spare (to make), a spare holding
+        another state than the newest one wanted of its size (taken out, to map again), or
+        one holding it whose pages are not copied in yet (taken out, to populate)."""
         for size, like in self._wanted.items():
             if size not in self._ready:
                 return size, like, None
         for size, spare in self._ready.items():
             target = None if size in self._unmappable else self._newest.get(size)
             state = target() if target is not None else None
-            if state is not None and (spare.holds is None or spare.holds() is not state):
+            if state is not None and (
+                spare.holds is None or spare.holds() is not state or not spare.populated
+            ):
                 del self._ready[size]
                 return size, self._wanted[size], spare
         return None
+
+    def _populate(self, size: int, spare: _Spare, state: MemoryState) -> None:
+        """(On the thread) copy the pages of ``state`` into ``spare`` (which holds it) now, so
+        that the first run of the fork that takes it does not fault them in one by one: a
+        chunk of ranges at a time, stopping early when a fork wants the spare meanwhile."""
+        ranges = [(offset, length) for offset, length, _fd, _at in state.mapping]
+        spare.populated = True  # once, even if stopped: the rest faults in as before
+        for start in range(0, len(ranges), _POPULATE_CHUNK):
+            with self._cond:
+                if size in self._hurry or self._closed:
+                    return
+            try:
+                spare.live.instance.populate_memory(ranges[start : start + _POPULATE_CHUNK])
+            except (OSError, BadInput):  # never seen: the pages then fault in as before
+                return
 
     def close(self) -> None:
         with self._cond:
@@ -244,6 +274,9 @@ class _Spares:
 
 
 _SPARE_SIZES = 4
+_POPULATE_CHUNK = 16
+"""Ranges a spare's populate copies between checks for a fork waiting for it (~80 ranges, a
+few MB, for a small session's state)."""
 
 
 class Session:
@@ -321,6 +354,10 @@ class Session:
         except BaseException:
             live.close()
             raise
+        if sandbox._spares is not None:
+            # Said after this one's mappings are made (see ``_Spares.take``): a spare for the
+            # next fork or restore of this state, the one taken made again.
+            sandbox._spares.want(state)
         return live
 
     def snapshot(self) -> bytes:
@@ -375,9 +412,8 @@ class Session:
                 f"({', '.join(extra)}): close open files and streams before a snapshot or fork"
             )
         if self._frozen is None or (exact and not self._frozen_exact):
-            # A snapshot holds exactly the changed pages; a fork maps merged ranges, and asks
-            # the kernel to note the pages written from now on (the next fork compares those).
-            self._frozen = live.instance.capture_memory(exact=exact, track=not exact)
+            # A snapshot holds exactly the changed pages; a fork maps merged ranges.
+            self._frozen = live.instance.capture_memory(exact=exact)
             self._frozen_exact = exact
         return self._frozen
 

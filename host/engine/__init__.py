@@ -15,6 +15,7 @@ from mighty.engine._memory import (
     instantiating_into,
     learn_hot_pages,
     live_memories,
+    populate_memory,
     restore_memory,
     rewind_memory,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "instantiating_into",
     "learn_hot_pages",
     "live_memories",
+    "populate_memory",
     "quick_call",
     "restore_memory",
     "rewind_memory",

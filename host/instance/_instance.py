@@ -28,6 +28,7 @@ from mighty.engine import (
     capture_memory,
     get_engine,
     learn_hot_pages,
+    populate_memory,
     restore_memory,
     rewind_memory,
     shielded,
@@ -372,22 +373,17 @@ class Instance:
             raise Closed("instance is closed")
         return learn_hot_pages(self._meter.account)
 
-    def capture_memory(
-        self, *, exact: bool = False, gap: int | None = None, track: bool = False
-    ) -> MemoryState:
+    def capture_memory(self, *, exact: bool = False, gap: int | None = None) -> MemoryState:
         """Freeze this instance's linear memory (between calls): its component's image plus a
         sealed copy of the pages that differ (``exact``: only those, else close ranges merged
         so that the state maps in fewer calls; ``gap``: merged when at most that many bytes
-        apart). Instances made with ``memory=`` start from it. ``track``: the kernel notes
-        which pages the guest writes from now on, so that the next capture compares only those
-        (one fault per page first written; for callers that capture again, see
-        :func:`mighty.engine.capture_memory`)."""
+        apart). Instances made with ``memory=`` start from it."""
         if self._closed:
             raise Closed("instance is closed")
         merge = 0 if exact else MAX_GAP if gap is None else gap
         # A snapshot's exact pages are frozen whole; a fork's state may be a layer over the
         # last state this memory held (only what changed since is copied).
-        return capture_memory(self._meter.account, gap=merge, layered=not exact, track=track)
+        return capture_memory(self._meter.account, gap=merge, layered=not exact)
 
     def restore_memory(self, state: MemoryState) -> None:
         """Make this instance's linear memory hold ``state`` (between calls; same component,
@@ -395,6 +391,14 @@ class Instance:
         if self._closed:
             raise Closed("instance is closed")
         restore_memory(self._meter.account, state)
+
+    def populate_memory(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Copy ``(offset, length)`` ranges of the linear memory in now rather than on the
+        guest's first writes (between calls; for an instance readied ahead of its use, see
+        :func:`mighty.engine.populate_memory`). Nothing the guest can see changes."""
+        if self._closed:
+            raise Closed("instance is closed")
+        populate_memory(self._meter.account, ranges)
 
     def rewind(self, state: MemoryState) -> bool:
         """Make this live instance's linear memory hold ``state`` again, copying back only the

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mighty import Component, Instance
+from mighty import Closed, Component, Instance
 from mighty.engine import MemoryState, _memory, _state
 from tests.engine.test_rewind import _HOST_PAGE, _PATHS, _SIZE, _WAT, Pokes, _fnv, _model, _poke
 
@@ -39,16 +39,13 @@ def _read_back(state: MemoryState) -> bytearray:
     return memory
 
 
-@pytest.mark.parametrize("tracking", ["kernel", "off"])
 @pytest.mark.parametrize("path", _PATHS)
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     steps=st.lists(
-        st.tuples(
-            _pokes, st.sampled_from([0, _HOST_PAGE, 8 * _HOST_PAGE]), st.booleans(), st.booleans()
-        ),
+        st.tuples(_pokes, st.sampled_from([0, _HOST_PAGE, 8 * _HOST_PAGE]), st.booleans()),
         max_size=8,
     )
 )
@@ -56,25 +53,22 @@ def test_every_state_of_a_chain_holds_what_the_memory_held(
     component: Component,
     monkeypatch: pytest.MonkeyPatch,
     path: str,
-    tracking: str,
-    steps: list[tuple[Pokes, int, bool, bool]],
+    steps: list[tuple[Pokes, int, bool]],
 ) -> None:
-    """Writes and captures in any order, any gap, compiled compare or pure Python, the pages
-    written noted by the kernel or not (asked for by some captures only), places written back
-    to the image's bytes between captures: each state is a layer over the one before (or that
-    one, when nothing changed) and holds exactly the memory at its capture, read back or
-    instantiated."""
+    """Writes and captures in any order, any gap, compiled compare or pure Python, places
+    written back to the image's bytes between captures: each state is a layer over the one
+    before (or that one, when nothing changed) and holds exactly the memory at its capture,
+    read back or instantiated."""
     monkeypatch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
-    monkeypatch.setenv("MIGHTY_WRITE_TRACKING", "1" if tracking == "kernel" else "0")
     model = _model()
     image = _model()
     taken: list[tuple[MemoryState, bytes]] = []
     with Instance(component) as instance:
-        for pokes, gap, back, track in steps:
+        for pokes, gap, back in steps:
             _poke(instance, model, pokes)
             if back:
                 _poke(instance, model, [(at, image[at]) for at in _PLACES])
-            state = instance.capture_memory(gap=gap, track=track)
+            state = instance.capture_memory(gap=gap)
             if taken:
                 previous = taken[-1][0]
                 assert state is previous or state.base is previous
@@ -87,6 +81,18 @@ def test_every_state_of_a_chain_holds_what_the_memory_held(
         assert bytes(_read_back(state)) == held
         with Instance(component, memory=state) as copy:
             assert copy.call("hash", _SIZE) == _fnv(held)
+
+
+def _base_and_layer(
+    component: Component, model: bytearray, first: Pokes, second: Pokes
+) -> tuple[MemoryState, MemoryState]:
+    """Two captures of one memory, ``first`` poked before the base and ``second`` before the
+    layer over it (``model`` follows the pokes)."""
+    with Instance(component) as instance:
+        _poke(instance, model, first)
+        base = instance.capture_memory()
+        _poke(instance, model, second)
+        return base, instance.capture_memory()
 
 
 @settings(
@@ -103,11 +109,7 @@ def test_a_memory_holding_the_base_maps_only_the_layer(
     """Restoring a layer into a memory that holds its base and wrote nothing since maps only
     the layer's pages; one that wrote since is mapped whole; both then hold the layer."""
     model = _model()
-    with Instance(component) as instance:
-        _poke(instance, model, first)
-        base = instance.capture_memory()
-        _poke(instance, model, second)
-        layer = instance.capture_memory()
+    base, layer = _base_and_layer(component, model, first, second)
     wholes: list[MemoryState] = []
     mapped = _memory._map_state
     monkeypatch.setattr(
@@ -225,3 +227,47 @@ def test_the_page_map_is_reopened_in_a_forked_child(monkeypatch: pytest.MonkeyPa
         monkeypatch.undo()
         os.close(second)
         _memory._PAGEMAP[:] = [real, first]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    first=_pokes,
+    second=_pokes,
+    ranges=st.lists(st.tuples(st.integers(-_HOST_PAGE, _SIZE), st.integers(0, 3 * _SIZE))),
+)
+def test_populating_a_memory_changes_no_byte_and_keeps_the_layer_fast_path(
+    component: Component,
+    monkeypatch: pytest.MonkeyPatch,
+    first: Pokes,
+    second: Pokes,
+    ranges: list[tuple[int, int]],
+) -> None:
+    """Populating any ranges (clipped to the memory, even past it or before it) leaves every
+    byte as it was; a memory populated after a restore and called nothing since still takes
+    only the next layer's pages, one that ran a call since is mapped whole."""
+    model = _model()
+    base, layer = _base_and_layer(component, model, first, second)
+    base_bytes = bytes(_read_back(base))
+    wholes: list[MemoryState] = []
+    mapped = _memory._map_state
+    monkeypatch.setattr(
+        _memory, "_map_state", lambda at, state: wholes.append(state) or mapped(at, state)
+    )
+    with Instance(component) as spare, Instance(component) as called:
+        for instance in (spare, called):
+            instance.restore_memory(base)
+            instance.populate_memory(ranges)
+        assert spare.call("hash", _SIZE) == _fnv(base_bytes)  # a call: mapped whole next
+        spare.restore_memory(base)
+        spare.populate_memory([(0, _SIZE)])
+        wholes.clear()
+        spare.restore_memory(layer)
+        assert wholes == [] or layer is base
+        assert spare.call("hash", _SIZE) == _fnv(model)
+        assert called.call("peek", 0) == base_bytes[0]
+        called.restore_memory(layer)
+        assert called.call("hash", _SIZE) == _fnv(model)
+    with pytest.raises(Closed):
+        spare.populate_memory([(0, _HOST_PAGE)])

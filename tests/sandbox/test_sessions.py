@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mighty import Instance
-from mighty.engine import Component, MemoryState
+from mighty.engine import Component, MemoryState, live_memories
 from mighty.sandbox import (
     Limits,
     MemoryDir,
@@ -433,3 +433,52 @@ def test_the_interpreter_keeps_no_state_outside_its_memory(interpreter: Componen
         "$allocation_state",
     }, written
     assert not tables
+
+
+def test_a_fork_makes_no_instance_until_it_is_used(interpreter: Component) -> None:
+    """A fork kept as a checkpoint holds its state, no instance: forking it again shares that
+    state, and its first run, reset or snapshot makes the instance from it; closing it
+    unused frees the state."""
+    # No pool: no spares thread making instances of its own meanwhile.
+    with Sandbox(pool=0) as box, box.session() as parent:
+        assert parent.run("log = [1]").ok
+        before = live_memories()
+        checkpoint = parent.fork()
+        again = checkpoint.fork()
+        assert live_memories() == before
+        assert again._pending is not None and checkpoint._pending is not None
+        assert again._pending[0] is checkpoint._pending[0]
+        assert parent.run("log.append(2)\nlog").value == [1, 2]
+        assert checkpoint.run("log.append(3)\nlog").value == [1, 3]
+        assert again.run("log").value == [1]
+        reset = parent.fork()
+        reset.reset()
+        assert reset.run("'log' in globals()").value is False
+        unused = parent.fork()
+        unused.close()
+        assert unused._pending is None
+        assert unused.run("log = 5\nlog").value == 5  # closed then used: a fresh interpreter
+        for session in (checkpoint, again, reset, unused):
+            session.close()
+
+
+def test_a_spare_mapped_ahead_is_populated_and_serves_a_fork_later(
+    interpreter: Component,
+) -> None:
+    """After a fork the spares thread maps its state into a spare and then copies its pages
+    in; the fork's first run takes that spare, and sees exactly the forked state."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        spares, first, state = _forked_once(box, parent)
+        _until(lambda: spares.mapped(state))
+
+        def populated() -> bool:
+            with spares._cond:
+                spare = spares._ready.get(state.size)
+                return spare is not None and spare.populated
+
+        _until(populated)
+        assert parent.run("log.append('p')").ok
+        with first:
+            assert first.run("log.append(1)\nlog").value == [1]
+            assert not spares.mapped(state)  # taken
+        assert parent.run("log").value == ["p"]
