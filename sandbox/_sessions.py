@@ -57,8 +57,8 @@ class _Spare:
         self.held = held
         self.holds: weakref.ref[MemoryState] | None = None
         """The state mapped into it (``restore_memory``), or None: the fresh image."""
-        self.populated = False
-        """Whether the pages of the state it holds were copied in (``_populate``)."""
+        self.populated: weakref.ref[MemoryState] | None = None
+        """The state whose pages were last copied in (``_populate``), or None."""
 
 
 def _started(config: _Config, like: MemoryState | None) -> tuple[_Live, _Held]:
@@ -102,8 +102,8 @@ class _Spares:
         self._newest: dict[int, weakref.ref[MemoryState]] = {}  # size -> the state to map
         self._failed: set[int] = set()
         self._mapping: set[int] = set()
-        """Sizes whose spare the thread is mapping or populating now (out of ``_ready``;
-        ``take`` waits, and a populating thread stops early for it: ``_hurry``)."""
+        """Sizes whose spare the thread is making, mapping or populating now (out of
+        ``_ready``): ``take`` waits for it, and a populating thread stops early (``_hurry``)."""
         self._hurry: set[int] = set()
         self._unmappable: set[int] = set()
         """Sizes whose spares could not be mapped ahead (left to the fork, which reports why)."""
@@ -112,8 +112,10 @@ class _Spares:
 
     def take(self, state: MemoryState) -> tuple[_Live, _Held, bool] | None:
         """A spare of ``state``'s size, its holdings, and whether it holds ``state`` already.
-        While the thread maps the spare of that size (a fork's first use right after it), the
-        mapping is waited for: ~1 ms, where making another instance takes ~5-10."""
+        While the thread makes or maps the spare of that size (a fork used right after it, or
+        forks of one state run one after another), that is waited for: making another
+        instance beside it on the caller's thread took longer on 2 cores (the two contend)
+        than waiting for the one under way."""
         with self._cond:
             while state.size in self._mapping and not self._closed:
                 self._hurry.add(state.size)
@@ -177,8 +179,7 @@ class _Spares:
                 size, like, spare = work
                 target = None if size in self._unmappable else self._newest.get(size)
                 state = target() if target is not None else None
-                if spare is not None and state is not None:
-                    self._mapping.add(size)
+                self._mapping.add(size)  # made, mapped or populated: ``take`` waits
             try:
                 holds = spare.holds() if spare is not None and spare.holds is not None else None
                 if spare is not None and state is not None and holds is state:
@@ -206,8 +207,6 @@ class _Spares:
             spare = _Spare(live, held)
         if state is not None and not self._map(spare, state):
             return
-        if state is not None:
-            spare.populated = False  # next, as a job of its own (``_next``)
         with self._cond:
             if not self._closed and size in self._wanted and size not in self._ready:
                 self._ready[size] = spare
@@ -240,7 +239,10 @@ class _Spares:
             target = None if size in self._unmappable else self._newest.get(size)
             state = target() if target is not None else None
             if state is not None and (
-                spare.holds is None or spare.holds() is not state or not spare.populated
+                spare.holds is None
+                or spare.holds() is not state
+                or spare.populated is None
+                or spare.populated() is not state
             ):
                 del self._ready[size]
                 return size, self._wanted[size], spare
@@ -250,8 +252,14 @@ class _Spares:
         """(On the thread) copy the pages of ``state`` into ``spare`` (which holds it) now, so
         that the first run of the fork that takes it does not fault them in one by one: a
         chunk of ranges at a time, stopping early when a fork wants the spare meanwhile."""
-        ranges = [(offset, length) for offset, length, _fd, _at in state.mapping]
-        spare.populated = True  # once, even if stopped: the rest faults in as before
+        done = spare.populated() if spare.populated is not None else None
+        if state.base is not None and state.base is done:
+            # Mapped over the state populated before (only the layer's pages were mapped anew):
+            # only those are still to copy.
+            ranges = [(offset, length) for offset, length, _at in state.ranges]
+        else:
+            ranges = [(offset, length) for offset, length, _fd, _at in state.mapping]
+        spare.populated = weakref.ref(state)  # once, even if stopped: the rest faults as before
         for start in range(0, len(ranges), _POPULATE_CHUNK):
             with self._cond:
                 if size in self._hurry or self._closed:

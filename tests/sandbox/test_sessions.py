@@ -474,7 +474,9 @@ def test_a_spare_mapped_ahead_is_populated_and_serves_a_fork_later(
         def populated() -> bool:
             with spares._cond:
                 spare = spares._ready.get(state.size)
-                return spare is not None and spare.populated
+                return (
+                    spare is not None and spare.populated is not None and spare.populated() is state
+                )
 
         _until(populated)
         assert parent.run("log.append('p')").ok
