@@ -429,8 +429,6 @@ class Meter:
         if not fueled:
             _set_epoch_deadline(context, 1)
         if ctx is not None:
-            ctx.failure = None
-            ctx.exit_code = None
             # Host functions wait, check and pause through it (the epoch callback cannot run
             # while the guest is blocked in the host).
             ctx.scope = state
@@ -444,7 +442,7 @@ class Meter:
             result = work()
         except wasmtime.WasmtimeError as exc:
             usage = self._usage_after(state, budget, started)
-            failure = self._failure(exc, state, budget, usage, describe, ctx)
+            failure = self._failure(exc, state, budget, usage, describe)
             if isinstance(failure, GuestError):
                 failure.usage = usage
             raise failure from (failure.__cause__ or exc)
@@ -482,12 +480,10 @@ class Meter:
         budget: Budget,
         usage: Usage,
         describe: Callable[[], str] | None,
-        ctx: GuestContext | None,
     ) -> MightyError:
-        """The typed error for a call that stopped with ``exc``."""
-        failure = ctx.failure if ctx is not None else None
-        if ctx is not None:
-            ctx.failure = None
+        """The typed error for a call that stopped with ``exc`` (and what the gate reported
+        to the call's scope: a host function's failure, the guest's exit)."""
+        failure = state.host_failure
         raised = state.raised
         if raised is not None and failure is raised:
             return raised  # the scope's own stop, raised in a host function that waited
@@ -511,8 +507,8 @@ class Meter:
             )
             error.__cause__ = failure
             return error
-        if ctx is not None and ctx.exit_code is not None:
-            return GuestExit(f"guest exited with status {ctx.exit_code}", code=ctx.exit_code)
+        if state.exit_code is not None:
+            return GuestExit(f"guest exited with status {state.exit_code}", code=state.exit_code)
         return self._translate(exc, state, budget, usage, describe)
 
     def _out_of_memory(self) -> OutOfMemory:

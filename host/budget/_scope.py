@@ -218,8 +218,10 @@ class CallScope(Scope):
         "account",
         "cancel",
         "deadline",
+        "exit_code",
         "failure",
         "fuel_marks",
+        "host_failure",
         "interrupted",
         "raised",
         "stopped",
@@ -242,6 +244,10 @@ class CallScope(Scope):
         the epoch callback)."""
         self.failure: BaseException | None = None
         """A bug in the epoch callback itself."""
+        self.host_failure: BaseException | None = None
+        """The first exception a host function raised while serving the call (``host_failed``)."""
+        self.exit_code: int | None = None
+        """The status the guest asked to exit with (``guest_exited``), if it did."""
         self.raised: BudgetExceeded | None = None
         """The stop :meth:`checkpoint` raised inside a host function, if it did."""
         self.fuel_marks: list[float] | None = None
@@ -249,6 +255,15 @@ class CallScope(Scope):
         tick, and when the fuel left last moved (see ``mighty.budget._budget``)."""
         self._pause_depth = 0
         self._paused_at = 0.0
+
+    # -- the outcome the gate reports --------------------------------------------------------
+
+    def host_failed(self, exc: BaseException) -> None:
+        if self.host_failure is None:
+            self.host_failure = exc
+
+    def guest_exited(self, code: int) -> None:
+        self.exit_code = code
 
     # -- what stops the call ---------------------------------------------------------------
 

@@ -187,10 +187,6 @@ class GuestContext:
         self._store_key: int | None = None
         self._address = 0
         """The address of the store's context (what each import of this store comes with)."""
-        self.failure: BaseException | None = None
-        """An exception raised by a host function during the current call, if any."""
-        self.exit_code: int | None = None
-        """Set by ``wasi:cli/exit``: the guest asked to exit with this status."""
         self.calls = 0
         """How many imports this instance has made."""
         self.replaying = False

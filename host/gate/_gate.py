@@ -217,12 +217,11 @@ def _dispatch(
         return 0
     except GuestExitRequest as exit_request:
         _end_call(store)
-        ctx.exit_code = exit_request.code
+        ctx.scope.guest_exited(exit_request.code)
         return _exit_error(exit_request.code)
     except BaseException as exc:  # noqa: BLE001 - nothing may unwind into wasmtime
         _end_call(store)
-        if ctx.failure is None:
-            ctx.failure = exc
+        ctx.scope.host_failed(exc)
         return _error_ptr(f"mighty: host function {reg.binding.name} failed: {exc!r}")
 
 

@@ -60,6 +60,19 @@ class Scope(ABC):
         """Block until ``what`` is ready (True) or ``timeout`` seconds pass (False); the call's
         stop is raised as soon as it is noticed (between slices of the wait)."""
 
+    # The call's outcome as the gate sees it, reported to the scope of the call it belongs to
+    # (so it lives and dies with that call: nothing per call is left on the long-lived
+    # context to reset). Only a guest call's scope keeps them; elsewhere there is no call to
+    # end, and the gate's trap says what happened.
+
+    def host_failed(self, exc: BaseException) -> None:
+        """A host function raised instead of answering (the gate then traps the call)."""
+        del exc
+
+    def guest_exited(self, code: int) -> None:
+        """The guest asked to exit with ``code`` (``wasi:cli/exit``; the gate then traps)."""
+        del code
+
 
 class _Unscoped(Scope):
     __slots__ = ()

@@ -316,3 +316,21 @@ class ScopeModel(RuleBasedStateMachine):
 
 ScopeModel.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_scope_model = ScopeModel.TestCase
+
+
+def test_a_calls_outcome_is_kept_on_its_own_scope() -> None:
+    """What the gate reports (a host function's failure, the guest's exit) lands on the scope
+    of the call it belongs to, the first failure wins, a new call's scope starts with none,
+    and outside a call (UNSCOPED) nothing is kept."""
+    first, second = ValueError("first"), KeyError("second")
+    call = CallScope(1.0, None)
+    assert call.host_failure is None and call.exit_code is None
+    call.host_failed(first)
+    call.host_failed(second)
+    call.guest_exited(3)
+    assert call.host_failure is first and call.exit_code == 3
+    later = CallScope(1.0, None)
+    assert later.host_failure is None and later.exit_code is None
+    UNSCOPED.host_failed(first)
+    UNSCOPED.guest_exited(1)
+    assert not hasattr(UNSCOPED, "host_failure")

@@ -328,3 +328,19 @@ def test_a_store_where_a_closed_one_was_is_served_as_its_own(
         new_store.close()
         gate.release(new)
     assert reused  # the allocator gave a freed store's address to a new one
+
+
+def test_each_calls_outcome_is_its_own(component: Component, gate: Gate) -> None:
+    """A host function's failure and the guest's exit are reported to the scope of the call
+    they happen in: instances made one after another on one gate each end as their own call
+    did, and a call that answered normally reports neither."""
+    outcomes: list[str] = []
+    for how in (1, 3, 4, 1, 4):
+        with Instance(component, gate=gate) as instance:
+            try:
+                outcomes.append(str(instance.call("act", how)))
+            except HostFunctionFailed as failed:
+                outcomes.append(type(failed.__cause__).__name__)
+            except GuestExit as exited:
+                outcomes.append(f"exit {exited.code}")
+    assert outcomes == ["KeyError", "exit 7", "40", "KeyError", "40"]
