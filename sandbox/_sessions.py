@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -117,9 +118,13 @@ class _Spares:
         instance beside it on the caller's thread took longer on 2 cores (the two contend)
         than waiting for the one under way."""
         with self._cond:
+            deadline = time.monotonic() + _TAKE_WAIT
             while state.size in self._mapping and not self._closed:
                 self._hurry.add(state.size)
-                self._cond.wait()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break  # the thread is slow (a starved machine): make one here
+                self._cond.wait(left)
             self._hurry.discard(state.size)
             spare = self._ready.pop(state.size, None)
             if spare is None:
@@ -282,6 +287,9 @@ class _Spares:
 
 
 _SPARE_SIZES = 4
+_TAKE_WAIT = 2.0
+"""Seconds a fork's first use waits for the spare under way before making its own instance
+(a spare takes ~10 ms to make; this only bounds a thread starved or stuck)."""
 _POPULATE_CHUNK = 16
 """Ranges a spare's populate copies between checks for a fork waiting for it (~80 ranges, a
 few MB, for a small session's state)."""
