@@ -3,13 +3,15 @@
 A session is set up with a small working state (a few imports, functions, a class, a dict of
 1,000 entries). Figures, p50 and p90 of ``--repeat`` samples (default 40):
 - baseline: ``Sandbox.run("result = 1 + 1")`` from a ready pool (the pool refills between runs);
-- ``fork()`` of a session with a run in between (the memory is frozen anew each time), and
-  ``fork()`` again with nothing run in between (the frozen memory is reused), each with a spare
-  instance ready (spaced out like the pooled baseline); a fork after a run and the fork's first
-  run together (a fork makes its instance when first used: a spare mapped ahead, or its own);
-  the session's own run after a fork (its first write to each page since the fork takes the
-  fault that tells the kernel's write tracking about it); closing a fork; forks back to back;
-  the first run in each of those forks (most make their instance: one spare per size);
+- ``fork()`` of a session with a run in between (its state is frozen anew: on the spares
+  thread right after the fork returns, or by whichever needs it first), and ``fork()`` again with
+  nothing run in between (the frozen state is reused), each with the spares thread idle (spaced
+  out like the pooled baseline); a fork after a run and the fork's first run together (a fork
+  makes its instance when first used: a spare mapped ahead, or its own); the session's own run
+  after a fork, once the thread is idle, and right after the fork (the freeze then done on the
+  caller's thread, before the run); a fork closed unused and the session's next run (nothing
+  frozen); closing a fork; forks back to back; the first run in each of those forks (most make
+  their instance: one spare per size);
 - the freeze alone (pagemap + copying the changed pages into a sealed memfd);
 - ``snapshot()`` (freeze, read, zlib level 1) with its size, and ``restore(bytes)``;
 - a fresh ``session()``'s first run (instantiate, start-up, the run), for comparison.
@@ -99,12 +101,10 @@ def main() -> None:
         assert spares is not None
 
         def spare_ready() -> None:
-            # As the pool baseline: the background thread has made the next spare.
-            live = session._live
-            assert live is not None
+            # As the pool baseline: the background thread has frozen the last fork's state and
+            # made (mapped, populated) the next spare: it has nothing left to do.
             deadline = time.monotonic() + 30
-            size = live.instance.memory[0]  # not a capture: that would be a freeze itself
-            while not spares.ready(size) and time.monotonic() < deadline:
+            while not spares.idle() and time.monotonic() < deadline:
                 time.sleep(0.0005)
             time.sleep(0.01)
 
@@ -141,6 +141,33 @@ def main() -> None:
             _row("the session's run after a fork", run_tracked, vs_baseline=ratio(run_tracked))
         )
         closed()
+
+        def fork_then_run() -> None:
+            made.append(session.fork())
+            session.run("acc.add(1)")  # before the thread has frozen it: frozen here, first
+
+        fork_then = _time(fork_then_run, repeat, after_run)
+        rows.append(
+            _row(
+                "fork() and the session's run right after",
+                fork_then,
+                vs_baseline=ratio(fork_then),
+            )
+        )
+        closed()
+
+        def fork_closed() -> None:
+            session.fork().close()
+            session.run("acc.add(1)")
+
+        discarded = _time(fork_closed, repeat, after_run)
+        rows.append(
+            _row(
+                "fork(), close it unused, the session's run",
+                discarded,
+                vs_baseline=ratio(discarded),
+            )
+        )
         fork_same = _time(lambda: made.append(session.fork()), repeat, spare_ready)
         rows.append(_row("fork() again, no run between", fork_same, vs_baseline=ratio(fork_same)))
         closing = _time(lambda: made.pop().close(), len(made))

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mighty import Instance
+from mighty import HostError, Instance
 from mighty.engine import Component, MemoryState, live_memories
 from mighty.sandbox import (
     Limits,
@@ -484,3 +485,169 @@ def test_a_spare_mapped_ahead_is_populated_and_serves_a_fork_later(
             assert first.run("log.append(1)\nlog").value == [1]
             assert not spares.mapped(state)  # taken
         assert parent.run("log").value == ["p"]
+
+
+def _held_back(box: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Make ``box``'s spares thread take no fork's state to freeze (as when it is busy
+    elsewhere): whichever needs the state first freezes it. The jobs it was given."""
+    spares = box._spares
+    assert spares is not None
+    given: list[Any] = []
+
+    def later(job: Any) -> bool:
+        given.append(weakref.ref(job))  # held weakly, as the thread does
+        return True
+
+    monkeypatch.setattr(spares, "freeze", later)
+    return given
+
+
+def _captures(monkeypatch: pytest.MonkeyPatch, of: Session, fail: int = 0) -> list[str]:
+    """Count captures of the memory of ``of``'s instance (the thread each ran on); the first
+    ``fail`` raise OSError."""
+    seen: list[str] = []
+    real = Instance.capture_memory
+    live = of._live
+    assert live is not None
+
+    def counted(self: Instance, **kwargs: Any) -> MemoryState:
+        if self is not live.instance:  # the pool's, say
+            return real(self, **kwargs)
+        seen.append(threading.current_thread().name)
+        if len(seen) <= fail:
+            raise OSError(24, "Too many open files")
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(Instance, "capture_memory", counted)
+    return seen
+
+
+def test_a_fork_is_frozen_by_whichever_needs_it_first(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork returns before its state is frozen; the session's next run freezes it first
+    (the fork then sees the state as of the fork), or the fork's first run does (the session
+    then runs on without freezing again)."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = [1]").ok
+        _held_back(box, monkeypatch)
+        captures = _captures(monkeypatch, parent)
+        first = parent.fork()
+        assert captures == []  # nothing frozen yet
+        assert parent.run("log.append(2)\nlog").value == [1, 2]
+        assert len(captures) == 1  # by the run, before it changed anything
+        second = parent.fork()
+        with first, second:
+            assert second.run("log.append(3)\nlog").value == [1, 2, 3]  # frozen by its run
+            assert len(captures) == 2
+            assert parent.run("log").value == [1, 2]
+            assert first.run("log").value == [1]
+            assert len(captures) == 2
+
+
+def test_a_fork_closed_before_it_is_frozen_freezes_nothing(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session holds a fork's pending state only weakly: when every fork that wants it is
+    closed or dropped, its next run freezes nothing."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = [1]").ok
+        given = _held_back(box, monkeypatch)
+        captures = _captures(monkeypatch, parent)
+        fork = parent.fork()
+        again = fork.fork()  # a fork of an unused fork shares its pending state
+        fork.close()
+        assert given[0]() is not None  # `again` still wants it
+        del again
+        assert given[0]() is None
+        assert parent.run("log.append(2)\nlog").value == [1, 2]
+        assert captures == []
+
+
+def test_the_spares_thread_freezes_a_fork_ahead(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a pool, the spares thread freezes a fork's state soon after the fork returns (and
+    maps a spare for it): neither the session nor the fork freezes it again."""
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = [1]").ok
+        captures = _captures(monkeypatch, parent)
+        spares = box._spares
+        assert spares is not None
+        with parent.fork() as fork:
+            _until(spares.idle)
+            assert captures == ["mighty-sandbox-spares"]
+            assert parent.run("log.append(2)\nlog").value == [1, 2]
+            assert fork.run("log").value == [1]
+            assert captures == ["mighty-sandbox-spares"]
+
+
+def test_a_freeze_that_fails_is_the_forks_error(
+    interpreter: Component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state that cannot be frozen (no memfd, say) is the fork's error: raised by fork()
+    itself where no thread freezes ahead, else by the fork's every use (the session has moved
+    on); the session runs on unharmed either way."""
+    with Sandbox(pool=0) as box, box.session() as parent:
+        assert parent.run("log = [1]").ok
+        _captures(monkeypatch, parent, fail=1)
+        with pytest.raises(HostError, match=r"could not be frozen: .*Too many open files"):
+            parent.fork()
+        assert parent.run("log.append(2)\nlog").value == [1, 2]
+        with parent.fork() as fork:  # the next one freezes
+            assert fork.run("log").value == [1, 2]
+    monkeypatch.undo()
+    with Sandbox(pool=1) as box, box.session() as parent:
+        assert parent.run("log = [1]").ok
+        _held_back(box, monkeypatch)
+        _captures(monkeypatch, parent, fail=1)
+        with parent.fork() as fork:
+            assert parent.run("log.append(2)\nlog").value == [1, 2]  # its freeze failed
+            for _ in range(2):
+                with pytest.raises(HostError, match="could not be frozen"):
+                    fork.run("log")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["run", "fork", "close"]), st.integers(0, 7)),
+        min_size=1,
+        max_size=10,
+    ),
+    held=st.booleans(),
+)
+def test_forks_and_runs_in_any_order_see_their_own_history(
+    interpreter: Component, steps: list[tuple[str, int]], held: bool
+) -> None:
+    """Runs, forks and closes of a family of sessions in any order, with the spares thread
+    freezing forks ahead or not at all: each session's run sees exactly its own history."""
+    with Sandbox(pool=1) as box, pytest.MonkeyPatch.context() as monkeypatch:
+        if held:
+            _held_back(box, monkeypatch)
+        sessions: list[Session] = [box.session()]
+        model: list[list[int] | None] = [[]]
+        assert sessions[0].run("log = []").ok
+        try:
+            for token, (op, pick) in enumerate(steps):
+                index = pick % len(sessions)
+                session, seen = sessions[index], model[index]
+                if op == "run":
+                    result = session.run(f"log.append({token})\nlog")
+                    if seen is None:  # closed: used again, a fresh interpreter
+                        assert result.error is not None and "NameError" in result.error.message
+                        continue
+                    seen.append(token)
+                    assert result.value == seen
+                elif op == "fork" and seen is not None:
+                    sessions.append(session.fork())
+                    model.append(list(seen))
+                elif op == "close":
+                    session.close()
+                    model[index] = None
+            for session, seen in zip(sessions, model, strict=True):
+                if seen is not None:
+                    assert session.run("log").value == seen
+        finally:
+            for session in sessions:
+                session.close()
