@@ -110,6 +110,7 @@ __all__ = [
     "MAX_FRAME",
     "MAX_ITEMS",
     "FlushMode",
+    "ImportRecords",
     "Trace",
     "TraceReader",
     "TraceWriter",
@@ -162,6 +163,31 @@ BUFFER_BYTES = 1 << 20
 """Default bound of the write-behind buffer: at this many bytes it is written out."""
 FLUSH_INTERVAL = 1.0
 """Default age, in seconds, after which buffered records are written out."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportRecords:
+    """A :class:`TraceWriter`'s ways in for import records its recorder has encoded itself
+    (``TraceWriter.import_records``): the one seam between the two, so that the recorder reads
+    nothing of the writer's own and the writer's choice between writing and queueing is made
+    here once. Every payload must hold no byte string of ``blob_min`` bytes or more (those
+    are blob records, which only ``append_parts`` and ``TraceWriter.append`` make)."""
+
+    blob_min: int
+    """Byte strings this long or longer go to blob records (not encoded in place)."""
+    queued: bool
+    """Whether records wait in a buffer (``flush`` is not ``"record"``)."""
+    append: Callable[[bytes], None]
+    """One payload, written now or buffered, under the writer's lock."""
+    queue: Callable[[bytes], None]
+    """One payload of at most ``MAX_ITEMS`` bytes: when ``queued``, queued without the
+    writer's lock (``TraceWriter._queue``), else as ``append``."""
+    append_parts: Callable[[bytes, list[Any], bytes, Any, bytes], None]
+    """The record ``prefix args middle result suffix`` (args and result encoded here, blobs
+    and gate handles included); raises :class:`Refused` (nothing written) for values the
+    fast encoder does not take."""
+    native_queue: native.Queue | None
+    """The compiled queue the compiled taps frame records into, when the writer has one."""
 
 
 class TraceWriter:
@@ -323,14 +349,17 @@ class TraceWriter:
                 sink, payload = self._encode_reference(record)
             self._push(sink, payload)
 
-    def _append_encoded(self, build: Callable[[BlobSink], bytes]) -> None:
-        """Append the record payload ``build(blobs)`` makes (the recorder's import records);
-        ``build`` raises :class:`Refused` to have nothing written."""
-        with self._lock:
-            self._check_open()
-            sink = BlobSink(self._blob_min, self._blobs)
-            payload = self._checked(build(sink))
-            self._push(sink, payload)
+    def import_records(self) -> ImportRecords:
+        """The paths the recorder (``mighty.trace._recorder``) appends its import records by,
+        each encoded whole by the recorder (see :class:`ImportRecords`)."""
+        return ImportRecords(
+            blob_min=self._blob_min,
+            queued=self._mode != "record",
+            append=self._append_payload,
+            queue=self._append_payload if self._mode == "record" else self._queue,
+            append_parts=self._append_parts,
+            native_queue=self._cq,
+        )
 
     def _append_parts(
         self, prefix: bytes, args: list[Any], middle: bytes, result: Any, suffix: bytes

@@ -202,6 +202,9 @@ class Recorder:
             buffer_bytes=buffer_bytes,
             flush_interval=flush_interval,
         )
+        self._imports = self._writer.import_records()
+        """How the instances' import records reach the writer (encoded here, see
+        ``ImportRecords``)."""
 
     @property
     def flush_mode(self) -> FlushMode:
@@ -294,11 +297,11 @@ class InstanceRecording:
         """Positions not kept: past ``POSITION_BYTES`` for this instance."""
         self._position: list[Any] | None = None
         self._position_bytes = 0
-        self._writer = recorder._writer
+        self._imports = recorder._imports
         # The step and fuel limit the taps share with the other paths: in C when the writer
         # has the compiled queue (its taps are then compiled too), else in Python.
         self._core: _Counters | native.Core
-        if self._writer._cq is not None:
+        if self._imports.native_queue is not None:
             self._core = native.Core(_GET_FUEL_AT, _ERROR_DELETE_AT)
         else:
             self._core = _Counters()
@@ -421,13 +424,13 @@ class InstanceRecording:
             fuel = -1
         else:
             fuel = self._core.fuel_limit - self._left.value
-        writer = self._writer
+        imports = self._imports
         mid = self._mids.get(id(binding))
-        if mid is not None and mid[0] is binding and writer._mode != "record":
+        if mid is not None and mid[0] is binding and imports.queued:
             # Most import records hold only handles, short bytes and small ints: encoded here
-            # in one go, byte for byte what _append_parts writes (tests/trace/test_emit.py),
+            # in one go, byte for byte what append_parts writes (tests/trace/test_emit.py),
             # and queued without the writer's lock (framed and written in batches).
-            blob_min = writer._blob_min
+            blob_min = imports.blob_min
             head_args = emit_args(args, blob_min)
             if head_args is not None:
                 res = emit_simple(value, blob_min)
@@ -446,7 +449,7 @@ class InstanceRecording:
                         )
                     )
                     if len(payload) <= MAX_ITEMS:
-                        writer._queue(payload)
+                        imports.queue(payload)
                         return
         self._record_import(step, binding, args, value, "ok", fuel)
 
@@ -494,7 +497,7 @@ class InstanceRecording:
             def general(step: int, fuel: int, result: Any, *args: Any) -> None:
                 record(step, binding, [Handle(kind, args[0]), *args[1:]], result, "ok", fuel)
 
-        queue = self._writer._cq
+        queue = self._imports.native_queue
         assert queue is not None
         return native.Tap(
             core,
@@ -525,13 +528,13 @@ class InstanceRecording:
         self._cptr = ctypes.c_void_p(context_ptr)
 
     def _tap_plain(self, binding: Binding, nparams: int, mid: bytes) -> Callable[..., None]:  # noqa: PLR0915 - one tap per import shape
-        writer = self._writer
+        imports = self._imports
         core = self._core
-        blob_min = writer._blob_min
+        blob_min = imports.blob_min
         head, ok, tail = self._head, self._ok, self._tail
         fuel_at, record = self._fuel_at, self._record_import
         get_fuel, left, left_ref = _get_fuel_raw, self._left, self._left_ref
-        queue = writer._append_payload if writer._mode == "record" else writer._queue
+        queue = imports.queue
         join = b"".join
         mid_res = mid + _K_RES
 
@@ -632,13 +635,13 @@ class InstanceRecording:
     def _tap_method(  # noqa: PLR0915 - one tap per import shape
         self, binding: Binding, nparams: int, self_kind: ResourceKind, mid: bytes
     ) -> Callable[..., None]:
-        writer = self._writer
+        imports = self._imports
         core = self._core
-        blob_min = writer._blob_min
+        blob_min = imports.blob_min
         head, ok, tail = self._head, self._ok, self._tail
         record = self._record_import
         get_fuel, left, left_ref = _get_fuel_raw, self._left, self._left_ref
-        queue = writer._append_payload if writer._mode == "record" else writer._queue
+        queue = imports.queue
         join = b"".join
         # By rep: the record's bytes from its args key to its result (the handle, then for a
         # method of no other argument the res key).
@@ -740,15 +743,15 @@ class InstanceRecording:
     ) -> None:
         mid = self._mid(binding)
         values = list(args)
-        writer = self.recorder._writer
+        imports = self._imports
         # Most import records hold only handles, short bytes and small ints: encoded here in
-        # one go, byte for byte what _append_parts writes (tests/trace/test_emit.py).
-        blob_min = writer._blob_min
+        # one go, byte for byte what append_parts writes (tests/trace/test_emit.py).
+        blob_min = imports.blob_min
         head_args = emit_simple(values, blob_min)
         if head_args is not None:
             res = emit_simple(result, blob_min)
             if res is not None:
-                writer._append_payload(
+                imports.append(
                     b"".join(
                         (
                             self._head,
@@ -768,7 +771,7 @@ class InstanceRecording:
                 return
         try:
             # Byte for byte the dict below through TraceWriter.append (tests/trace/test_emit.py).
-            self.recorder._writer._append_parts(
+            imports.append_parts(
                 self._head + uint(step) + mid[1],
                 values,
                 _K_RES,
@@ -817,13 +820,13 @@ class InstanceRecording:
         the encoders in one go write a fixed set of fields)."""
         position, self._position = self._position, None
         values = list(args)
-        blob_min = self._writer._blob_min
+        blob_min = self._imports.blob_min
         head_args = emit_simple(values, blob_min)
         res = None if head_args is None else emit_simple(result, blob_min)
         src = None if res is None else emit_simple(position, blob_min)
         if head_args is not None and res is not None and src is not None:
             # Byte for byte the dict below (tests/trace/test_positions.py), in one go.
-            self._writer._append_payload(
+            self._imports.append(
                 b"".join(
                     (
                         self._head_src,

@@ -47,7 +47,7 @@ def test_queued_and_appended_records_keep_their_order(
             if mode == "record":
                 writer.append(record)  # the recorder never queues with flush="record"
             else:
-                writer._queue(emit(record))
+                writer.import_records().queue(emit(record))
             expected.append(record)
         elif op == "append":
             writer.append(record)
@@ -75,7 +75,7 @@ def test_threads_queueing_into_one_writer_lose_nothing(tmp_path: Path, pure: boo
             if n % 7 == 0:
                 writer.append(record)
             else:
-                writer._queue(emit(record))
+                writer.import_records().queue(emit(record))
             if n % 50 == 0:
                 writer.boundary()
 
