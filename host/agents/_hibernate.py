@@ -244,17 +244,20 @@ class Hibernator:
 
     # -- wake ------------------------------------------------------------------------------
 
-    def wake(self, process: AgentProcess) -> Instance:
+    def wake(self, process: AgentProcess, *, report: bool = True) -> Instance:
         """A fresh instance of ``process``'s type with its stored state restored.
 
-        Raises a StoreError (the row is left as it was). The caller installs the instance.
+        Raises a StoreError (the row is left as it was), counted and told as a
+        ``wake.failed`` event unless ``report`` is false (a wake tried again elsewhere, which
+        reports it). The caller installs the instance.
         """
         started = time.perf_counter()
         try:
             instance = self._restore(process)
         except StoreError as exc:
-            self.stats.wake_failures += 1
-            self.runtime.emit("wake.failed", process.address, {"reason": f"{exc.kind}: {exc}"})
+            if report:
+                self.stats.wake_failures += 1
+                self.runtime.emit("wake.failed", process.address, {"reason": f"{exc.kind}: {exc}"})
             raise
         took = time.perf_counter() - started
         self.stats.wakes += 1

@@ -262,6 +262,12 @@ class Mailbox(Generic[T]):
                 self._high_water = 1
             return True
 
+    def claimable(self) -> bool:
+        """Whether ``claim`` would accept now (empty, open, not paused); it may not by the time
+        it is called (for a caller with work to do first, which then claims)."""
+        with self._lock:
+            return not (self._items or self._closed or self._held())
+
     def get_nowait(self) -> T:
         """Take the oldest envelope now, or raise ``MailboxEmpty`` / ``MailboxClosed``."""
         return self.get(timeout=0)

@@ -60,6 +60,7 @@ from mighty.instance import Instance
 from mighty.wasi import IDEMPOTENCY_KEYS, LOG_SINK, STDERR_SINK, STDOUT_SINK
 
 if TYPE_CHECKING:
+    from mighty.agents._hibernate import Hibernator
     from mighty.agents._runtime import Runtime
     from mighty.telemetry import Telemetry
 
@@ -695,9 +696,10 @@ class AgentProcess:
 
     def run_here(self, envelope: Envelope, deadline: float, outer: _Turn | None = None) -> bool:
         """The shortest path of an ask about to be put in the mailbox: when the agent is idle
-        (awake, not scheduled, its mailbox empty and not paused) and a worker is free, the
-        calling thread takes ``envelope`` at once (``Mailbox.claim``: counted as accepted,
-        never queued) and runs the turn itself, no thread hop either way. False (nothing
+        (awake or hibernated, not scheduled, its mailbox empty and not paused) and a worker is
+        free, the calling thread takes ``envelope`` at once (``Mailbox.claim``: counted as
+        accepted, never queued) and runs the turn itself, no thread hop either way; a
+        hibernated agent is woken first, on this thread too (``_wake_here``). False (nothing
         done): the caller puts it in the mailbox as usual.
 
         The claim is made holding the agent's state lock, with the run lock taken (without
@@ -726,7 +728,7 @@ class AgentProcess:
                 deadline = outer.limit
                 if self.type.budget.timeout > deadline - time.monotonic():
                     return False
-        if self.instance is None or depth >= _NESTED_TURNS:
+        if (self.instance is None and not self.hibernated) or depth >= _NESTED_TURNS:
             return False
         scheduler = self.runtime.scheduler
         borrowed = depth == 0 and not scheduler.on_worker()
@@ -737,17 +739,20 @@ class AgentProcess:
             with self._state:  # the claim (see above)
                 # The run lock is taken without waiting under the state lock: a try cannot
                 # deadlock, and a held one means a stop or a migration has the agent.
-                if (
-                    self._scheduled
-                    or not self.alive
-                    or self.instance is None
-                    or not run.acquire(False)
-                ):
+                if self._scheduled or not self.alive or not run.acquire(False):
                     return False
-                if not self.mailbox.claim():
+                asleep = self.instance is None
+                if asleep:
+                    # Woken here first (``_wake_here``), then the envelope claimed.
+                    if not self.hibernated or not self.mailbox.claimable():
+                        run.release()
+                        return False
+                elif not self.mailbox.claim():
                     run.release()
                     return False
                 self._scheduled = True
+            if asleep and not self._wake_here(deadline):
+                return False
             self._interrupted = None
             try:
                 _, more, exit_reason = self._run_turn(_Turn(depth + 1, deadline), envelope, 1)
@@ -799,6 +804,12 @@ class AgentProcess:
             error = HostError(f"internal error: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             return self._crashed(None, error)
+        self._install_woken(instance, hibernation)
+        return None
+
+    def _install_woken(self, instance: Instance, hibernation: Hibernator) -> bool:
+        """(``_run`` held) the woken instance becomes the agent's; False (it is closed) when
+        the agent stopped while it woke."""
         with self._state:
             installed = self.alive
             if installed:
@@ -806,9 +817,42 @@ class AgentProcess:
                 self._become(_ALIVE)
         if not installed:  # stopped while it woke
             instance.close()
-            return None
+            return False
         hibernation.woke(self)
-        return None
+        return True
+
+    def _wake_here(self, deadline: float) -> bool:
+        """``run_here`` for a hibernated agent (``_run`` held, ``_scheduled`` set, nothing
+        claimed yet): wake it on the asking thread, then claim the ask's envelope if its
+        message still ends before ``deadline``. False when any of it fails (the turn ended,
+        the agent awake or asleep as the wake left it): the caller then puts the envelope in
+        the mailbox as usual, and a worker takes it from there; a failed wake is not reported
+        here (the worker's wake, ``_wake_in_turn``, tries again and reports or crashes as it
+        always does), so a wake that fails fails the same way on either path.
+
+        Measured (benchmarks/README.md, stop 54): an ask to a hibernated agent that wakes and
+        runs it in place instead of on a worker costs ~0.6x the process CPU per wake cycle (no
+        hand-off to the worker and back, no asker spinning for the reply beside it)."""
+        self._owner = threading.get_ident()
+        hibernation = self.runtime.hibernation
+        try:
+            woken = False
+            if hibernation is not None:
+                try:
+                    instance = hibernation.wake(self, report=False)
+                except Exception:  # noqa: BLE001 -- the worker's wake tries again, reports it
+                    instance = None
+                woken = instance is not None and self._install_woken(instance, hibernation)
+        except BaseException:  # a signal's handler raised out of the wake: the turn ends
+            self._end_turn(0, 0, 0.0, None)
+            raise
+        if woken and self.type.budget.timeout <= deadline - time.monotonic():
+            with self._state:
+                if self.mailbox.claim():
+                    return True
+        if self._end_turn(0, 0, 0.0, None):  # messages came meanwhile: a worker takes them
+            self.runtime.scheduler.schedule(self)
+        return False
 
     def _exit(self, reason: str) -> None:
         """Tell the supervisor (or bury the agent when there is none, or no more runtime)."""

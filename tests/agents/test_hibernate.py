@@ -8,6 +8,7 @@ racing one.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,14 +22,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from mighty import Component
 from mighty.agents import (
     AgentChild,
+    AgentProcess,
     AgentType,
     NoProc,
     Runtime,
+    SnapshotCorrupt,
     SnapshotRefused,
     SupervisorSpec,
     decode_body,
     start_tree,
 )
+from mighty.agents._hibernate import Hibernator
+from mighty.budget import Budget
 from mighty.reload import ReloadRefused
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +117,93 @@ def test_an_idle_agent_hibernates_and_wakes_with_its_state(rt: Runtime, clock: C
     assert (process.stats.hibernations, process.stats.wakes) == (1, 1)
     kinds = [e.kind for e in rt.events if e.address == address]
     assert kinds.index("agent.hibernated") < kinds.index("agent.woke")
+
+
+def _wakes_on(monkeypatch: pytest.MonkeyPatch, fail: int = 0, pause: float = 0.0) -> list[str]:
+    """Record the thread of every wake tried; the first ``fail`` raise SnapshotCorrupt, and each
+    first sleeps ``pause`` seconds."""
+    threads: list[str] = []
+    real = Hibernator._restore
+
+    def restore(self: Hibernator, process: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        if pause:
+            time.sleep(pause)
+        if len(threads) <= fail:
+            raise SnapshotCorrupt(f"{process.address}: made to fail")
+        return real(self, process)
+
+    monkeypatch.setattr(Hibernator, "_restore", restore)
+    return threads
+
+
+def test_an_ask_wakes_a_hibernated_agent_on_the_asking_thread(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ask to a hibernated agent from a thread that may run its turn wakes it there and
+    runs the message there too (no worker), as an ask to an awake idle agent does."""
+    address = rt.spawn("counter")
+    rt.ask(address, "incr", {"by": 2})
+    assert rt.hibernate(address)
+    threads = _wakes_on(monkeypatch)
+    assert rt.ask(address, "incr", {"by": 1})["count"] == 3
+    assert threads == [threading.current_thread().name]
+    process = rt.process(address)
+    assert not process.hibernated and process.stats.wakes == 1
+    assert rt.hibernation_stats()["wakes"] == 1
+    kinds = [e.kind for e in rt.events if e.address == address]
+    assert kinds.count("agent.woke") == 1
+
+
+def test_a_wake_that_fails_on_the_asking_thread_is_tried_and_reported_by_a_worker(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wake that fails on the asking thread is not reported there: the ask goes to the
+    mailbox, a worker wakes the agent again, and that failure is reported once, as ever (the
+    agent crashes; with no supervisor it is gone); a wake that fails only the first time
+    leaves a worker to wake it and answer."""
+    doomed, lucky = rt.spawn("counter"), rt.spawn("counter")
+    rt.ask(lucky, "incr", {"by": 4})
+    assert rt.hibernate(doomed) and rt.hibernate(lucky)
+    threads = _wakes_on(monkeypatch, fail=2)
+    with pytest.raises(NoProc, match="snapshot_corrupt"):
+        rt.ask(doomed, "get", timeout=60)
+    assert threads[0] == threading.current_thread().name
+    assert len(threads) == 2 and threads[1].startswith("mighty-worker")
+    assert rt.hibernation is not None
+    assert rt.hibernation_stats()["wake_failures"] == 1
+    assert [e.address for e in rt.events if e.kind == "wake.failed"] == [doomed]
+    threads.clear()
+    monkeypatch.undo()
+    threads = _wakes_on(monkeypatch, fail=1)
+    assert rt.ask(lucky, "get", timeout=60)["count"] == 4
+    assert len(threads) == 2 and threads[1].startswith("mighty-worker")
+    assert rt.hibernation_stats()["wake_failures"] == 1  # not reported: the worker's woke
+
+
+def test_a_wake_that_leaves_too_little_time_hands_the_message_to_a_worker(
+    tmp_path: Path, counter: Component, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Woken on the asking thread, an agent whose message might no longer end before the ask's
+    deadline (its per-message budget is more than the time left) is not run there: a worker
+    takes the message, and the asker gets the reply all the same."""
+    budget = Budget(timeout=2.0)
+    with make_runtime(tmp_path / "state", counter, clock, budget=budget) as runtime:
+        address = runtime.spawn("counter")
+        runtime.ask(address, "incr", {"by": 5})
+        assert runtime.hibernate(address)
+        threads = _wakes_on(monkeypatch, pause=0.6)  # of the 2.5 s, less than 2 s left
+        handled: list[str] = []
+        real = AgentProcess._run_turn
+
+        def turn(self: AgentProcess, *args: Any) -> Any:
+            handled.append(threading.current_thread().name)
+            return real(self, *args)
+
+        monkeypatch.setattr(AgentProcess, "_run_turn", turn)
+        assert runtime.ask(address, "get", timeout=2.5)["count"] == 5
+        assert threads == [threading.current_thread().name]  # woken here, once
+        assert len(handled) == 1 and handled[0].startswith("mighty-worker")
 
 
 def test_activity_postpones_the_idle_deadline(rt: Runtime, clock: Clock) -> None:
