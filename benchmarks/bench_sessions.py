@@ -116,58 +116,40 @@ def main() -> None:
             while made:
                 made.pop().close()
 
-        fork_changed = _time(lambda: made.append(session.fork()), repeat, after_run)
-        rows.append(_row("fork() after a run", fork_changed, vs_baseline=ratio(fork_changed)))
-        closed()
+        def measured(name: str, fn: Callable[[], object], between: Callable[[], object]) -> None:
+            values = _time(fn, repeat, between)
+            rows.append(_row(name, values, vs_baseline=ratio(values)))
+            closed()
+
+        measured("fork() after a run", lambda: made.append(session.fork()), after_run)
 
         def fork_and_run() -> None:
             child = session.fork()
             made.append(child)
             child.run("acc.add(1)")
 
-        fork_run = _time(fork_and_run, repeat, after_run)
-        rows.append(
-            _row("fork() after a run + the fork's first run", fork_run, vs_baseline=ratio(fork_run))
-        )
-        closed()
+        measured("fork() after a run + the fork's first run", fork_and_run, after_run)
 
         def run_after_fork() -> None:
             session.run("acc.add(1)")
             made.append(session.fork())
             spare_ready()
 
-        run_tracked = _time(lambda: session.run("acc.add(1)"), repeat, run_after_fork)
-        rows.append(
-            _row("the session's run after a fork", run_tracked, vs_baseline=ratio(run_tracked))
+        measured(
+            "the session's run after a fork", lambda: session.run("acc.add(1)"), run_after_fork
         )
-        closed()
 
         def fork_then_run() -> None:
             made.append(session.fork())
             session.run("acc.add(1)")  # before the thread has frozen it: frozen here, first
 
-        fork_then = _time(fork_then_run, repeat, after_run)
-        rows.append(
-            _row(
-                "fork() and the session's run right after",
-                fork_then,
-                vs_baseline=ratio(fork_then),
-            )
-        )
-        closed()
+        measured("fork() and the session's run right after", fork_then_run, after_run)
 
         def fork_closed() -> None:
             session.fork().close()
             session.run("acc.add(1)")
 
-        discarded = _time(fork_closed, repeat, after_run)
-        rows.append(
-            _row(
-                "fork(), close it unused, the session's run",
-                discarded,
-                vs_baseline=ratio(discarded),
-            )
-        )
+        measured("fork(), close it unused, the session's run", fork_closed, after_run)
         fork_same = _time(lambda: made.append(session.fork()), repeat, spare_ready)
         rows.append(_row("fork() again, no run between", fork_same, vs_baseline=ratio(fork_same)))
         closing = _time(lambda: made.pop().close(), len(made))
