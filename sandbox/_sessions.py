@@ -366,7 +366,7 @@ class _Spares:
         chunk of ranges at a time, stopping early when a fork wants the spare meanwhile."""
         done = spare.populated() if spare.populated is not None else None
         if state.base is not None and state.base is done:
-            # Mapped over the state populated before (only the layer's pages were mapped anew):
+            # Over the state populated before (only the layer's pages were read in anew):
             # only those are still to copy.
             ranges = [(offset, length) for offset, length, _at in state.ranges]
         else:

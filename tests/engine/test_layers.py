@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -271,3 +272,97 @@ def test_populating_a_memory_changes_no_byte_and_keeps_the_layer_fast_path(
         assert called.call("hash", _SIZE) == _fnv(model)
     with pytest.raises(Closed):
         spare.populate_memory([(0, _HOST_PAGE)])
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    first=_pokes,
+    pages=st.lists(st.tuples(st.integers(0, _PAGES - 1), st.binary(min_size=1, max_size=64))),
+    order=st.randoms(use_true_random=False),
+    fail=st.booleans(),
+)
+def test_a_layer_is_read_into_a_memory_holding_its_base_from_anywhere_in_its_memfd(
+    component: Component,
+    first: Pokes,
+    pages: list[tuple[int, bytes]],
+    order: Any,
+    fail: bool,
+) -> None:
+    """A layer whose pages lie in its memfd in any order (not one after another) is read into
+    a memory that holds its base, page for page; when the memfd cannot be read, the state is
+    mapped whole instead, with the same bytes."""
+    model = _model()
+    with Instance(component) as instance:
+        _poke(instance, model, first)
+        base = instance.capture_memory()
+    written = dict(pages)  # the last bytes drawn for each page
+    ranges = sorted(written)
+    slots = list(range(len(ranges)))
+    order.shuffle(slots)
+    fd = os.memfd_create("layer-test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, len(ranges) * _HOST_PAGE)
+        placed = []
+        for page, slot in zip(ranges, slots, strict=True):
+            content = bytearray(model[page * _HOST_PAGE : (page + 1) * _HOST_PAGE])
+            content[: len(written[page])] = written[page]
+            os.pwrite(fd, bytes(content), slot * _HOST_PAGE)
+            model[page * _HOST_PAGE : (page + 1) * _HOST_PAGE] = content
+            placed.append((page * _HOST_PAGE, _HOST_PAGE, slot * _HOST_PAGE))
+        layer = MemoryState(base.size, base.image, os.dup(fd), tuple(placed), base)
+    finally:
+        os.close(fd)
+    wholes: list[MemoryState] = []
+    mapped = _memory._map_state
+
+    def unreadable(fd: int, views: list[memoryview], at: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with pytest.MonkeyPatch.context() as patch:  # per example (hypothesis runs many per test)
+        patch.setattr(
+            _memory, "_map_state", lambda at, state: wholes.append(state) or mapped(at, state)
+        )
+        if fail:
+            patch.setattr(_memory, "_preadv_all", unreadable)
+        with Instance(component, memory=base) as spare:
+            wholes.clear()
+            spare.restore_memory(layer)
+            assert (wholes == [layer]) == (fail and bool(placed))
+            assert spare.call("hash", _SIZE) == _fnv(model)
+            assert bytes(_read_back(layer)) == bytes(model)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=12),
+    at=st.integers(0, 100),
+    short=st.integers(0, 3),
+    iov_max=st.integers(1, 4),
+)
+def test_preadv_all_fills_every_view_or_says_the_file_ended(
+    tmp_path_factory: pytest.TempPathFactory,
+    lengths: list[int],
+    at: int,
+    short: int,
+    iov_max: int,
+) -> None:
+    """``_preadv_all`` fills the views one after another from ``at``, in calls of at most
+    ``_IOV_MAX`` views; a file that ends before the last view is an OSError."""
+    data = os.urandom(at + sum(lengths))
+    path = tmp_path_factory.mktemp("preadv") / "data"
+    path.write_bytes(data[: len(data) - short])
+    buffers = [bytearray(n) for n in lengths]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_memory, "_IOV_MAX", iov_max)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if short:
+                with pytest.raises(OSError, match="ended early"):
+                    _memory._preadv_all(fd, [memoryview(b) for b in buffers], at)
+            else:
+                _memory._preadv_all(fd, [memoryview(b) for b in buffers], at)
+                assert b"".join(buffers) == data[at:]
+        finally:
+            os.close(fd)
