@@ -12,7 +12,8 @@ A session is set up with a small working state (a few imports, functions, a clas
   caller's thread, before the run); a fork closed unused and the session's next run (nothing
   frozen); closing a fork; forks back to back; the first run in each of those forks (most make
   their instance: one spare per size);
-- the freeze alone (pagemap + copying the changed pages into a sealed memfd);
+- the freeze alone (pagemap + copying the changed pages into a sealed memfd); a layered state
+  mapped whole into another instance, alone and beside a thread running Python;
 - ``snapshot()`` (freeze, read, zlib level 1) with its size, and ``restore(bytes)``;
 - a fresh ``session()``'s first run (instantiate, start-up, the run), for comparison.
 The machine's load average is printed too; on 2 CPUs above ~2 the figures share the CPUs.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -71,6 +73,53 @@ def _wait_full(sandbox: Sandbox, size: int) -> None:
     deadline = time.monotonic() + 30
     while sandbox.pool_ready < size and time.monotonic() < deadline:
         time.sleep(0.0005)
+
+
+def _mapped_whole(box: Sandbox, session: Session) -> list[dict[str, object]]:
+    """A layered state of the session mapped whole into another instance (what a spare or a
+    fork without one does: ``restore_memory`` over a memory that does not hold its base),
+    alone and with another thread running Python meanwhile (an event loop, say): each call
+    into the C library that lets go of the GIL waits for that thread's switch interval (5 ms)
+    to get it back."""
+    from mighty.sandbox._sessions import _started
+
+    held = []
+    for _ in range(4):  # a few layers: a chain's mapping has a few hundred ranges
+        session.run("acc.add(1)")
+        held.append(session.fork())
+    live = session._live
+    assert live is not None
+    state = live.instance.capture_memory()
+    spare, _holdings = _started(box._config, state)
+    rows: list[dict[str, object]] = []
+    try:
+        alone = _time(lambda: spare.instance.restore_memory(state), 15)
+        stop = threading.Event()
+
+        def busy() -> None:
+            while not stop.is_set():
+                pass
+
+        thread = threading.Thread(target=busy)
+        thread.start()
+        try:
+            beside = _time(lambda: spare.instance.restore_memory(state), 15)
+        finally:
+            stop.set()
+            thread.join()
+        rows.append(_row("map a state whole", alone, ranges=len(state.mapping)))
+        rows.append(
+            _row(
+                "map a state whole, a thread running Python beside",
+                beside,
+                vs_alone=round(p(beside, 0.5) / p(alone, 0.5), 2),
+            )
+        )
+    finally:
+        spare.close()
+        for fork in held:
+            fork.close()
+    return rows
 
 
 def main() -> None:
@@ -185,6 +234,7 @@ def main() -> None:
                 ranges=len(state.ranges),
             )
         )
+        rows += _mapped_whole(box, session)
 
         blobs: list[bytes] = []
         snap = _time(

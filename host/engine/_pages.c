@@ -20,8 +20,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static PyObject *
 copy_back(PyObject *self, PyObject *args)
@@ -202,6 +204,59 @@ done:
     return result;
 }
 
+/*
+ * map_ranges(base, ranges, prot, flags): mmap each (offset, length, fd, offset in fd) of
+ * `ranges` (native int64 quadruples) at base + offset, with the GIL released once for all of
+ * them: a state has a few hundred ranges, and a foreign call per range gave the GIL up and
+ * back each time (with another thread running Python, each wait for it was that thread's
+ * switch interval, 5 ms). OSError at the first range the kernel refuses (the ones before it
+ * stay mapped: the caller maps the memory anew or gives it up).
+ */
+static PyObject *
+map_ranges(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long base;
+    Py_buffer ranges;
+    int prot, flags;
+    if (!PyArg_ParseTuple(args, "Ky*ii", &base, &ranges, &prot, &flags)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (ranges.len % (4 * (Py_ssize_t)sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "map_ranges: ranges of whole int64 quadruples");
+        goto done;
+    }
+    Py_ssize_t count = ranges.len / (4 * (Py_ssize_t)sizeof(int64_t));
+    const int64_t *quad = ranges.buf;
+    Py_ssize_t mapped = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; mapped < count; mapped++) {
+        const int64_t *r = quad + 4 * mapped;
+        if (r[0] < 0 || r[1] <= 0 || r[3] < 0 || r[2] < 0 || r[2] > INT32_MAX) {
+            failed = EINVAL;
+            break;
+        }
+        void *where = (void *)(uintptr_t)(base + (uint64_t)r[0]);
+        void *got = mmap(where, (size_t)r[1], prot, flags, (int)r[2], (off_t)r[3]);
+        if (got != where) {
+            failed = got == MAP_FAILED ? errno : EFAULT;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        errno = failed;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = PyLong_FromSsize_t(mapped);
+done:
+    PyBuffer_Release(&ranges);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy_back", copy_back, METH_VARARGS,
      "copy_back(dst, src, pagemap, mask, page) -> pages copied"},
@@ -209,6 +264,8 @@ static PyMethodDef methods[] = {
      "drop_same(base, reference, mask, page, image_pages) -> pages kept"},
     {"drop_same_at", drop_same_at, METH_VARARGS,
      "drop_same_at(base, reference, mask, page, image_pages, pieces) -> pages kept"},
+    {"map_ranges", map_ranges, METH_VARARGS,
+     "map_ranges(base, ranges, prot, flags) -> ranges mapped"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,6 +4,9 @@ the memory held at each capture (instantiated, restored, or read back page by pa
 
 from __future__ import annotations
 
+import array
+import ctypes
+import errno
 import os
 from collections.abc import Callable
 from typing import Any
@@ -366,3 +369,61 @@ def test_preadv_all_fills_every_view_or_says_the_file_ended(
                 assert b"".join(buffers) == data[at:]
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("path", _PATHS)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_mapped_ranges_show_their_memfd_bytes_either_way(path: str, data: st.DataObject) -> None:
+    """``_map_ranges`` (compiled: every range with the GIL released once; pure Python: one
+    foreign call per range holding it) maps each range's memfd bytes at its offset and leaves
+    the rest of the region as it was; a range the kernel refuses is a False."""
+    pages = _PAGES  # what ``_ranges`` draws from, offsets and memfd positions alike
+    fd = os.memfd_create("ranges-test", os.MFD_CLOEXEC)
+    region = _memory._libc.mmap(
+        None,
+        pages * _HOST_PAGE,
+        _memory._PROT_READ_WRITE,
+        _memory._MAP_PRIVATE | _memory._MAP_ANONYMOUS,
+        -1,
+        0,
+    )
+    assert region not in (None, _memory._MAP_FAILED)
+    try:
+        os.ftruncate(fd, pages * _HOST_PAGE)
+        os.pwrite(fd, bytes(range(256)) * (pages * _HOST_PAGE // 256), 0)
+        mapping = [(o, n, fd, at) for o, n, _fd, at in data.draw(_ranges(fd))]
+        view = (ctypes.c_char * (pages * _HOST_PAGE)).from_address(region)
+        view[:] = b"\xee" * (pages * _HOST_PAGE)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("MIGHTY_PURE_PYTHON", "1" if path == "pure" else "0")
+            assert _memory._map_ranges(region, mapping)
+            expected = bytearray(b"\xee" * (pages * _HOST_PAGE))
+            for offset, length, _fd, at in mapping:
+                expected[offset : offset + length] = os.pread(fd, length, at)
+            assert bytes(view) == bytes(expected)
+            bad = data.draw(st.sampled_from(["negative", "fd"]))
+            refused = (
+                0,
+                _HOST_PAGE,
+                -1 if bad == "fd" else fd,
+                -_HOST_PAGE if bad == "negative" else 0,
+            )
+            assert not _memory._map_ranges(region, [refused])
+    finally:
+        _memory._libc.munmap(region, pages * _HOST_PAGE)
+        os.close(fd)
+
+
+def test_compiled_map_ranges_refuses_malformed_input() -> None:
+    """The compiled ``map_ranges`` takes whole int64 quadruples only (a ValueError, nothing
+    mapped), and an impossible range is an OSError before any system call."""
+    pages = _memory._pages
+    if pages is None:
+        pytest.fail("the compiled module is not built (python hatch_build.py)")
+    with pytest.raises(ValueError, match="whole int64 quadruples"):
+        pages.map_ranges(0, b"\x00" * 31, 0, 0)
+    with pytest.raises(OSError, match="Invalid argument") as raised:
+        pages.map_ranges(0, array.array("q", [0, 0, 0, 0]).tobytes(), 0, 0)
+    assert raised.value.errno == errno.EINVAL
+    assert pages.map_ranges(0, b"", 0, 0) == 0
