@@ -1,6 +1,7 @@
 /*
- * mighty.engine._pages: the page copy of a rewind (_memory.rewind_memory) and the page
- * compares of a capture (_memory._changed_ranges, _memory._changed_since), compiled.
+ * mighty.engine._pages: the page copy of a rewind (_memory.rewind_memory), the page
+ * compares of a capture (_memory._changed_ranges, _memory._changed_since) and the mappings of
+ * a state's ranges (_memory._map_ranges), compiled.
  *
  * The compiled form of a pure-Python path that stays in the package as the fallback (no
  * compiler, or MIGHTY_PURE_PYTHON=1) and as the oracle the tests hold this module to

@@ -1,5 +1,5 @@
-"""Stub of the compiled module host/engine/_pages.c (a rewind's page copy and a capture's page
-compare in C)."""
+"""Stub of the compiled module host/engine/_pages.c (a rewind's page copy, a capture's page
+compare and a state's mappings in C)."""
 
 def copy_back(dst: int, src: int, pagemap: bytes, mask: bytes, page: int, /) -> int: ...
 def drop_same(
